@@ -1,0 +1,33 @@
+# Two entry points for a new user: `make demo` and `make test`.
+# Each creates .venv on first use (Python 3.11+ and a C compiler are all it needs).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jgpt needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.runtime: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.runtime
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(BIN)/python -m jgpt.demo
+
+test: $(VENV)/.test
+	$(BIN)/python -m pytest -q -n 2
+
+bench: $(VENV)/.test
+	$(BIN)/python bench/train_step.py
+	$(BIN)/python bench/decode.py
+	$(BIN)/python bench/kvsim.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

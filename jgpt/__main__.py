@@ -1,0 +1,5 @@
+import sys
+
+from jgpt.cli import main
+
+sys.exit(main())

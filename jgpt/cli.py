@@ -1,0 +1,50 @@
+"""The umbrella `jgpt` command: a face that only dispatches.
+
+Each package keeps its own commands next to its code; this table names them
+with a one-line summary so that `jgpt --help` lists everything without importing
+jax or any package behind a command.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from jgpt.errors import run_guarded
+
+# name -> (module with `main(command, argv) -> int`, summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tokenize": ("jgpt.commands.tokenize", "encode text or conversation turns and print the Encoding"),
+}
+
+USAGE = "usage: jgpt [-h] COMMAND [ARGS...]\n"
+
+
+def _help() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [
+        USAGE,
+        "jgpt: a JAX functional reference GPT: train it, run it with evidence,",
+        "and simulate how a serving system holds and moves its KV state.\n",
+        "commands:",
+        *(f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()),
+        "\nRun `jgpt COMMAND --help` for the options of one command.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_help())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(USAGE + f"jgpt: error: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return run_guarded(f"jgpt {name}", lambda: module.main(name, rest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
