@@ -1,0 +1,155 @@
+"""ModelArchitecture: the dimensions and numerical conventions of a supported GPT computation.
+
+Two declared alternatives share the spec's fields:
+
+- `ModelArchitecture`, the GPT-2 baseline: learned absolute positions, LayerNorm with
+  bias, GELU, a bias on every projection, and an untied `lm_head` with `lm_bias`;
+- `LlamaArchitecture`: rotary positions (RoPE), RMSNorm, SwiGLU, no biases, and
+  optionally fewer key/value heads than query heads (grouped-query attention).
+
+Both are frozen and hashable, so a forward pass can take one as a static `jax.jit`
+argument, and both round-trip through JSON with the ontology's field names. The
+`position` field tells the alternatives apart when reading JSON back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar, Union
+
+from jgpt.errors import ApiError
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ApiError(name, f"must be a positive integer, got {value!r}")
+
+
+def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ApiError(name, f"unknown value {value!r}; supported: {', '.join(choices)}")
+
+
+def _require_positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ApiError(name, f"must be a positive number, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dimensions:
+    """Fields and checks common to both alternatives."""
+
+    POSITIONS: ClassVar[tuple[str, ...]] = ()
+    NORMALIZATIONS: ClassVar[tuple[str, ...]] = ()
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ()
+    # Whether every projection and normalization carries a bias.
+    has_biases: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocabulary", "width", "ffn", "context", "layers", "heads"):
+            _require_positive_int(name, getattr(self, name))
+        _require_positive_number("epsilon", self.epsilon)
+        _require_choice("position", self.position, self.POSITIONS)
+        _require_choice("normalization", self.normalization, self.NORMALIZATIONS)
+        _require_choice("activation", self.activation, self.ACTIVATIONS)
+        _require_choice("precision", self.precision, PRECISIONS)
+        if self.width % self.heads:
+            raise ApiError("width", f"{self.width} is not divisible by heads={self.heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def kv_width(self) -> int:
+        """Channels of one position's keys (and of its values) in one layer."""
+        return self.kv_heads * self.head_dim
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelArchitecture(_Dimensions):
+    """The GPT-2 baseline. `gelu` is the exact (erf) GELU; `gelu_tanh` is GPT-2's approximation."""
+
+    vocabulary: int
+    width: int
+    ffn: int
+    context: int
+    layers: int
+    heads: int
+    epsilon: float = 1e-5
+    position: str = "learned"
+    normalization: str = "layernorm"
+    activation: str = "gelu"
+    precision: str = "float32"
+
+    POSITIONS: ClassVar[tuple[str, ...]] = ("learned",)
+    NORMALIZATIONS: ClassVar[tuple[str, ...]] = ("layernorm",)
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("gelu", "gelu_tanh")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaArchitecture(_Dimensions):
+    """The Llama alternative; `kv_heads` defaults to `heads` (no grouping)."""
+
+    vocabulary: int
+    width: int
+    ffn: int
+    context: int
+    layers: int
+    heads: int
+    epsilon: float = 1e-6
+    position: str = "rope"
+    normalization: str = "rmsnorm"
+    activation: str = "swiglu"
+    precision: str = "float32"
+    kv_heads: int | None = None
+    rope_theta: float = 10000.0
+
+    POSITIONS: ClassVar[tuple[str, ...]] = ("rope",)
+    NORMALIZATIONS: ClassVar[tuple[str, ...]] = ("rmsnorm",)
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("swiglu",)
+    has_biases: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        super().__post_init__()
+        _require_positive_int("kv_heads", self.kv_heads)
+        if self.heads % self.kv_heads:
+            raise ApiError("kv_heads", f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+        if self.head_dim % 2:
+            raise ApiError("heads", f"rotary positions need an even head width, got {self.head_dim}")
+        _require_positive_number("rope_theta", self.rope_theta)
+
+
+Architecture = Union[ModelArchitecture, LlamaArchitecture]
+
+_BY_POSITION: dict[str, type[_Dimensions]] = {"learned": ModelArchitecture, "rope": LlamaArchitecture}
+
+
+def architecture_from_json(document: Mapping[str, Any]) -> Architecture:
+    """Read either alternative back from `to_json()` output, rejecting unknown or missing fields."""
+    if not isinstance(document, Mapping):
+        raise ApiError("architecture", f"must be a JSON object, got {type(document).__name__}")
+    position = document.get("position", "learned")
+    if position not in _BY_POSITION:
+        raise ApiError("position", f"unknown value {position!r}; supported: {', '.join(_BY_POSITION)}")
+    cls = _BY_POSITION[position]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(document) - set(fields))
+    if unknown:
+        raise ApiError(unknown[0], f"is not a field of {cls.__name__}")
+    missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in document]
+    if missing:
+        raise ApiError(missing[0], f"is required by {cls.__name__}")
+    return cls(**document)

@@ -1,0 +1,141 @@
+"""The forward pass: a pure function of weights, architecture and token ids.
+
+`forward` embeds the tokens, scans one decoder block over the layer axis of the
+stacked weights (and of the K/V buffers), normalizes, and projects to logits. It is
+jit-compatible with the architecture as a static argument:
+
+    step = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"))
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jgpt.architecture import Architecture
+from jgpt.operations import (
+    attention,
+    embedding,
+    feed_forward,
+    learned_positions,
+    normalization,
+    output_projection,
+    residual_addition,
+)
+from jgpt.weights import ModelWeights
+
+
+@struct.dataclass
+class KVBuffers:
+    """Keys and values by layer and slot, slot = absolute position: each [layers, B, S, kv_width]."""
+
+    keys: jax.Array
+    values: jax.Array
+
+
+@struct.dataclass
+class Observation:
+    """One operation's output tensor in one forward pass; `layer` is None outside the blocks."""
+
+    operation: str = struct.field(pytree_node=False)  # ontology concept, e.g. "Normalization"
+    stage: str = struct.field(pytree_node=False)  # which instance, e.g. "ln1"
+    layer: int | None = struct.field(pytree_node=False)
+    value: jax.Array  # [B, T, ...]
+
+
+@struct.dataclass
+class Observations:
+    positions: jax.Array  # [B, T] absolute positions of the observed tokens
+    records: tuple[Observation, ...]
+
+
+@struct.dataclass
+class ForwardOutput:
+    logits: jax.Array  # [B, T, V] float32
+    cache: KVBuffers
+    observations: Observations | None
+
+
+# Per-block stages in execution order: stage -> ontology operation.
+BLOCK_STAGES = {
+    "ln1": "Normalization",
+    "attention": "Attention",
+    "attention_weights": "Attention",
+    "residual1": "ResidualAddition",
+    "ln2": "Normalization",
+    "feed_forward": "FeedForward",
+    "residual2": "ResidualAddition",
+}
+
+
+def forward(
+    weights: ModelWeights,
+    architecture: Architecture,
+    token_ids: jax.Array,
+    *,
+    positions: jax.Array | None = None,
+    cache: KVBuffers | None = None,
+    observe: bool = False,
+    unroll: int | bool = 1,
+) -> ForwardOutput:
+    """Logits for token_ids [B, T] at absolute positions [B, T] (default 0..T-1 in every row).
+
+    With `cache` (buffers [layers, B, S, kv_width], slot = absolute position) the new
+    keys and values are written into their slots and every query attends causally to
+    slots <= its position; the returned cache holds the write. Without one the block
+    attends among the given tokens only and returns their keys and values (S = T).
+    """
+    a = architecture
+    chex.assert_rank(token_ids, 2)
+    chex.assert_type(token_ids, jnp.int32)
+    B, T = token_ids.shape
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    chex.assert_shape(positions, (B, T))
+    chex.assert_type(positions, jnp.int32)
+    dtype = jnp.dtype(a.precision)
+    if cache is not None:
+        chex.assert_equal_shape([cache.keys, cache.values])
+        chex.assert_shape(cache.keys, (a.layers, B, None, a.kv_width))
+
+    position_vectors = learned_positions(weights.position_embedding, positions) if a.position == "learned" else None
+    x = embedding(weights.token_embedding, token_ids, position_vectors)  # [B, T, C]
+
+    def block(h, layer):
+        w, key_slots, value_slots = layer
+        h1 = normalization(h, w["ln1_scale"], w.get("ln1_bias"), a)
+        mixed, keys, values, attention_weights = attention(h1, w, positions, key_slots, value_slots, a, dtype)
+        h2 = residual_addition(h, mixed)
+        h3 = normalization(h2, w["ln2_scale"], w.get("ln2_bias"), a)
+        ff = feed_forward(h3, w, a, dtype)
+        out = residual_addition(h2, ff)
+        stages = None
+        if observe:
+            by_stage = dict(ln1=h1, attention=mixed, residual1=h2, ln2=h3, feed_forward=ff, residual2=out)
+            stages = {name: t.reshape(B, T, -1) for name, t in by_stage.items()}
+            stages["attention_weights"] = attention_weights
+        return out, (keys, values, stages)
+
+    slots = (None, None) if cache is None else (cache.keys, cache.values)
+    h, (keys, values, stages) = jax.lax.scan(
+        block, x.reshape(B * T, a.width), (weights.block(), *slots), unroll=unroll
+    )
+    h = normalization(h, weights.ln_final_scale, weights.ln_final_bias, a)
+    logits = output_projection(h, weights.lm_head, weights.lm_bias, dtype).reshape(B, T, a.vocabulary)
+    chex.assert_type(logits, jnp.float32)
+
+    observations = None
+    if observe:
+        records = [Observation("Embedding", "embedding", None, x)]
+        if position_vectors is not None:
+            records.insert(0, Observation("PositionEncoding", "position_embedding", None, position_vectors))
+        for layer in range(a.layers):
+            records += [Observation(op, name, layer, stages[name][layer]) for name, op in BLOCK_STAGES.items()]
+        records += [
+            Observation("Normalization", "ln_final", None, h.reshape(B, T, a.width)),
+            Observation("OutputProjection", "logits", None, logits),
+        ]
+        observations = Observations(positions=positions, records=tuple(records))
+    return ForwardOutput(logits=logits, cache=KVBuffers(keys=keys, values=values), observations=observations)

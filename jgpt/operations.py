@@ -1,0 +1,138 @@
+"""The model operations, one small pure function each.
+
+Embedding, PositionEncoding, Normalization, Attention, ResidualAddition, FeedForward
+and OutputProjection are the spec's operation identities; `model.forward` composes
+them. Token activations stay two-dimensional, `[N, C]` with N = B*T, around dense
+projections (one large matmul per projection is what XLA on CPU runs fastest);
+attention alone reshapes to heads.
+
+Precision: `dtype` is the compute dtype of matmul operands. Products accumulate
+in float32 and the residual stream, normalization statistics, softmax and logits
+stay float32, so bfloat16 changes operand rounding only.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jgpt.architecture import Architecture
+
+F32 = jnp.float32
+
+
+def dense(x: jax.Array, w: jax.Array, b: jax.Array | None, dtype) -> jax.Array:
+    """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`."""
+    y = jnp.dot(x.astype(dtype), w.astype(dtype), preferred_element_type=F32)
+    return y if b is None else y + b
+
+
+def embedding(token_embedding: jax.Array, token_ids: jax.Array, position_vectors: jax.Array | None) -> jax.Array:
+    """Token vectors plus the declared positional vectors, if any: [B, T] -> [B, T, C]."""
+    x = jnp.take(token_embedding, token_ids, axis=0)
+    return x if position_vectors is None else x + position_vectors
+
+
+def learned_positions(position_embedding: jax.Array, positions: jax.Array) -> jax.Array:
+    """PositionEncoding of the GPT baseline: one learned vector per absolute position. [B, T] -> [B, T, C]."""
+    return jnp.take(position_embedding, positions, axis=0)
+
+
+def rotary_positions(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """PositionEncoding of Llama: rotate channel pairs (i, i + D/2) by position * theta^(-2i/D).
+
+    x: [B, T, heads, D]; positions: [B, T] absolute. The half-split pairing is the
+    convention of Llama checkpoints in Hugging Face format.
+    """
+    d = x.shape[-1]
+    inverse_frequency = theta ** -(jnp.arange(0, d, 2, dtype=F32) / d)  # [D/2]
+    angles = positions.astype(F32)[..., None] * inverse_frequency  # [B, T, D/2]
+    cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, :, None, :]
+    sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, :, None, :]
+    x = x.astype(F32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def normalization(x: jax.Array, scale: jax.Array, bias: jax.Array | None, architecture: Architecture) -> jax.Array:
+    """LayerNorm (mean and variance, scale and bias) or RMSNorm (root mean square, scale), in float32."""
+    x = x.astype(F32)
+    if architecture.normalization == "layernorm":
+        x = x - jnp.mean(x, axis=-1, keepdims=True)
+    x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + architecture.epsilon)
+    x = x * scale
+    return x if bias is None else x + bias
+
+
+def residual_addition(residual: jax.Array, branch: jax.Array) -> jax.Array:
+    return residual + branch
+
+
+def feed_forward(x: jax.Array, w: dict[str, jax.Array], architecture: Architecture, dtype) -> jax.Array:
+    """[N, C] -> [N, C]: GELU MLP (GPT) or SwiGLU (Llama)."""
+    up = dense(x, w["ff_up"], w.get("ff_up_bias"), dtype)  # [N, F]
+    if architecture.activation == "swiglu":
+        hidden = jax.nn.silu(dense(x, w["ff_gate"], None, dtype)) * up
+    else:
+        hidden = jax.nn.gelu(up, approximate=architecture.activation == "gelu_tanh")
+    return dense(hidden, w["ff_down"], w.get("ff_down_bias"), dtype)
+
+
+def _write_slots(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+    """Write new[b, t] into buffer[b, positions[b, t]]; positions past the buffer are dropped.
+
+    buffer: [B, S, K]; new: [B, T, K]; positions: [B, T].
+    """
+    write_row = lambda row, values, slots: row.at[slots].set(values.astype(row.dtype), mode="drop")
+    return jax.vmap(write_row)(buffer, new, positions)
+
+
+def attention(
+    x: jax.Array,
+    w: dict[str, jax.Array],
+    positions: jax.Array,
+    key_slots: jax.Array | None,
+    value_slots: jax.Array | None,
+    architecture: Architecture,
+    dtype,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Causal softmax attention over absolute positions, reading and extending the K/V slots.
+
+    x: [N, C] with N = B*T; positions: [B, T]. With slots ([B, S, K*D] where slot =
+    absolute position) the new keys and values are written into them and a query at
+    position p sees slots s <= p, so unwritten slots past a row's length stay
+    invisible. Without slots the keys are exactly the new tokens'.
+    Returns (output [N, C], keys [B, S, K*D], values [B, S, K*D], weights [B, T, H, S]).
+    """
+    a = architecture
+    B, T = positions.shape
+    H, K, D = a.heads, a.kv_heads, a.head_dim
+    q = dense(x, w["query"], w.get("query_bias"), dtype).reshape(B, T, H, D)
+    k = dense(x, w["key"], w.get("key_bias"), dtype).reshape(B, T, K, D)
+    v = dense(x, w["value"], w.get("value_bias"), dtype).reshape(B, T, K * D)
+    if a.position == "rope":
+        q = rotary_positions(q, positions, a.rope_theta)
+        k = rotary_positions(k, positions, a.rope_theta)
+    k = k.reshape(B, T, K * D)
+    if key_slots is None:
+        keys, values = k.astype(dtype), v.astype(dtype)
+        key_positions = positions  # [B, S=T]
+    else:
+        keys, values = _write_slots(key_slots, k, positions), _write_slots(value_slots, v, positions)
+        key_positions = jnp.arange(keys.shape[1])[None, :]  # [1, S]
+    S = keys.shape[1]
+    # Query heads are grouped over the key/value heads they share: [B, T, K, G, D].
+    q = q.reshape(B, T, K, H // K, D).astype(dtype)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.reshape(B, S, K, D), preferred_element_type=F32)
+    scores = scores / jnp.sqrt(jnp.asarray(D, F32))
+    visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S]
+    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(F32).min)
+    weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
+    mixed = jnp.einsum("bkgts,bskd->btkgd", weights.astype(dtype), values.reshape(B, S, K, D), preferred_element_type=F32)
+    out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
+    return out, keys, values, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
+
+
+def output_projection(x: jax.Array, lm_head: jax.Array, lm_bias: jax.Array | None, dtype) -> jax.Array:
+    """Final hidden vectors [N, C] -> vocabulary scores [N, V], accumulated in float32."""
+    return dense(x, lm_head, lm_bias, dtype)
