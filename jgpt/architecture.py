@@ -42,6 +42,13 @@ def _require_positive_number(name: str, value: Any) -> None:
 class _Dimensions:
     """Fields and checks common to both alternatives."""
 
+    vocabulary: int
+    width: int
+    ffn: int
+    context: int
+    layers: int
+    heads: int
+
     POSITIONS: ClassVar[tuple[str, ...]] = ()
     NORMALIZATIONS: ClassVar[tuple[str, ...]] = ()
     ACTIVATIONS: ClassVar[tuple[str, ...]] = ()
@@ -76,12 +83,6 @@ class _Dimensions:
 class ModelArchitecture(_Dimensions):
     """The GPT-2 baseline. `gelu` is the exact (erf) GELU; `gelu_tanh` is GPT-2's approximation."""
 
-    vocabulary: int
-    width: int
-    ffn: int
-    context: int
-    layers: int
-    heads: int
     epsilon: float = 1e-5
     position: str = "learned"
     normalization: str = "layernorm"
@@ -101,12 +102,6 @@ class ModelArchitecture(_Dimensions):
 class LlamaArchitecture(_Dimensions):
     """The Llama alternative; `kv_heads` defaults to `heads` (no grouping)."""
 
-    vocabulary: int
-    width: int
-    ffn: int
-    context: int
-    layers: int
-    heads: int
     epsilon: float = 1e-6
     position: str = "rope"
     normalization: str = "rmsnorm"
