@@ -1,0 +1,78 @@
+"""The controls an experiment may set: each a dotted name, the concept that owns it, and its value check.
+
+System controls are the dotted paths of kvsim's KVResidencySystemConfig fields
+(`kv_cache.device_kv_bytes` sets KVResidencySystemConfig.kv_cache.device_kv_bytes),
+so a resolved ExecutionSpec maps onto that config without a translation table.
+Model and generation controls live under `model.` and `generation.`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from experiments.fields import expect
+from jgpt.errors import ApiError
+
+
+@dataclasses.dataclass(frozen=True)
+class Control:
+    """One settable knob: `owner` is the ontology concept whose mechanism or artifact it changes."""
+
+    name: str
+    owner: str
+    kind: type
+    description: str
+    minimum: float | None = None
+    strictly_positive: bool = False
+    choices: tuple[str, ...] = ()
+
+    def check(self, value: Any, field: str) -> Any:
+        """`value` if this control accepts it; ApiError naming `field` otherwise."""
+        expect(value, (int, float) if self.kind is float else self.kind, field)
+        if self.kind is float and not math.isfinite(value):
+            raise ApiError(field, f"{self.name} must be finite, got {value}")
+        if self.strictly_positive and value <= 0:
+            raise ApiError(field, f"{self.name} must be positive, got {value}")
+        if self.minimum is not None and value < self.minimum:
+            raise ApiError(field, f"{self.name} must be >= {self.minimum}, got {value}")
+        if self.choices and value not in self.choices:
+            raise ApiError(field, f"{self.name} must be one of {', '.join(self.choices)}; got {value!r}")
+        return value
+
+    @property
+    def system_path(self) -> tuple[str, ...] | None:
+        """The path into KVResidencySystemConfig, or None for model and generation controls."""
+        head = self.name.split(".")[0]
+        return None if head in ("model", "generation") else tuple(self.name.split("."))
+
+
+CONTROLS: dict[str, Control] = {
+    control.name: control
+    for control in (
+        Control("model.model_id", "ModelArtifact", str, "catalog id of the checkpoint that computes every request"),
+        Control("generation.max_new_tokens", "GenerationPolicy", int, "output-token budget per request, TURN_END included", minimum=1),
+        Control("generation.selection", "GenerationPolicy", str, "token selection rule", choices=("greedy",)),
+        Control("generation.stopping", "GenerationPolicy", str, "termination rule", choices=("turn_end_or_budget",)),
+        Control("max_requests", "InferenceSystem", int, "most requests the system accepts in one run", minimum=1),
+        Control("max_new_tokens_cap", "InferenceSystem", int, "system ceiling on any request's output budget", minimum=1),
+        Control("scheduling.max_active_requests", "RequestScheduling", int, "admission slots: requests active at once", minimum=1),
+        Control("scheduling.policy", "RequestScheduling", str, "how active requests share service", choices=("serialized", "continuous_batching")),
+        Control("kv_cache.device_kv_bytes", "KVCache", int, "logical device KV budget in bytes", minimum=1),
+        Control("kv_cache.host_kv_bytes", "KVCache", int, "logical host KV budget in bytes (0: no host tier)", minimum=0),
+        Control("kv_cache.retention_policy", "KVCache", str, "which finished prefixes are kept for reuse", choices=("lru", "none")),
+        Control("transfer.link_bytes_per_us", "StateTransfer", float, "host<->device link bandwidth", strictly_positive=True),
+        Control("transfer.link_latency_us", "StateTransfer", float, "startup delay of one transfer", minimum=0),
+        Control("compute_service.compute_flops_per_us", "ComputeService", float, "hypothetical matmul rate", strictly_positive=True),
+        Control("compute_service.memory_bytes_per_us", "ComputeService", float, "hypothetical memory-traffic rate", strictly_positive=True),
+    )
+}
+
+
+def control(name: Any, field: str) -> Control:
+    """The declared control called `name`; ApiError naming `field` otherwise."""
+    expect(name, str, field)
+    if name not in CONTROLS:
+        raise ApiError(field, f"unknown control {name!r}; declared controls: {', '.join(CONTROLS)}")
+    return CONTROLS[name]
