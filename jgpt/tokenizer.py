@@ -1,0 +1,457 @@
+"""The Tokenizer: a byte-level vocabulary with turn framing and optional BPE merges.
+
+Vocabulary layout (fixed across jgpt):
+
+    0..255    the raw bytes, id == byte value
+    256..258  role markers <|system|>, <|user|>, <|assistant|>
+    259       TURN_END <|turn_end|>
+    260..     learned byte-level BPE merges, in merge order
+
+A turn is framed as `[role marker] text-tokens [TURN_END]`. Text is NFC-normalized
+before encoding; the normalization is declared in the tokenizer file, so it is part
+of `tokenizer_sha256`. The file is a standard Hugging Face `tokenizer.json`;
+merges are learned and applied by HF `tokenizers`. With zero merges the ids are the
+UTF-8 bytes themselves, so that path needs no library call.
+
+Control tokens exist only as ids: text that happens to read "<|user|>" is encoded
+as its bytes, so user text can never forge framing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from jgpt.encoding import Encoding, Span, control_span, text_spans
+from jgpt.errors import ApiError
+
+ROLES = ("system", "user", "assistant")
+BYTE_COUNT = 256
+ROLE_IDS = {role: BYTE_COUNT + n for n, role in enumerate(ROLES)}
+TURN_END_ID = BYTE_COUNT + len(ROLES)
+FIRST_MERGE_ID = TURN_END_ID + 1
+CONTROL_MARKERS = {**{ROLE_IDS[role]: f"<|{role}|>" for role in ROLES}, TURN_END_ID: "<|turn_end|>"}
+
+NORMALIZATION = "NFC"
+CODEC_VERSION = "jgpt-byte-bpe/1"
+
+
+def _byte_level_alphabet() -> tuple[str, ...]:
+    """The printable stand-in HF ByteLevel uses for each byte (the GPT-2 convention):
+    visible Latin-1 characters stand for themselves, the rest shift to U+0100 onwards."""
+    visible = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    hidden = iter(range(0x100, 0x200))
+    return tuple(chr(b) if b in visible else chr(next(hidden)) for b in range(BYTE_COUNT))
+
+
+BYTE_LEVEL_ALPHABET = _byte_level_alphabet()
+_BYTE_OF_CHAR = {char: b for b, char in enumerate(BYTE_LEVEL_ALPHABET)}
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One role-tagged conversation input."""
+
+    role: str  # system | user | assistant
+    text: str
+
+    def __post_init__(self):
+        if self.role not in ROLE_IDS:
+            raise ApiError("role", f"unknown role {self.role!r}; choose one of {', '.join(ROLES)}")
+        if not isinstance(self.text, str):
+            raise ApiError("text", f"must be a string, got {type(self.text).__name__}")
+
+
+@dataclass(frozen=True)
+class Token:
+    """One vocabulary entry, described for display.
+
+    kind: "byte" | "merge" | "control". piece: the entry as text, with `<0xNN>` for
+    bytes that are not whole UTF-8 characters. group: "turn framing" for controls;
+    for bytes "ascii", "utf-8 lead", "utf-8 continuation" or "never in utf-8"; for
+    merges "whole characters" or "partial characters".
+    """
+
+    id: int
+    kind: str
+    piece: str
+    group: str
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Text for a sequence of ids. `note` (the decoding_note) is None exactly when the
+    bytes were valid UTF-8; control tokens appear as their markers, e.g. <|turn_end|>."""
+
+    text: str
+    note: str | None
+    pending: bytes = b""  # a valid UTF-8 prefix held back at the end when final=False
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """An identified vocabulary and codec. Build with bytes_only, train or load."""
+
+    document: bytes = field(repr=False)  # the exact tokenizer.json bytes
+    tokenizer_sha256: str
+    context_limit: int | None
+    pieces: tuple[bytes, ...] = field(repr=False, compare=False)  # [vocab] bytes of each id; b"" for controls
+    piece_lengths: np.ndarray = field(repr=False, compare=False)  # [vocab] len of each piece
+    _library: tokenizers.Tokenizer | None = field(repr=False, compare=False)  # None: pure bytes
+
+    # ---- construction -------------------------------------------------------------
+
+    @classmethod
+    def bytes_only(cls, context_limit: int | None = None) -> Tokenizer:
+        """Zero merges: vocabulary 260, every text id is a UTF-8 byte."""
+        return cls._from_document(_document(merges=[]), context_limit)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2,
+              context_limit: int | None = None) -> Tokenizer:
+        """Learn byte-level BPE merges with HF tokenizers until the vocabulary reaches
+        vocab_size (fewer when no pair occurs min_frequency times)."""
+        if not isinstance(vocab_size, int) or vocab_size < FIRST_MERGE_ID:
+            raise ApiError("vocab_size", f"must be an integer >= {FIRST_MERGE_ID} (bytes plus control tokens), got {vocab_size!r}")
+        learner = tokenizers.Tokenizer(tokenizers.models.BPE())
+        learner.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        trainer = tokenizers.trainers.BpeTrainer(
+            vocab_size=vocab_size - len(CONTROL_MARKERS), min_frequency=min_frequency,
+            initial_alphabet=list(BYTE_LEVEL_ALPHABET), show_progress=False)
+        learner.train_from_iterator((normalize(text, "texts") for text in texts), trainer=trainer)
+        merges = [tuple(pair) for pair in json.loads(learner.to_str())["model"]["merges"]]
+        return cls._from_document(_document(merges), context_limit)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, context_limit: int | None = None) -> Tokenizer:
+        try:
+            document = Path(path).read_bytes()
+        except OSError as error:
+            raise ApiError("tokenizer", f"cannot read {path}: {error.strerror}") from None
+        return cls._from_document(document, context_limit, source=str(path))
+
+    @classmethod
+    def _from_document(cls, document: bytes, context_limit: int | None, source: str = "tokenizer") -> Tokenizer:
+        _check_context_limit(context_limit)
+        try:
+            spec = json.loads(document.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ApiError("tokenizer", f"{source} is not a JSON tokenizer file: {error}") from None
+        pieces = _pieces_of(spec, source)
+        merges = spec["model"]["merges"]
+        # The runtime copy drops the controls and the normalizer: controls are framing ids,
+        # never matched in text, and NFC is applied once in Python (see `normalize`).
+        text_vocab = {piece: token_id for piece, token_id in spec["model"]["vocab"].items()
+                      if token_id not in CONTROL_MARKERS}
+        runtime = {**spec, "added_tokens": [], "normalizer": None, "model": {**spec["model"], "vocab": text_vocab}}
+        try:
+            library = tokenizers.Tokenizer.from_str(json.dumps(runtime)) if merges else None
+        except Exception as error:  # the library reports inconsistent merges with its own exception types
+            raise ApiError("tokenizer", f"{source}: HF tokenizers rejects it: {error}") from None
+        piece_lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        return cls(document, hashlib.sha256(document).hexdigest(), context_limit, pieces, piece_lengths, library)
+
+    def with_context_limit(self, context_limit: int | None) -> Tokenizer:
+        _check_context_limit(context_limit)
+        return replace(self, context_limit=context_limit)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the exact file bytes (so tokenizer_sha256 holds), atomically."""
+        write_atomically(Path(path), self.document)
+
+    # ---- vocabulary -------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def merge_count(self) -> int:
+        return self.vocab_size - FIRST_MERGE_ID
+
+    @property
+    def turn_end_id(self) -> int:
+        return TURN_END_ID
+
+    def role_id(self, role: str) -> int:
+        if role not in ROLE_IDS:
+            raise ApiError("role", f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
+        return ROLE_IDS[role]
+
+    def token(self, token_id: int) -> Token:
+        if not 0 <= token_id < self.vocab_size:
+            raise ApiError("id", f"{token_id} is not in the vocabulary of {self.vocab_size}")
+        if token_id in CONTROL_MARKERS:
+            return Token(token_id, "control", CONTROL_MARKERS[token_id], "turn framing")
+        piece = self.pieces[token_id]
+        text, problems, _ = _utf8_with_markers(piece)
+        if token_id >= FIRST_MERGE_ID:
+            return Token(token_id, "merge", text, "partial characters" if problems else "whole characters")
+        group = ("ascii" if token_id < 0x80 else "utf-8 continuation" if token_id < 0xC0
+                 else "utf-8 lead" if 0xC2 <= token_id <= 0xF4 else "never in utf-8")
+        return Token(token_id, "byte", text, group)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """Everything that determines an encoding: its sha256 is Encoding.manifest_sha256."""
+        return {
+            "codec_version": CODEC_VERSION,
+            "context_limit": self.context_limit,
+            "control_tokens": {marker: token_id for token_id, marker in CONTROL_MARKERS.items()},
+            "normalization": NORMALIZATION,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "unicode_version": unicodedata.unidata_version,
+            "vocab_size": self.vocab_size,
+        }
+
+    # ---- encoding ---------------------------------------------------------------------
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of the NFC-normalized UTF-8 of text, without framing."""
+        return self._encode_normalized([normalize(text, "text")])[0]
+
+    def _encode_normalized(self, texts: list[str]) -> list[list[int]]:
+        if self._library is None:
+            return [list(text.encode("utf-8")) for text in texts]
+        return [encoding.ids for encoding in self._library.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_turns(self, turns: Sequence[Turn], *, open_turn: str | None = None) -> Encoding:
+        """Frame turns as [role] text [TURN_END] each; open_turn appends one more role
+        marker without TURN_END: the prompt from which that role's reply is generated."""
+        if open_turn is not None:
+            self.role_id(open_turn)
+        texts = [normalize(turn.text, f"turns[{n}].text") for n, turn in enumerate(turns)]
+        sources = [text.encode("utf-8") for text in texts]
+        ids: list[int] = []
+        spans: list[Span] = []
+        byte_offset = 0
+        for n, (turn, source, text_ids) in enumerate(zip(turns, sources, self._encode_normalized(texts))):
+            spans.append(control_span(ROLE_IDS[turn.role], len(ids), n))
+            ids.append(ROLE_IDS[turn.role])
+            spans += text_spans(np.asarray(text_ids, dtype=np.int64), source, self.piece_lengths,
+                                first_merge_id=FIRST_MERGE_ID, token_offset=len(ids), byte_offset=byte_offset, turn=n)
+            ids += text_ids
+            spans.append(control_span(TURN_END_ID, len(ids), n))
+            ids.append(TURN_END_ID)
+            byte_offset += len(source)
+        if open_turn is not None:
+            spans.append(control_span(ROLE_IDS[open_turn], len(ids), len(turns)))
+            ids.append(ROLE_IDS[open_turn])
+        if self.context_limit is not None and len(ids) > self.context_limit:
+            raise ApiError("context_limit", f"the input encodes to {len(ids)} token ids, "
+                                            f"more than the context_limit of {self.context_limit}")
+        canonical_input = {"open_turn": open_turn,
+                           "turns": [{"role": turn.role, "text": text} for turn, text in zip(turns, texts)]}
+        return Encoding(
+            ids=tuple(ids), spans=tuple(spans), input_sha256=sha256_json(canonical_input),
+            input_kind="conversation" if open_turn is None else "generation prompt",
+            manifest_sha256=sha256_json(self.manifest), context_limit=self.context_limit,
+            codec_version=CODEC_VERSION, unicode_version=unicodedata.unidata_version)
+
+    # ---- decoding ---------------------------------------------------------------------
+
+    def decode(self, ids: Sequence[int], *, final: bool = True) -> Decoded:
+        """Text for ids, control tokens as markers and malformed bytes as <0xNN>.
+
+        With final=False (generation still running) a valid but unfinished UTF-8
+        sequence at the very end is no error: it is returned as `pending`.
+        """
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise ApiError("ids", f"must be a flat sequence of integers, got shape {ids.shape} of {ids.dtype}")
+        out_of_range = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
+        if out_of_range.size:
+            n = int(out_of_range[0])
+            raise ApiError("ids", f"id {int(ids[n])} at position {n} is not in the vocabulary of {self.vocab_size}")
+        # Runs of text tokens between control tokens decode independently: a control
+        # token cuts any character still open before it.
+        controls = np.flatnonzero((ids >= BYTE_COUNT) & (ids < FIRST_MERGE_ID)).tolist()
+        parts: list[str] = []
+        notes: list[str] = []
+        pending = b""
+        for start, stop in zip([0, *(c + 1 for c in controls)], [*controls, ids.size]):
+            run = ids[start:stop]
+            hold = not final and stop == ids.size
+            text, problems, pending = _utf8_with_markers(b"".join(map(self.pieces.__getitem__, run.tolist())), hold)
+            parts.append(text)
+            if stop < ids.size:
+                parts.append(CONTROL_MARKERS[int(ids[stop])])
+            if problems:
+                reason, byte = problems[0]
+                position = start + int(np.searchsorted(np.cumsum(self.piece_lengths[run]), byte, side="right"))
+                more = f" (and {len(problems) - 1} more before position {stop})" if len(problems) > 1 else ""
+                notes.append(f"{reason} in the token at position {position}{more}")
+        return Decoded("".join(parts), "; ".join(notes) or None, pending)
+
+def _check_context_limit(context_limit: Any) -> None:
+    if context_limit is not None and (isinstance(context_limit, bool) or not isinstance(context_limit, int)
+                                      or context_limit < 1):
+        raise ApiError("context_limit", f"must be a positive integer or None, got {context_limit!r}")
+
+
+def normalize(text: str, field_name: str) -> str:
+    """NFC-normalize text, rejecting what has no UTF-8 (lone surrogates, e.g. from
+    undecodable command-line bytes)."""
+    if not isinstance(text, str):
+        raise ApiError(field_name, f"must be a string, got {type(text).__name__}")
+    normalized = unicodedata.normalize(NORMALIZATION, text)
+    try:
+        normalized.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ApiError(field_name, f"is not valid Unicode: lone surrogate U+{ord(error.object[error.start]):04X} "
+                                   f"at character {error.start} (undecodable input bytes?)") from None
+    return normalized
+
+
+def sha256_json(value: Any) -> str:
+    """SHA-256 of the canonical JSON: sorted keys, no spaces, UTF-8."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def turns_from_json(value: Any, field_name: str = "turns") -> tuple[Turn, ...]:
+    """Turns from a parsed JSON list of {"role", "text"} objects."""
+    if not isinstance(value, list):
+        raise ApiError(field_name, f"must be a JSON list of {{\"role\", \"text\"}} objects, got {_json_type(value)}")
+    turns = []
+    for n, item in enumerate(value):
+        where = f"{field_name}[{n}]"
+        if not isinstance(item, dict):
+            raise ApiError(where, f"must be an object with \"role\" and \"text\", got {_json_type(item)}")
+        for key in ("role", "text"):
+            if not isinstance(item.get(key), str):
+                raise ApiError(f"{where}.{key}", "missing" if key not in item else f"must be a string, got {_json_type(item[key])}")
+        if unknown := set(item) - {"role", "text"}:
+            raise ApiError(where, f"unknown fields {sorted(unknown)}; a turn has only \"role\" and \"text\"")
+        try:
+            turns.append(Turn(item["role"], item["text"]))
+        except ApiError as error:
+            raise ApiError(f"{where}.{error.field}", error.reason) from None
+    return tuple(turns)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary file next to path, then rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _utf8_with_markers(data: bytes, hold_pending: bool = False) -> tuple[str, list[tuple[str, int]], bytes]:
+    """Decode UTF-8, writing each byte of a malformed sequence as <0xNN>.
+
+    Returns (text, the problems as (description, byte offset), pending bytes). With
+    hold_pending an unfinished but valid sequence at the end is returned as pending,
+    not as a problem.
+    """
+    parts: list[str] = []
+    problems: list[tuple[str, int]] = []
+    position = 0
+    while True:
+        try:
+            parts.append(data[position:].decode("utf-8"))
+            return "".join(parts), problems, b""
+        except UnicodeDecodeError as error:
+            start, end = position + error.start, position + error.end
+            parts.append(data[position:start].decode("utf-8"))
+            truncated = error.reason == "unexpected end of data"
+            if hold_pending and truncated and end == len(data):
+                return "".join(parts), problems, data[start:]
+            bad = data[start:end]
+            parts.append("".join(f"<0x{b:02X}>" for b in bad))
+            hex_bytes = " ".join(f"0x{b:02X}" for b in bad)
+            problems.append((f"{'incomplete' if truncated else 'malformed'} UTF-8 ({error.reason}: {hex_bytes})", start))
+            position = end
+
+
+# GPT-2's split of text into words, spaces and punctuation before merging; no prefix space,
+# so the ids of a text are exactly its bytes' pieces.
+PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+
+def _document(merges: list[tuple[str, str]]) -> bytes:
+    """The canonical tokenizer.json for a merge list: fixed key order, compact
+    separators, UTF-8, so the same merges always give the same bytes and sha256.
+
+    The control markers sit in the model vocabulary too, so that plain HF loading
+    gives them ids 256..259 (added tokens missing from the vocabulary get new ids).
+    """
+    vocab = {char: b for b, char in enumerate(BYTE_LEVEL_ALPHABET)}
+    vocab |= {marker: token_id for token_id, marker in CONTROL_MARKERS.items()}
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    spec = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": token_id, "content": marker, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+            for token_id, marker in CONTROL_MARKERS.items()],
+        "normalizer": {"type": NORMALIZATION},
+        "pre_tokenizer": PRE_TOKENIZER,
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+            "vocab": vocab, "merges": [list(pair) for pair in merges]},
+    }
+    return (json.dumps(spec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
+    """Check that a parsed tokenizer.json has jgpt's layout; return the bytes of each id."""
+    def reject(reason: str) -> ApiError:
+        return ApiError("tokenizer", f"{source}: {reason}")
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        raise reject("has no \"model\" object")
+    model = spec["model"]
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) or not isinstance(model.get("merges"), list):
+        raise reject("model must be BPE with a vocab object and a merges list")
+    if (spec.get("normalizer") or {}).get("type") != NORMALIZATION:
+        raise reject(f"must declare the {NORMALIZATION} normalizer")
+    if (spec.get("pre_tokenizer") or {}).get("type") != "ByteLevel" or spec["pre_tokenizer"].get("add_prefix_space"):
+        raise reject("must use the ByteLevel pre-tokenizer without add_prefix_space")
+    controls = {token.get("id"): token.get("content") for token in spec.get("added_tokens") or []}
+    if controls != CONTROL_MARKERS or any(model["vocab"].get(marker) != token_id
+                                          for token_id, marker in CONTROL_MARKERS.items()):
+        raise reject(f"added_tokens and vocab must hold exactly the control tokens {CONTROL_MARKERS}")
+    by_id: dict[int, bytes] = {}
+    for piece, token_id in model["vocab"].items():
+        if not piece or not isinstance(token_id, int) or not all(char in _BYTE_OF_CHAR for char in piece):
+            raise reject(f"vocab entry {piece!r} is not a byte-level piece with an integer id")
+        by_id[token_id] = b"" if token_id in CONTROL_MARKERS else bytes(map(_BYTE_OF_CHAR.__getitem__, piece))
+    # (The ByteLevel split never puts "<|" and "user" in one word, so training cannot
+    # learn such a merge; a hand-made file could.)
+    results = ("".join(pair) if isinstance(pair, list) else str(pair).replace(" ", "", 1) for pair in model["merges"])
+    if any(result in CONTROL_MARKERS.values() for result in results):
+        raise reject("a merge spells a control marker, which would let text forge turn framing")
+    if any(by_id.get(b) != bytes([b]) for b in range(BYTE_COUNT)):
+        raise reject("ids 0..255 must be the single bytes 0..255")
+    if set(by_id) != set(range(len(by_id))):
+        raise reject(f"vocab ids must run from 0 to {len(by_id) - 1} without gaps")
+    return tuple(by_id[token_id] for token_id in range(len(by_id)))
