@@ -145,7 +145,7 @@ class InitializationProvenance:
 
     initializer: str
     kind: str
-    seed: int
+    seed: int | None  # None where no seed applies (imported weights)
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)

@@ -1,0 +1,250 @@
+"""ModelArtifact: architecture, weights, provenance and tokenizer under verified identities.
+
+An artifact is a directory:
+
+    manifest.json    format, architecture, provenance, parameters, identities, assets
+    weights/         the weights as an orbax-checkpoint PyTree checkpoint
+    tokenizer.json   the tokenizer file (absent for an imported model without one)
+
+Identities (DESIGN.md):
+- `checkpoint_sha256`: SHA-256 of a canonical serialization of the weights (each
+  tensor in sorted name order as `name dtype shape` then its little-endian bytes),
+  so it names the numbers, not the container that holds them;
+- `tokenizer_sha256`: SHA-256 of the tokenizer file's bytes;
+- `manifest_sha256`: SHA-256 of the manifest's canonical JSON without that field.
+
+`load_artifact` verifies all of them and every listed asset's bytes; any mismatch is
+an ApiError naming the identity that failed, never a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jgpt.architecture import Architecture, architecture_from_json
+from jgpt.errors import ApiError
+from jgpt.weights import ModelWeights, abstract_weights, check_weights, parameter_count
+
+FORMAT = "jgpt-artifact-v1"
+WEIGHT_FORMAT = "orbax-checkpoint"
+TOKENIZER_FORMAT = "tokenizers-json"
+MANIFEST, WEIGHTS, TOKENIZER = "manifest.json", "weights", "tokenizer.json"
+
+
+def checkpoint_sha256(weights: ModelWeights) -> str:
+    """Canonical identity of the weights, independent of the on-disk container."""
+    digest = hashlib.sha256(b"jgpt-weights-v1\n")
+    for name, tensor in weights.as_dict().items():
+        array = np.asarray(tensor)
+        little_endian = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        shape = ",".join(map(str, array.shape))
+        digest.update(f"{name} {array.dtype.name} [{shape}]\n".encode())
+        digest.update(little_endian.tobytes())
+    return digest.hexdigest()
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelAsset:
+    """One file of an artifact: its path relative to the artifact, sha256 and size."""
+
+    path: str
+    sha256: str
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelArtifact:
+    path: Path
+    architecture: Architecture
+    weights: ModelWeights
+    provenance: Mapping[str, Any]  # InitializationProvenance or TrainingProvenance as JSON
+    checkpoint_sha256: str
+    tokenizer_sha256: str | None
+    manifest_sha256: str
+    assets: tuple[ModelAsset, ...]
+    format: str = FORMAT
+
+    @property
+    def tokenizer_path(self) -> Path | None:
+        return None if self.tokenizer_sha256 is None else self.path / TOKENIZER
+
+    @property
+    def parameters(self) -> int:
+        return parameter_count(self.architecture)
+
+    def reference(self) -> dict[str, Any]:
+        """The lightweight ModelArtifactReference that records and KV states carry."""
+        return {
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "architecture": self.architecture.to_json(),
+        }
+
+
+def _provenance_json(provenance: Any) -> dict[str, Any]:
+    document = provenance.to_json() if hasattr(provenance, "to_json") else provenance
+    if not isinstance(document, Mapping) or "kind" not in document:
+        raise ApiError("provenance", "must be a provenance record (a JSON object with a kind)")
+    return dict(document)
+
+
+def _assets(directory: Path) -> list[ModelAsset]:
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return [ModelAsset(p.relative_to(directory).as_posix(), file_sha256(p), p.stat().st_size) for p in files]
+
+
+def _save_weights(directory: Path, weights: ModelWeights) -> None:
+    import orbax.checkpoint as ocp
+
+    tensors = {name: np.asarray(tensor) for name, tensor in weights.as_dict().items()}
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(directory, tensors)
+        checkpointer.wait_until_finished()
+
+
+def _restore_weights(directory: Path, architecture: Architecture) -> ModelWeights:
+    import orbax.checkpoint as ocp
+
+    target = abstract_weights(architecture).as_dict()
+    with ocp.StandardCheckpointer() as checkpointer:
+        tensors = checkpointer.restore(directory, target)
+    return ModelWeights.from_dict({name: jnp.asarray(tensor) for name, tensor in tensors.items()})
+
+
+def save_artifact(
+    path: str | os.PathLike,
+    architecture: Architecture,
+    weights: ModelWeights,
+    provenance: Any,
+    tokenizer: Any = None,
+    *,
+    overwrite: bool = False,
+) -> ModelArtifact:
+    """Write an artifact directory atomically (staged next to `path`, then renamed).
+
+    `tokenizer` is a Tokenizer (anything with `.save(path)`), a path to a tokenizer
+    file, or None for a model without one. `provenance` is an InitializationProvenance,
+    a TrainingProvenance, or its JSON object.
+    """
+    path = Path(path)
+    check_weights(weights, architecture)
+    if path.exists() and not overwrite:
+        raise ApiError("out", f"{path} already exists")
+    provenance_json = _provenance_json(provenance)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        _save_weights(staging / WEIGHTS, weights)
+        tokenizer_sha256 = None
+        if tokenizer is not None:
+            if hasattr(tokenizer, "save"):
+                tokenizer.save(staging / TOKENIZER)
+            else:
+                shutil.copyfile(tokenizer, staging / TOKENIZER)
+            tokenizer_sha256 = file_sha256(staging / TOKENIZER)
+        manifest = {
+            "format": FORMAT,
+            "architecture": architecture.to_json(),
+            "provenance": provenance_json,
+            "parameters": parameter_count(architecture),
+            "checkpoint_sha256": checkpoint_sha256(weights),
+            "tokenizer_sha256": tokenizer_sha256,
+            "weight_format": WEIGHT_FORMAT,
+            "tokenizer_format": None if tokenizer is None else TOKENIZER_FORMAT,
+            "assets": [asset.to_json() for asset in _assets(staging)],
+        }
+        manifest["manifest_sha256"] = hashlib.sha256(canonical_json(manifest)).hexdigest()
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        staging.chmod(0o755)  # mkdtemp makes it private; an artifact is meant to be shared
+        if path.exists():
+            shutil.rmtree(path)
+        staging.rename(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return load_artifact(path)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ApiError("path", f"{path} is not a model artifact (no {MANIFEST})") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ApiError("manifest_sha256", f"{path / MANIFEST} is not readable JSON: {error}") from None
+    if not isinstance(manifest, dict):
+        raise ApiError("manifest_sha256", f"{path / MANIFEST} is not a JSON object")
+    claimed = manifest.pop("manifest_sha256", None)
+    actual = hashlib.sha256(canonical_json(manifest)).hexdigest()
+    if claimed != actual:
+        raise ApiError("manifest_sha256", f"{path / MANIFEST} was changed: content hashes to {actual}, it claims {claimed}")
+    if manifest.get("format") != FORMAT:
+        raise ApiError("format", f"{manifest.get('format')!r} is not {FORMAT!r}")
+    manifest["manifest_sha256"] = claimed
+    return manifest
+
+
+def _verify_assets(path: Path, manifest: Mapping[str, Any]) -> tuple[ModelAsset, ...]:
+    assets = tuple(ModelAsset(**asset) for asset in manifest["assets"])
+    for asset in assets:
+        identity = "tokenizer_sha256" if asset.path == TOKENIZER else "checkpoint_sha256"
+        file = path / asset.path
+        if not file.is_file():
+            raise ApiError(identity, f"{asset.path} is missing from {path}")
+        if file.stat().st_size != asset.bytes or file_sha256(file) != asset.sha256:
+            raise ApiError(identity, f"{asset.path} in {path} was changed: it no longer has its recorded sha256 {asset.sha256}")
+    return assets
+
+
+def load_artifact(path: str | os.PathLike) -> ModelArtifact:
+    """Read an artifact, verifying manifest, assets, tokenizer and the canonical weights identity."""
+    path = Path(path)
+    manifest = _read_manifest(path)
+    assets = _verify_assets(path, manifest)
+    tokenizer_sha256 = manifest["tokenizer_sha256"]
+    if tokenizer_sha256 is not None and file_sha256(path / TOKENIZER) != tokenizer_sha256:
+        raise ApiError("tokenizer_sha256", f"{path / TOKENIZER} does not hash to {tokenizer_sha256}")
+    architecture = architecture_from_json(manifest["architecture"])
+    try:
+        weights = _restore_weights(path / WEIGHTS, architecture)
+    except Exception as error:  # orbax and tensorstore raise many types for unreadable data
+        raise ApiError("checkpoint_sha256", f"weights in {path} cannot be read: {error}") from None
+    actual = checkpoint_sha256(weights)
+    if actual != manifest["checkpoint_sha256"]:
+        raise ApiError("checkpoint_sha256", f"weights in {path} hash to {actual}, manifest says {manifest['checkpoint_sha256']}")
+    return ModelArtifact(
+        path=path,
+        architecture=architecture,
+        weights=weights,
+        provenance=manifest["provenance"],
+        checkpoint_sha256=actual,
+        tokenizer_sha256=tokenizer_sha256,
+        manifest_sha256=manifest["manifest_sha256"],
+        assets=assets,
+    )
