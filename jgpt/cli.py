@@ -15,6 +15,8 @@ from jgpt.errors import run_guarded
 # name -> (module with `main(command, argv) -> int`, summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "tokenize": ("jgpt.commands.tokenize", "encode text or conversation turns and print the Encoding"),
+    "catalog": ("jgpt.commands.catalog", "list the model catalog or add a verified artifact to it"),
+    "import-hf": ("jgpt.commands.import_hf", "convert a local Hugging Face GPT-2 or Llama directory into an artifact"),
 }
 
 USAGE = "usage: jgpt [-h] COMMAND [ARGS...]\n"

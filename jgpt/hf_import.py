@@ -192,10 +192,11 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
     return architecture, weights, provenance
 
 
-def import_hf(directory: str | Path, out: str | Path):
+def import_hf(directory: str | Path, out: str | Path, *, overwrite: bool = False):
     """Convert a local Hugging Face model directory into a jgpt ModelArtifact at `out`."""
     from jgpt.artifact import save_artifact
 
     architecture, weights, provenance = convert(directory)
     tokenizer = Path(directory) / "tokenizer.json"
-    return save_artifact(out, architecture, weights, provenance, tokenizer if tokenizer.is_file() else None)
+    tokenizer = tokenizer if tokenizer.is_file() else None
+    return save_artifact(out, architecture, weights, provenance, tokenizer, overwrite=overwrite)

@@ -1,0 +1,207 @@
+"""ModelCatalog: the models a checkout knows about, and where their artifacts are stored.
+
+`checkpoints/catalog.json` holds a ModelStorage `base_url` (relative to the catalog
+file, or an http(s) prefix) and ModelDescriptors. A descriptor's `weights` asset
+names the artifact directory under `base_url` with the artifact's canonical
+`checkpoint_sha256`; its `tokenizer` asset names the tokenizer file. At most one
+model has role "default". Nothing is downloaded: an http(s) store resolves only to
+artifacts already present in the local cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jgpt.errors import ApiError
+
+DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "checkpoints" / "catalog.json"
+CACHE_ENV = "JGPT_CACHE"
+DEFAULT_ROLE = "default"
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "jgpt"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDescriptor:
+    id: str
+    label: str
+    role: str | None
+    parameters: int
+    architecture: Mapping[str, Any]
+    weights: Mapping[str, Any]  # ModelAsset: artifact directory, checkpoint_sha256, weight bytes
+    tokenizer: Mapping[str, Any] | None  # ModelAsset of tokenizer.json
+    seed: int | None = None
+    inspection: str | None = None
+    stop_ids: tuple[int, ...] = ()
+    normalization: str | None = None
+    provenance: str | None = None
+    weight_format: str = "orbax-checkpoint"
+    tokenizer_format: str | None = "tokenizers-json"
+
+    def to_json(self) -> dict[str, Any]:
+        document = dataclasses.asdict(self)
+        document["stop_ids"] = list(self.stop_ids)
+        return document
+
+    @classmethod
+    def from_json(cls, document: Any, where: str) -> ModelDescriptor:
+        if not isinstance(document, Mapping):
+            raise ApiError(where, "must be a JSON object")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(document) - set(fields))
+        if unknown:
+            raise ApiError(f"{where}.{unknown[0]}", "is not a ModelDescriptor field")
+        for name, field in fields.items():
+            if field.default is dataclasses.MISSING and name not in document:
+                raise ApiError(f"{where}.{name}", "is required")
+        for asset_field in ("weights", "tokenizer"):
+            asset = document[asset_field]
+            if asset is not None and not (isinstance(asset, Mapping) and {"path", "sha256", "bytes"} <= set(asset)):
+                raise ApiError(f"{where}.{asset_field}", "must be a ModelAsset with path, sha256 and bytes")
+        return cls(**{**document, "stop_ids": tuple(document.get("stop_ids", ()))})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCatalog:
+    path: Path
+    base_url: str
+    models: tuple[ModelDescriptor, ...]
+
+    @property
+    def default(self) -> ModelDescriptor | None:
+        return next((m for m in self.models if m.role == DEFAULT_ROLE), None)
+
+    def find(self, model_id: str) -> ModelDescriptor:
+        for model in self.models:
+            if model.id == model_id:
+                return model
+        known = ", ".join(m.id for m in self.models) or "none"
+        raise ApiError("model_id", f"{model_id!r} is not in {self.path} (known: {known})")
+
+    def artifact_dir(self, model: ModelDescriptor) -> Path:
+        """Where the model's artifact lies on this machine."""
+        if self.base_url.startswith(("http://", "https://")):
+            cached = _cache_dir() / "models" / model.weights["sha256"]
+            if not cached.is_dir():
+                raise ApiError(
+                    "base_url",
+                    f"{model.id!r} is stored at {self.base_url}, and jgpt downloads nothing; "
+                    f"place the artifact at {cached} to use it",
+                )
+            return cached
+        return (self.path.parent / self.base_url / model.weights["path"]).resolve()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"storage": {"base_url": self.base_url}, "models": [m.to_json() for m in self.models]}
+
+
+def read_catalog(path: str | os.PathLike = DEFAULT_CATALOG) -> ModelCatalog:
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ApiError("catalog", f"{path} does not exist") from None
+    except (OSError, ValueError) as error:
+        raise ApiError("catalog", f"{path} is not readable JSON: {error}") from None
+    storage = document.get("storage") if isinstance(document, Mapping) else None
+    if not isinstance(storage, Mapping) or not isinstance(storage.get("base_url"), str):
+        raise ApiError("storage.base_url", f"{path} must give storage.base_url as a string")
+    models = document.get("models")
+    if not isinstance(models, list):
+        raise ApiError("models", f"{path} must give models as an array")
+    descriptors = tuple(ModelDescriptor.from_json(m, f"models[{i}]") for i, m in enumerate(models))
+    _check_unique(descriptors)
+    return ModelCatalog(path=path, base_url=storage["base_url"], models=descriptors)
+
+
+def _check_unique(models: tuple[ModelDescriptor, ...]) -> None:
+    ids = [m.id for m in models]
+    duplicated = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicated:
+        raise ApiError("models.id", f"{duplicated[0]!r} appears more than once")
+    if sum(m.role == DEFAULT_ROLE for m in models) > 1:
+        raise ApiError("models.role", f"more than one model has role {DEFAULT_ROLE!r}")
+
+
+def write_catalog(catalog: ModelCatalog) -> None:
+    """Write the catalog atomically (temp file in the same directory, then rename)."""
+    _check_unique(catalog.models)
+    text = json.dumps(catalog.to_json(), indent=2) + "\n"
+    handle, temp = tempfile.mkstemp(prefix=f".{catalog.path.name}.", dir=catalog.path.parent)
+    try:
+        with os.fdopen(handle, "w") as f:
+            f.write(text)
+        os.chmod(temp, 0o644)
+        os.replace(temp, catalog.path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+def describe(artifact, catalog: ModelCatalog, *, model_id: str, label: str, role: str | None = None, **details) -> ModelDescriptor:
+    """A descriptor for a loaded ModelArtifact stored under the catalog's (relative) base_url."""
+    root = (catalog.path.parent / catalog.base_url).resolve()
+    try:
+        directory = artifact.path.resolve().relative_to(root).as_posix()
+    except ValueError:
+        raise ApiError("artifact", f"{artifact.path} is not under the catalog's storage {root}") from None
+    weight_bytes = sum(a.bytes for a in artifact.assets if a.path.startswith("weights/"))
+    tokenizer = next((a for a in artifact.assets if a.path == "tokenizer.json"), None)
+    return ModelDescriptor(
+        id=model_id,
+        label=label,
+        role=role,
+        parameters=artifact.parameters,
+        architecture=artifact.architecture.to_json(),
+        weights={"path": directory, "sha256": artifact.checkpoint_sha256, "bytes": weight_bytes},
+        tokenizer=None if tokenizer is None else {**tokenizer.to_json(), "path": f"{directory}/{tokenizer.path}"},
+        seed=artifact.provenance.get("seed"),
+        provenance=artifact.provenance.get("kind"),
+        tokenizer_format=None if tokenizer is None else "tokenizers-json",
+        **details,
+    )
+
+
+def add_model(catalog: ModelCatalog, model: ModelDescriptor) -> ModelCatalog:
+    """A catalog with `model` added (replacing one with the same id); a new default demotes the old one."""
+    others = tuple(
+        dataclasses.replace(m, role=None) if model.role == DEFAULT_ROLE and m.role == DEFAULT_ROLE else m
+        for m in catalog.models
+        if m.id != model.id
+    )
+    return dataclasses.replace(catalog, models=(*others, model))
+
+
+def resolve_model(id_or_path: str | os.PathLike, catalog_path: str | os.PathLike = DEFAULT_CATALOG) -> Path:
+    """A local artifact directory for a catalog id, or for a path to an artifact directory."""
+    candidate = Path(id_or_path)
+    if (candidate / "manifest.json").is_file():
+        return candidate
+    catalog = read_catalog(catalog_path)
+    return catalog.artifact_dir(catalog.find(str(id_or_path)))
+
+
+def load_model(id_or_path: str | os.PathLike, catalog_path: str | os.PathLike = DEFAULT_CATALOG):
+    """Load and verify an artifact; through the catalog, also check it is the one the catalog names."""
+    from jgpt.artifact import load_artifact
+
+    candidate = Path(id_or_path)
+    if (candidate / "manifest.json").is_file():
+        return load_artifact(candidate)
+    catalog = read_catalog(catalog_path)
+    model = catalog.find(str(id_or_path))
+    artifact = load_artifact(catalog.artifact_dir(model))
+    if artifact.checkpoint_sha256 != model.weights["sha256"]:
+        raise ApiError("checkpoint_sha256", f"{model.id!r}: artifact has {artifact.checkpoint_sha256}, catalog names {model.weights['sha256']}")
+    expected_tokenizer = None if model.tokenizer is None else model.tokenizer["sha256"]
+    if artifact.tokenizer_sha256 != expected_tokenizer:
+        raise ApiError("tokenizer_sha256", f"{model.id!r}: artifact has {artifact.tokenizer_sha256}, catalog names {expected_tokenizer}")
+    return artifact

@@ -1,0 +1,61 @@
+"""`jgpt catalog`: list the ModelCatalog, or add an artifact to it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from jgpt.catalog import DEFAULT_CATALOG, add_model, describe, read_catalog, write_catalog
+
+EXAMPLES = """\
+examples:
+  jgpt catalog                                  list the models of checkpoints/catalog.json
+  jgpt catalog --json                           the catalog as JSON
+  jgpt catalog add checkpoints/tiny --id tiny --label "tiny GPT" --role default
+                                                verify an artifact and list it (as the default model)
+"""
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="List the models a checkout knows about, or add a verified artifact to the catalog.")
+    p.add_argument("--catalog", type=Path, default=DEFAULT_CATALOG, metavar="FILE", help="catalog file (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    sub = p.add_subparsers(dest="action")
+    add = sub.add_parser("add", help="add an artifact directory under the catalog's storage")
+    add.add_argument("artifact", type=Path, metavar="ARTIFACT_DIR")
+    add.add_argument("--id", required=True, help="model id")
+    add.add_argument("--label", required=True, help="one-line human label")
+    add.add_argument("--role", help='"default" marks the model used when none is named')
+    add.add_argument("--inspection", help="the text offered for inspecting this model")
+    add.add_argument("--stop-ids", type=int, nargs="*", default=[], metavar="ID", help="ids that end generation")
+    return p
+
+
+def _table(catalog) -> str:
+    if not catalog.models:
+        return f"{catalog.path}: no models (storage {catalog.base_url})"
+    rows = [("id", "role", "parameters", "architecture", "checkpoint_sha256", "label")]
+    for m in catalog.models:
+        a = m.architecture
+        shape = f"{a.get('position')}/{a.get('normalization')} L{a.get('layers')} C{a.get('width')} V{a.get('vocabulary')}"
+        rows.append((m.id, m.role or "", f"{m.parameters:,}", shape, m.weights["sha256"][:12], m.label))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join([f"{catalog.path} (storage {catalog.base_url})", *lines])
+
+
+def main(command: str, argv: list[str]) -> int:
+    args = parser(f"jgpt {command}").parse_args(argv)
+    catalog = read_catalog(args.catalog)
+    if args.action == "add":
+        from jgpt.artifact import load_artifact
+
+        model = describe(load_artifact(args.artifact), catalog, model_id=args.id, label=args.label,
+                         role=args.role, inspection=args.inspection, stop_ids=tuple(args.stop_ids))
+        catalog = add_model(catalog, model)
+        write_catalog(catalog)
+    print(json.dumps(catalog.to_json(), indent=2) if args.json else _table(catalog))
+    return 0
