@@ -98,16 +98,20 @@ class Decoded:
     pending: bytes = b""  # a valid UTF-8 prefix held back at the end when final=False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Tokenizer:
     """An identified vocabulary and codec. Build with bytes_only, train or load."""
 
-    document: bytes = field(repr=False)  # the exact tokenizer.json bytes
+    document: bytes  # the exact tokenizer.json bytes
     tokenizer_sha256: str
     context_limit: int | None
-    pieces: tuple[bytes, ...] = field(repr=False, compare=False)  # [vocab] bytes of each id; b"" for controls
-    piece_lengths: np.ndarray = field(repr=False, compare=False)  # [vocab] len of each piece
-    _library: tokenizers.Tokenizer | None = field(repr=False, compare=False)  # None: pure bytes
+    pieces: tuple[bytes, ...] = field(compare=False)  # [vocab] bytes of each id; b"" for controls
+    piece_lengths: np.ndarray = field(compare=False)  # [vocab] len of each piece
+    _library: tokenizers.Tokenizer | None = field(compare=False)  # None: pure bytes
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, tokenizer_sha256={self.tokenizer_sha256[:16]}..., "
+                f"context_limit={self.context_limit})")
 
     # ---- construction -------------------------------------------------------------
 
