@@ -14,7 +14,9 @@ from jgpt.errors import run_guarded
 
 # name -> (module with `main(command, argv) -> int`, summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "tokenize": ("jgpt.commands.tokenize", "encode text or conversation turns and print the Encoding"),
+    "tokenize": ("jgpt.commands.tokenize", "encode text or conversation turns and print the Encoding; train a tokenizer"),
+    "train": ("training.cli", "train a model with optax: checkpoints, resume, metrics, a ModelArtifact"),
+    "eval": ("training.cli", "development loss and held-out exact match per skill of a model"),
     "catalog": ("jgpt.commands.catalog", "list the model catalog or add a verified artifact to it"),
     "import-hf": ("jgpt.commands.import_hf", "convert a local Hugging Face GPT-2 or Llama directory into an artifact"),
 }
