@@ -1,0 +1,7 @@
+"""`python -m training train|eval ...`: the same commands as `jgpt train` and `jgpt eval`."""
+
+import sys
+
+from training.cli import module_main
+
+sys.exit(module_main())

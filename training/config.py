@@ -1,0 +1,158 @@
+"""TrainingConfig: everything a training run depends on, as one frozen, validated value.
+
+A config is read from JSON (unknown keys are an error, never ignored) and then
+overridden field by field from the command line. `preparation_run_sha256` is
+the SHA-256 of its canonical JSON without the output location, so two runs
+with the same hash prepare the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jgpt.architecture import Architecture, architecture_from_json
+from jgpt.errors import ApiError
+
+SELECTIONS = ("best_development_loss", "final")
+TOKENIZERS = ("bytes", "bpe")
+BYTE_VOCABULARY = 260
+# Where the run writes; not part of what the run prepares.
+LOCATION_FIELDS = ("out",)
+
+
+def default_architecture() -> dict[str, Any]:
+    """ModelArchitecture fields; `vocabulary` comes from the tokenizer."""
+    return {"width": 128, "ffn": 512, "context": 128, "layers": 4, "heads": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    out: str = "runs/default"
+    # Data: None trains on the built-in conversations; otherwise a UTF-8 text file.
+    data: str | None = None
+    tokenizer: str = "bytes"
+    vocab_size: int = 512
+    train_conversations: int = 40000
+    development_conversations: int = 500
+    development_fraction: float = 0.1
+    architecture: Mapping[str, Any] = dataclasses.field(default_factory=default_architecture)
+    # Training window in tokens; at most architecture.context. None means architecture.context.
+    context: int | None = None
+    seed: int = 0
+    steps: int = 3000
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    warmup_steps: int = 100
+    final_learning_rate_fraction: float = 0.05
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.98
+    clip_norm: float = 1.0
+    eval_every: int = 250
+    checkpoint_every: int = 250
+    selection: str = "best_development_loss"
+    # Scan unroll over the layer axis: True unrolls fully (faster on XLA CPU).
+    unroll: bool | int = True
+
+    def __post_init__(self) -> None:
+        if self.tokenizer == "bpe" and self.data is None:
+            raise ApiError("tokenizer", "bpe needs --data: the built-in conversations use byte tokens")
+        ints = ("vocab_size", "train_conversations", "development_conversations", "steps", "batch_size",
+                "eval_every", "checkpoint_every")  # fmt: skip
+        for name in ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ApiError(name, f"must be a positive integer, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ApiError("seed", f"must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
+            raise ApiError("warmup_steps", f"must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}")
+        for name in ("learning_rate", "clip_norm"):
+            if not _is_number(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ApiError(name, f"must be a positive number, got {getattr(self, name)!r}")
+        for name in ("final_learning_rate_fraction", "weight_decay", "beta1", "beta2"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 <= value <= (1 if name != "weight_decay" else 10):
+                raise ApiError(name, f"is out of range: {value!r}")
+        if not _is_number(self.development_fraction) or not 0 < self.development_fraction < 1:
+            raise ApiError("development_fraction", f"must be in (0, 1), got {self.development_fraction!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ApiError("tokenizer", f"unknown value {self.tokenizer!r}; supported: {', '.join(TOKENIZERS)}")
+        if self.selection not in SELECTIONS:
+            raise ApiError("selection", f"unknown value {self.selection!r}; supported: {', '.join(SELECTIONS)}")
+        if not isinstance(self.unroll, (bool, int)) or (not isinstance(self.unroll, bool) and self.unroll <= 0):
+            raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
+        architecture = self.model_architecture  # validates the architecture's own fields
+        if self.context is not None:
+            if isinstance(self.context, bool) or not isinstance(self.context, int) or self.context < 2:
+                raise ApiError("context", f"must be an integer of at least 2, got {self.context!r}")
+            if self.context > architecture.context:
+                raise ApiError("context", f"{self.context} is longer than the architecture allows ({architecture.context})")
+
+    @property
+    def vocabulary(self) -> int:
+        return BYTE_VOCABULARY if self.tokenizer == "bytes" else self.vocab_size
+
+    @property
+    def model_architecture(self) -> Architecture:
+        if not isinstance(self.architecture, Mapping):
+            raise ApiError("architecture", f"must be a JSON object, got {type(self.architecture).__name__}")
+        vocabulary = self.architecture.get("vocabulary", self.vocabulary)
+        if vocabulary != self.vocabulary:
+            raise ApiError("vocabulary", f"{vocabulary} differs from the tokenizer's vocabulary ({self.vocabulary})")
+        return architecture_from_json({**self.architecture, "vocabulary": vocabulary})
+
+    @property
+    def window(self) -> int:
+        """Tokens per training example (inputs; targets are the same window shifted by one)."""
+        return self.context or self.model_architecture.context
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @property
+    def preparation_run_sha256(self) -> str:
+        preparation = {k: v for k, v in self.to_json().items() if k not in LOCATION_FIELDS}
+        return hashlib.sha256(canonical_json(preparation)).hexdigest()
+
+    def replace(self, **changes: Any) -> TrainingConfig:
+        return from_json({**self.to_json(), **changes})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _plain(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def from_json(document: Any) -> TrainingConfig:
+    """A TrainingConfig from a JSON object; unknown keys are rejected by name."""
+    if not isinstance(document, Mapping):
+        raise ApiError("config", f"must be a JSON object, got {type(document).__name__}")
+    known = {f.name for f in dataclasses.fields(TrainingConfig)}
+    unknown = sorted(set(document) - known)
+    if unknown:
+        raise ApiError("config", f"unknown keys: {', '.join(unknown)}")
+    return TrainingConfig(**document)
+
+
+def load(path: str | Path) -> TrainingConfig:
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ApiError("config", f"file not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ApiError("config", f"cannot read {path} as JSON: {error}") from None
+    return from_json(document)

@@ -1,0 +1,51 @@
+"""Training metrics: one JSON object per line, and a loss-curve PNG drawn from them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def read(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Drop records past `step`: a resumed run rewrites what the interrupted one logged after its checkpoint."""
+    kept = [record for record in read(path) if record["step"] <= step]
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("".join(json.dumps(record) + "\n" for record in kept))
+    os.replace(temporary, path)
+
+
+def append(path: Path, record: dict) -> None:
+    with path.open("a") as file:
+        file.write(json.dumps(record) + "\n")
+
+
+def plot(metrics_path: Path, png_path: Path) -> None:
+    """Training loss per logged step and development loss per evaluation, on one log-scale axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read(metrics_path)
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    development = [(r["step"], r["development_loss"]) for r in records if "development_loss" in r]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    if train:
+        axis.plot(*zip(*train), label="train loss", linewidth=1)
+    if development:
+        axis.plot(*zip(*development), "o-", label="development loss")
+    axis.set(xlabel="step", ylabel="cross-entropy (nats/token)", yscale="log")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    temporary = png_path.with_name(png_path.stem + ".tmp.png")
+    figure.savefig(temporary, dpi=100)
+    plt.close(figure)
+    os.replace(temporary, png_path)

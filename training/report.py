@@ -1,0 +1,54 @@
+"""The evaluation report of a stored model: what `jgpt eval` prints."""
+
+from __future__ import annotations
+
+import hashlib
+
+from jgpt.catalog import load_model
+from jgpt.errors import ApiError
+from jgpt.tokenizer import Tokenizer
+from training import conversation_corpus, sharding
+from training import corpus as corpora
+from training.evaluation import DEVELOPMENT_BATCH, development_loss, exact_match
+from training.step import make_development_step
+
+
+def evaluate_model(
+    model: str, *, data: str | None, development_fraction: float, conversations: int, seed: int | None
+) -> dict:
+    """Development loss and bits per byte; for conversations also exact match per skill."""
+    if not 0 < development_fraction < 1:
+        raise ApiError("development_fraction", f"must be in (0, 1), got {development_fraction}")
+    if conversations <= 0:
+        raise ApiError("conversations", f"must be a positive integer, got {conversations}")
+    artifact = load_model(model)
+    if artifact.tokenizer_path is None:
+        raise ApiError("model", f"{model} has no tokenizer to encode evaluation data with")
+    tokenizer = Tokenizer.load(artifact.tokenizer_path)
+    architecture = artifact.architecture
+    if data is None:
+        seed = artifact.provenance.get("seed", 0) if seed is None else seed
+        held_out = conversation_corpus.split_conversations(seed, "development", conversations, architecture.context + 1)
+        corpus = corpora.held_out_conversations(tokenizer, held_out, architecture.context + 1)
+    else:
+        raw, content = corpora.read_text(data)
+        _, development_text = corpora.split_text(content, development_fraction)
+        corpus = corpora.held_out_text(
+            tokenizer, development_text, architecture.context, data, hashlib.sha256(raw).hexdigest()
+        )
+    mesh = sharding.data_mesh()
+    step = make_development_step(architecture, sharding.batch_sharding(mesh), unroll=True)
+    loss, bits = development_loss(
+        step, artifact.weights, corpus.development, corpus.development_bytes, DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
+    )  # fmt: skip
+    report = {
+        "model": str(model),
+        "checkpoint_sha256": artifact.checkpoint_sha256,
+        "data": data or "conversations",
+        "data_sha256": corpus.data_sha256,
+        "development_loss": loss,
+        "development_bits_per_byte": bits,
+    }
+    if corpus.exercises:
+        report["skills"] = exact_match(artifact.weights, architecture, tokenizer, corpus.exercises)
+    return report

@@ -1,0 +1,80 @@
+"""The train step and the development-loss step: pure functions, jitted once per run.
+
+`train_step(state, data) -> (state, metrics)` draws its own batch from
+`fold_in(data_key, state.step)`, so the step number alone fixes the data and a
+resumed run replays the uninterrupted one bit for bit. Under a Mesh the batch
+is constrained to shard over the data axis while weights and optimizer state
+stay replicated; XLA inserts the gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import NamedSharding
+
+from jgpt.architecture import Architecture
+from jgpt.model import forward
+from jgpt.weights import ModelWeights
+from training.batches import Batch, TokenRows, TokenStream
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array  # int32[]: the number of updates applied so far
+    weights: ModelWeights
+    optimizer_state: optax.OptState
+
+
+def start(weights: ModelWeights, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(jnp.zeros((), jnp.int32), weights, optimizer.init(weights))
+
+
+def summed_loss(
+    weights: ModelWeights, architecture: Architecture, batch: Batch, unroll: bool | int
+) -> tuple[jax.Array, jax.Array]:
+    """(sum of masked next-token cross-entropies in nats, number of counted targets)."""
+    logits = forward(weights, architecture, batch.inputs, unroll=unroll).logits  # [B, T, V]
+    nats = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)  # [B, T]
+    return jnp.sum(nats * batch.mask), jnp.sum(batch.mask)
+
+
+def mean_loss(weights, architecture, batch, unroll) -> jax.Array:
+    total, count = summed_loss(weights, architecture, batch, unroll)
+    return total / jnp.maximum(count, 1.0)
+
+
+def make_train_step(
+    architecture: Architecture,
+    optimizer: optax.GradientTransformation,
+    data_key: jax.Array,
+    batch_size: int,
+    batch_sharding: NamedSharding,
+    unroll: bool | int,
+) -> Callable[[TrainState, TokenRows | TokenStream], tuple[TrainState, dict[str, jax.Array]]]:
+    """The jitted update; the state argument is donated (its buffers become the new state's)."""
+
+    def train_step(state: TrainState, data: TokenRows | TokenStream):
+        batch = data.sample(jax.random.fold_in(data_key, state.step), batch_size)
+        batch = jax.lax.with_sharding_constraint(batch, batch_sharding)
+        loss, grads = jax.value_and_grad(mean_loss)(state.weights, architecture, batch, unroll)
+        updates, optimizer_state = optimizer.update(grads, state.optimizer_state, state.weights)
+        weights = optax.apply_updates(state.weights, updates)
+        metrics = {"loss": loss, "gradient_norm": optax.global_norm(grads)}
+        return TrainState(state.step + 1, weights, optimizer_state), metrics
+
+    return jax.jit(train_step, donate_argnums=0)
+
+
+def make_development_step(architecture: Architecture, batch_sharding: NamedSharding, unroll: bool | int):
+    """Jitted (summed nats, counted targets) of one development batch."""
+
+    def development_step(weights: ModelWeights, batch: Batch):
+        batch = jax.lax.with_sharding_constraint(batch, batch_sharding)
+        return summed_loss(weights, architecture, batch, unroll)
+
+    return jax.jit(development_step)

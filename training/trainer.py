@@ -1,0 +1,185 @@
+"""The training run: prepare, step, evaluate, checkpoint, select, write the artifact.
+
+A run directory holds `run.json` (the config), `checkpoints/` (orbax, periodic and
+final, written atomically), `metrics.jsonl`, `loss.png` and `model/` (the final
+ModelArtifact). Everything that can reject the input runs before the directory
+is touched, so a rejected run leaves nothing `--resume` could pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from tqdm import tqdm
+
+from jgpt.errors import ApiError
+from jgpt.weights import ModelWeights, initialize
+from training import corpus as corpora
+from training import metrics, optimizer, sharding
+from training.config import TrainingConfig, canonical_json, from_json
+from training.evaluation import DEVELOPMENT_BATCH, development_loss
+from training.provenance import TrainingProvenance, source_sha256
+from training.step import TrainState, make_development_step, make_train_step, start
+
+LOG_EVERY = 10
+# Mixed into the run seed so the data stream and the initialization draw independent keys.
+DATA_STREAM = 1
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def loss_curve(self) -> Path:
+        return self.root / "loss.png"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    weights: ModelWeights
+    provenance: TrainingProvenance
+    corpus: corpora.PreparedCorpus
+    run: RunDirectory
+
+
+def _check_run_directory(run: RunDirectory, config: TrainingConfig, resume: bool) -> None:
+    has_checkpoints = run.checkpoints.is_dir() and any(run.checkpoints.iterdir())
+    if resume:
+        if not has_checkpoints:
+            raise ApiError("resume", f"{run.root} holds no checkpoint to resume from")
+        recorded = from_json(json.loads(run.config.read_text()))
+        if recorded.preparation_run_sha256 != config.preparation_run_sha256:
+            raise ApiError("resume", f"the configuration differs from the one {run.root} was started with")
+    elif has_checkpoints or run.model.exists():
+        raise ApiError("out", f"{run.root} already holds a run; pass --resume or choose another directory")
+
+
+def _write_json(path: Path, value) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_bytes(canonical_json(value))
+    os.replace(temporary, path)
+
+
+def _checkpoint_manager(run: RunDirectory) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False, create=True)
+    return ocp.CheckpointManager(run.checkpoints.absolute(), options=options, item_names=("state", "best"))
+
+
+def _best_record(weights, loss: float, step: int) -> dict:
+    return {"weights": jax.device_get(weights), "development_loss": np.float64(loss), "step": np.int64(step)}
+
+
+def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True) -> TrainingResult:
+    sharding.initialize_distributed()
+    mesh = sharding.data_mesh()
+    sharding.check_batch_size(config.batch_size, mesh)
+    architecture = config.model_architecture
+    corpus = corpora.prepare(config)
+    run = RunDirectory(Path(config.out))
+    _check_run_directory(run, config, resume)
+
+    run.root.mkdir(parents=True, exist_ok=True)
+    _write_json(run.config, config.to_json())
+    optimizer_ = optimizer.adamw(config)
+    key = jax.random.key(config.seed)
+    batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    train_step = make_train_step(
+        architecture, optimizer_, jax.random.fold_in(key, DATA_STREAM), config.batch_size, batch_sharding, config.unroll
+    )
+    development_step = make_development_step(architecture, batch_sharding, config.unroll)
+    development_batch = DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
+
+    weights, _ = initialize(architecture, config.seed)
+    state = jax.device_put(start(weights, optimizer_), replicated)
+    best = _best_record(state.weights, math.inf, 0)
+    manager = _checkpoint_manager(run)
+    if resume:
+        restored = manager.restore(
+            manager.latest_step(),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(state),
+                best=ocp.args.StandardRestore(best),
+            ),
+        )
+        state, best = jax.device_put(restored.state, replicated), restored.best
+        metrics.truncate_after(run.metrics, int(state.step))
+    elif run.metrics.exists():
+        run.metrics.unlink()
+    data = jax.device_put(corpus.train, replicated)
+
+    def evaluate(weights) -> tuple[float, float]:
+        return development_loss(development_step, weights, corpus.development, corpus.development_bytes, development_batch)
+
+    tokens_per_step = config.batch_size * config.window
+    bar = tqdm(total=config.steps, initial=int(state.step), disable=not progress, unit="step", dynamic_ncols=True)
+    clock, clock_step = time.perf_counter(), int(state.step)
+    while (step := int(state.step)) < config.steps:
+        state, step_metrics = train_step(state, data)
+        step += 1
+        record = {"step": step}
+        if step % LOG_EVERY == 0 or step == config.steps:
+            elapsed = time.perf_counter() - clock
+            record |= {k: float(v) for k, v in step_metrics.items()}
+            record |= {
+                "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.steps,
+                                                          config.final_learning_rate_fraction)(step - 1)),
+                "tokens_per_second": tokens_per_step * (step - clock_step) / elapsed,
+            }  # fmt: skip
+            clock, clock_step = time.perf_counter(), step
+            bar.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_second']:,.0f}")
+        if step % config.eval_every == 0 or step == config.steps:
+            loss, bits = evaluate(state.weights)
+            record |= {"development_loss": loss, "development_bits_per_byte": bits}
+            if loss < best["development_loss"]:
+                best = _best_record(state.weights, loss, step)
+        if len(record) > 1:
+            metrics.append(run.metrics, record)
+        if step % config.checkpoint_every == 0 or step == config.steps:
+            manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), best=ocp.args.StandardSave(best)))
+        bar.update(1)
+    bar.close()
+    manager.wait_until_finished()
+
+    if config.selection == "final":
+        selected, selected_step = state.weights, int(state.step)
+        selected_loss = evaluate(selected)[0]
+    else:
+        selected, selected_step, selected_loss = best["weights"], int(best["step"]), float(best["development_loss"])
+    provenance = TrainingProvenance(
+        kind=corpus.kind,
+        seed=config.seed,
+        step=selected_step,
+        selection=config.selection,
+        development_loss=selected_loss,
+        data_sha256=corpus.data_sha256,
+        source_sha256=source_sha256(),
+        preparation_run_sha256=config.preparation_run_sha256,
+    )
+    weights = jax.device_get(selected)
+    metrics.plot(run.metrics, run.loss_curve)
+    return TrainingResult(weights, provenance, corpus, run)
