@@ -58,11 +58,14 @@ class ForwardOutput:
     observations: Observations | None
 
 
-# Per-block stages in execution order: stage -> ontology operation.
+# Per-block stages in execution order: stage -> ontology operation. Queries and keys
+# are observed after position encoding, which for rotary positions acts on them.
 BLOCK_STAGES = {
     "ln1": "Normalization",
-    "attention": "Attention",
+    "query": "PositionEncoding",
+    "key": "PositionEncoding",
     "attention_weights": "Attention",
+    "attention": "Attention",
     "residual1": "ResidualAddition",
     "ln2": "Normalization",
     "feed_forward": "FeedForward",
@@ -106,7 +109,7 @@ def forward(
     def block(h, layer):
         w, key_slots, value_slots = layer
         h1 = normalization(h, w["ln1_scale"], w.get("ln1_bias"), a)
-        mixed, keys, values, attention_weights = attention(h1, w, positions, key_slots, value_slots, a, dtype)
+        mixed, keys, values, trace = attention(h1, w, positions, key_slots, value_slots, a, dtype)
         h2 = residual_addition(h, mixed)
         h3 = normalization(h2, w["ln2_scale"], w.get("ln2_bias"), a)
         ff = feed_forward(h3, w, a, dtype)
@@ -115,7 +118,7 @@ def forward(
         if observe:
             by_stage = dict(ln1=h1, attention=mixed, residual1=h2, ln2=h3, feed_forward=ff, residual2=out)
             stages = {name: t.reshape(B, T, -1) for name, t in by_stage.items()}
-            stages["attention_weights"] = attention_weights
+            stages |= {"query": trace["query"], "key": trace["key"], "attention_weights": trace["weights"]}
         return out, (keys, values, stages)
 
     slots = (None, None) if cache is None else (cache.keys, cache.values)
@@ -132,7 +135,9 @@ def forward(
         if position_vectors is not None:
             records.insert(0, Observation("PositionEncoding", "position_embedding", None, position_vectors))
         for layer in range(a.layers):
-            records += [Observation(op, name, layer, stages[name][layer]) for name, op in BLOCK_STAGES.items()]
+            for name, op in BLOCK_STAGES.items():
+                op = "Attention" if name in ("query", "key") and a.position != "rope" else op
+                records.append(Observation(op, name, layer, stages[name][layer]))
         records += [
             Observation("Normalization", "ln_final", None, h.reshape(B, T, a.width)),
             Observation("OutputProjection", "logits", None, logits),

@@ -95,14 +95,16 @@ def attention(
     value_slots: jax.Array | None,
     architecture: Architecture,
     dtype,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]:
     """Causal softmax attention over absolute positions, reading and extending the K/V slots.
 
     x: [N, C] with N = B*T; positions: [B, T]. With slots ([B, S, K*D] where slot =
     absolute position) the new keys and values are written into them and a query at
     position p sees slots s <= p, so unwritten slots past a row's length stay
     invisible. Without slots the keys are exactly the new tokens'.
-    Returns (output [N, C], keys [B, S, K*D], values [B, S, K*D], weights [B, T, H, S]).
+    Returns (output [N, C], keys [B, S, K*D], values [B, S, K*D], trace) where trace
+    holds the position-encoded `query` [B, T, H, D] and `key` [B, T, K, D] of the new
+    tokens and the attention `weights` [B, T, H, S], for observation.
     """
     a = architecture
     B, T = positions.shape
@@ -113,6 +115,7 @@ def attention(
     if a.position == "rope":
         q = rotary_positions(q, positions, a.rope_theta)
         k = rotary_positions(k, positions, a.rope_theta)
+    trace = {"query": q, "key": k}
     k = k.reshape(B, T, K * D)
     if key_slots is None:
         keys, values = k.astype(dtype), v.astype(dtype)
@@ -130,7 +133,8 @@ def attention(
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
     mixed = jnp.einsum("bkgts,bskd->btkgd", weights.astype(dtype), values.reshape(B, S, K, D), preferred_element_type=F32)
     out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
-    return out, keys, values, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
+    trace["weights"] = weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
+    return out, keys, values, trace
 
 
 def output_projection(x: jax.Array, lm_head: jax.Array, lm_bias: jax.Array | None, dtype) -> jax.Array:
