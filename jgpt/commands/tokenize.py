@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from jgpt.encoding import Encoding
+from jgpt.encoding import BPE_MERGE, Encoding
 from jgpt.errors import ApiError
 from jgpt.tokenizer import ROLES, Tokenizer, Turn, turns_from_json
 
@@ -123,6 +123,9 @@ def render(encoding: Encoding, tokenizer: Tokenizer) -> str:
             byte_range, text = "-", tokenizer.token(span.ids[0]).piece
         else:
             byte_range, text = f"{span.byte_start}:{span.byte_end}", json.dumps(span.raw_bytes.decode("utf-8"), ensure_ascii=False)
+            if len(span.ids) > 1 and span.reason == BPE_MERGE:  # a merge cuts a character: show how
+                text += " = " + " + ".join(json.dumps(tokenizer.token(token_id).piece, ensure_ascii=False)
+                                          for token_id in span.ids)
         ids = " ".join(map(str, span.ids))
         rows.append(f"{span.token_start:>4}:{span.token_end:<4}  {byte_range:>9}  {span.turn:>4}  {span.kind:<7}  "
                     f"{span.reason:<14}  {ids:<24}  {text}")
