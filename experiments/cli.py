@@ -1,0 +1,87 @@
+"""`jgpt lab list | show ID | run ID --out DIR` and `jgpt report RECORD --out report.html`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+
+from experiments.experiment_design import ExperimentDesign, default_catalog
+
+
+def main(command: str, argv: list[str]) -> int:
+    return {"lab": _lab, "report": _report}[command](command, argv)
+
+
+def _lab(command: str, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog=f"jgpt {command}", description="List, explain and run the labs of the experiment catalog."
+    )
+    actions = parser.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", help="every lab: id, status and question")
+    show = actions.add_parser("show", help="one lab's question, controls, contract and sources")
+    show.add_argument("id")
+    show.add_argument("--json", action="store_true", help="print the lab file's validated JSON")
+    run = actions.add_parser("run", help="run a lab end to end and write its record, summary and plots")
+    run.add_argument("id")
+    run.add_argument("--out", required=True, type=Path, help="directory for record.json, summary.json and plots")
+    run.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    args = parser.parse_args(argv)
+    catalog = default_catalog()
+    if args.action == "list":
+        width = max(len(lab.id) for lab in catalog.experiments)
+        for lab in catalog.experiments:
+            status = "planned" if lab.planned else f"{len(lab.arms())} arm{'s' * (len(lab.arms()) > 1)}"
+            print(f"{lab.id:<{width}}  {status:<8}  {lab.question}")
+        return 0
+    lab = catalog.lab(args.id)
+    if args.action == "show":
+        print(json.dumps(lab.to_json(), indent=1) if args.json else describe(lab))
+        return 0
+    lab.refuse_if_planned()
+    from experiments.experiment_execution import run_lab  # imports jax: only when running
+
+    outcome = run_lab(lab, args.out, report=not args.no_report)
+    for path in outcome.written:
+        print(path)
+    return 0
+
+
+def describe(lab: ExperimentDesign) -> str:
+    wrap = lambda text, indent="  ": textwrap.fill(text, 96, initial_indent=indent, subsequent_indent=indent)  # noqa: E731
+    binding = lab.ontology_binding
+    lines = [
+        f"{lab.id}: {lab.name}" + ("  [planned]" if lab.planned else ""),
+        wrap(lab.question),
+        f"  ontology: {binding.primary}" + (f" (related: {', '.join(binding.related)})" if binding.related else ""),
+        "settings:",
+        *(f"  {s.control} = {json.dumps(s.value)}" for s in lab.settings.experiments),
+        *(["  (none: defaults for every control)"] if not lab.settings.experiments else []),
+    ]
+    if lab.sweep:
+        lines += ["sweep:", *(f"  {axis.control} in {json.dumps(list(axis.values))}" for axis in lab.sweep)]
+    if lab.planned:
+        lines += ["missing controls (the lab cannot run until they exist):", *(f"  {m}" for m in lab.missing_controls)]
+    if lab.workload is not None:
+        lines.append(f"workload: {lab.workload.kind}, {len(lab.workload.requests)} requests")
+    lines.append("abstraction contract:")
+    for name, text in vars(lab.contract).items():
+        lines += [f"  {name}:", wrap(text, "    ")]
+    lines += ["sources:", *(f"  {s.title}\n    {s.url}" for s in lab.sources)]
+    if lab.evidence:
+        lines += ["evidence:", *(f"  {path}" for path in lab.evidence)]
+    return "\n".join(lines)
+
+
+def _report(command: str, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog=f"jgpt {command}", description="Write one self-contained HTML page explaining an experiment record."
+    )
+    parser.add_argument("record", type=Path, help="record.json written by `jgpt lab run`")
+    parser.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    args = parser.parse_args(argv)
+    from experiments.report import write_report
+
+    print(write_report(args.record, args.out))
+    return 0

@@ -1,0 +1,143 @@
+"""The customer input of a lab: request arrivals, each a conversation to continue.
+
+A lab file declares its workload in one of two forms (both with `kind`):
+
+* `requests`: explicit arrivals, each `{request_id, arrival_us, turns}`; the
+  prompt is the turns framed by the tokenizer with an open assistant turn.
+* `conversations`: multi-turn chats, each `{id, arrival_us, turn_gap_us, turns}`
+  with scripted assistant turns; every user turn issues one request whose prompt
+  is the whole history up to it, arriving `turn_gap_us` after the previous one.
+  Each request's prompt extends the previous one, which is what exact prefix
+  reuse can exploit.
+
+Both expand to the spec's Workload: ordered RequestArrivals (equal arrival times
+keep declaration order). An optional `actions` list adds the customer's cancel
+and consume actions (kvsim's CustomerInteraction) on the same virtual clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from experiments.fields import expect, expect_keys, expect_list, expect_text
+from jgpt.errors import ApiError
+from jgpt.tokenizer import Turn, turns_from_json
+from kvsim.workload import CustomerInteraction, interaction_json, parse_interaction
+
+KINDS = ("requests", "conversations")
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestArrival:
+    """One request of the workload: identity, declared arrival, and the conversation it continues."""
+
+    request_id: str
+    arrival_us: int
+    turns: tuple[Turn, ...]
+
+    @property
+    def text(self) -> str:
+        """The user text this request asks (its last user turn)."""
+        return next(turn.text for turn in reversed(self.turns) if turn.role == "user")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    kind: str
+    requests: tuple[RequestArrival, ...]
+    interaction: CustomerInteraction | None = None
+    source: Any = dataclasses.field(default=None, compare=False)  # the declaration it was read from
+
+    def to_json(self, generation: dict[str, Any]) -> dict[str, Any]:
+        """The spec's Workload document: RequestArrivals with InferenceRequest text, turns and policy."""
+        return {
+            "kind": self.kind,
+            "requests": [
+                {
+                    "request_id": r.request_id,
+                    "arrival_us": r.arrival_us,
+                    "request": {
+                        "text": r.text,
+                        "turns": [{"role": t.role, "text": t.text} for t in r.turns],
+                        "generation": generation,
+                    },
+                }
+                for r in self.requests
+            ],
+        } | ({"customer_interaction": interaction_json(self.interaction)} if self.interaction else {})
+
+
+def read_workload(value: Any, field: str = "workload") -> Workload:
+    expect_keys(value, field, required=("kind",), optional=(*KINDS, "actions"))
+    kind = expect(value["kind"], str, f"{field}.kind")
+    if kind not in KINDS:
+        raise ApiError(f"{field}.kind", f"must be one of {', '.join(KINDS)}; got {kind!r}")
+    for other in KINDS:
+        if other != kind and other in value:
+            raise ApiError(f"{field}.{other}", f"a workload of kind {kind!r} lists {kind}, not {other}")
+    if kind not in value:
+        raise ApiError(f"{field}.{kind}", "is required")
+    entries = expect_list(value[kind], f"{field}.{kind}")
+    if not entries:
+        raise ApiError(f"{field}.{kind}", "a workload has at least one request")
+    if kind == "requests":
+        requests = [_request(entry, f"{field}.requests[{i}]") for i, entry in enumerate(entries)]
+    else:
+        requests = [r for i, entry in enumerate(entries) for r in _conversation(entry, f"{field}.conversations[{i}]")]
+    seen: dict[str, int] = {}
+    for i, request in enumerate(requests):
+        if request.request_id in seen:
+            raise ApiError(f"{field}.{kind}", f"request id {request.request_id!r} is declared twice")
+        seen[request.request_id] = i
+    ordered = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_us, i))
+    interaction = _interaction(value["actions"], seen, f"{field}.actions") if "actions" in value else None
+    return Workload(kind, tuple(requests[i] for i in ordered), interaction, value)
+
+
+def _interaction(value: Any, request_ids: dict[str, int], field: str) -> CustomerInteraction:
+    """Cancel and consume actions; arrivals come from the requests, so submit is not an action here."""
+    interaction = parse_interaction({"actions": expect_list(value, field)}, field.removesuffix(".actions"))
+    for i, action in enumerate(interaction.actions):
+        if action.kind == "submit":
+            raise ApiError(f"{field}[{i}].kind", "arrivals are the workload's requests; actions cancel or consume")
+        if action.request_id not in request_ids:
+            raise ApiError(f"{field}[{i}].request_id", f"no request {action.request_id!r} in this workload")
+    return interaction
+
+
+def _arrival(value: Any, field: str) -> int:
+    if expect(value, int, field) < 0:
+        raise ApiError(field, f"must be >= 0 microseconds, got {value}")
+    return value
+
+
+def _turns(value: Any, field: str) -> tuple[Turn, ...]:
+    turns = turns_from_json(value, field)
+    if not turns:
+        raise ApiError(field, "a conversation has at least one turn")
+    return turns
+
+
+def _request(value: Any, field: str) -> RequestArrival:
+    expect_keys(value, field, required=("request_id", "arrival_us", "turns"))
+    turns = _turns(value["turns"], f"{field}.turns")
+    if turns[-1].role != "user":
+        raise ApiError(f"{field}.turns[{len(turns) - 1}].role", "a request's last turn is the user's")
+    return RequestArrival(
+        expect_text(value["request_id"], f"{field}.request_id"), _arrival(value["arrival_us"], f"{field}.arrival_us"), turns
+    )
+
+
+def _conversation(value: Any, field: str) -> list[RequestArrival]:
+    expect_keys(value, field, required=("id", "arrival_us", "turn_gap_us", "turns"))
+    conversation_id = expect_text(value["id"], f"{field}.id")
+    start = _arrival(value["arrival_us"], f"{field}.arrival_us")
+    gap = _arrival(value["turn_gap_us"], f"{field}.turn_gap_us")
+    turns = _turns(value["turns"], f"{field}.turns")
+    asks = [i for i, turn in enumerate(turns) if turn.role == "user"]
+    if not asks:
+        raise ApiError(f"{field}.turns", "a conversation has at least one user turn")
+    return [
+        RequestArrival(f"{conversation_id}.{n}", start + n * gap, turns[: i + 1]) for n, i in enumerate(asks)
+    ]
