@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("training.cli", "development loss and held-out exact match per skill of a model"),
     "catalog": ("jgpt.commands.catalog", "list the model catalog or add a verified artifact to it"),
     "import-hf": ("jgpt.commands.import_hf", "convert a local Hugging Face GPT-2 or Llama directory into an artifact"),
+    "generate": ("inference.commands", "greedy generation with a jitted KV-cached loop; streams text, or --json evidence"),
+    "record": ("inference.commands", "run a Workload and write the recorded computation document kvsim reads"),
+    "lab": ("experiments.cli", "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)"),
+    "report": ("experiments.cli", "write one self-contained HTML page explaining an experiment record"),
 }
 
 USAGE = "usage: jgpt [-h] COMMAND [ARGS...]\n"

@@ -1,0 +1,158 @@
+"""The inference commands: `jgpt generate` and `jgpt record` (also `python -m inference ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jgpt.errors import ApiError
+
+SUMMARIES = {
+    "generate": "greedy generation with a jitted KV-cached loop, streaming text or full evidence as JSON",
+    "record": "run a Workload and write the recorded computation document kvsim consumes",
+}
+
+
+def main(command: str, argv: list[str]) -> int:
+    if command == "generate":
+        return _generate(argv)
+    if command == "record":
+        return _record(argv)
+    raise ApiError("command", f"unknown inference command {command!r}; choose from {', '.join(SUMMARIES)}")
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"jgpt {command}", description=SUMMARIES[command])
+    parser.add_argument("--model", help="catalog id or artifact directory (default: the catalog's default model)")
+    return parser
+
+
+def _generate(argv: list[str]) -> int:
+    parser = _parser("generate")
+    parser.add_argument("prompt", nargs="*", metavar="PROMPT", help="user text (words are joined by spaces)")
+    parser.add_argument("--ids", help="raw prompt token ids instead of text, e.g. 257,72,105,259,258")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="budget of selected ids, TURN_END included")
+    parser.add_argument("--json", action="store_true", help="print the response with all evidence as one JSON object")
+    parser.add_argument("--observe", type=int, metavar="STEP", help="record every model operation's tensors at STEP")
+    args = parser.parse_args(argv)
+    if bool(args.prompt) == bool(args.ids):
+        raise ApiError("prompt", "give either PROMPT text or --ids, exactly one of them")
+
+    from inference.generation import generate
+    from inference.policy import GenerationPolicy, InferenceRequest
+    from jgpt.tokenizer import Turn
+
+    execution, tokenizer = _load(args.model)
+    text = " ".join(args.prompt) if args.prompt else None
+    prompt_ids = _parse_ids(args.ids) if args.ids else tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
+    request = InferenceRequest("cli", prompt_ids, GenerationPolicy(args.max_new_tokens), text=text)
+    stream = None if args.json else _TextStream(tokenizer, execution.turn_end_id)
+    generation = generate(
+        execution, [request], reference=args.json, scores=False, observe_step=args.observe,
+        on_select=None if stream is None else stream.select,
+    )  # fmt: skip
+    (response,) = generation.responses
+    if stream is not None:
+        stream.finish(response)
+        return 0
+    print(json.dumps(_response_json(response, tokenizer, execution), indent=1))
+    return 0
+
+
+def _record(argv: list[str]) -> int:
+    parser = _parser("record")
+    parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document")
+    parser.add_argument("--out", required=True, metavar="COMPUTATIONS.json", help="where to write the document")
+    parser.add_argument("--no-reference", action="store_true", help="skip the full-prefix recompute of every work")
+    args = parser.parse_args(argv)
+    try:
+        document = json.loads(Path(args.workload).read_text())
+    except OSError as error:
+        raise ApiError("workload", f"cannot read {args.workload}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ApiError("workload", f"{args.workload} is not JSON: {error}") from None
+
+    from inference.recording import read_workload, record, write_document
+
+    execution, tokenizer = _load(args.model)
+    requests = read_workload(document, tokenizer)
+    computations = record(execution, requests, reference=not args.no_reference, kind=document["kind"])
+    write_document(computations, args.out)
+    works = sum(len(r["computations"]) for r in computations["requests"])
+    print(f"recorded {len(requests)} requests, {works} works -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def _load(model: str | None):
+    """The ModelExecution and Tokenizer of a catalog id or artifact path (default: the catalog default)."""
+    from inference.execution import ModelExecution
+    from jgpt.catalog import load_model, read_catalog
+    from jgpt.tokenizer import Tokenizer
+
+    if model is None:
+        default = read_catalog().default
+        if default is None:
+            raise ApiError("model", "the catalog has no default model yet; pass --model ID|PATH")
+        model = default.id
+    artifact = load_model(model)
+    tokenizer = Tokenizer.bytes_only() if artifact.tokenizer_path is None else Tokenizer.load(artifact.tokenizer_path)
+    return ModelExecution.from_artifact(artifact, tokenizer), tokenizer
+
+
+def _parse_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ApiError("ids", f"must be comma-separated integers, got {text!r}") from None
+
+
+class _TextStream:
+    """Prints the published text as ids are selected; a UTF-8 character split over ids waits for its end."""
+
+    def __init__(self, tokenizer, turn_end_id: int):
+        self.tokenizer, self.turn_end_id = tokenizer, turn_end_id
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def select(self, row: int, token_id: int) -> None:
+        if token_id == self.turn_end_id:
+            return
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, final=False).text
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+    def finish(self, response) -> None:
+        decoded = self.tokenizer.decode(self.ids)
+        outcome = response.outcome
+        print(decoded.text[self.printed :])
+        note = f"; {decoded.note}" if decoded.note else ""
+        print(f"[{outcome.stop_reason}: {outcome.selected_tokens} selected, {outcome.published_tokens} published{note}]", file=sys.stderr)
+        for observation in response.observations:
+            print(f"  {observation.id}  {observation.operation}  shape={list(observation.shape)}", file=sys.stderr)
+
+
+def _response_json(response, tokenizer, execution) -> dict:
+    from inference.backend import ExecutionBackend, ExecutionProvenance
+
+    backend = ExecutionBackend.current(execution.identity.precision)
+    decoded = tokenizer.decode(list(response.published_ids))
+    return {
+        "request_id": response.request_id,
+        "prompt_ids": list(response.prompt_ids),
+        "output_ids": list(response.output_ids),
+        "published_ids": list(response.published_ids),
+        "text": decoded.text,
+        "decoding_note": decoded.note,
+        "outcome": response.outcome.to_json(),
+        "selections": [s.to_json() for s in response.selections],
+        "computations": [c.to_json() for c in response.computations],
+        "work": response.work.to_json(),
+        "observations": [o.to_json() for o in response.observations],
+        "state": {"checkpoint_sha256": execution.identity.checkpoint_sha256, "tokenizer_sha256": execution.identity.tokenizer_sha256,
+                  "precision": execution.identity.precision},
+        "execution": {"backend": backend.to_json(), "provenance": ExecutionProvenance.current(backend).to_json()},
+    }

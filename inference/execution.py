@@ -1,0 +1,192 @@
+"""ModelExecution: jitted prefill and decode over an immutable KVState.
+
+Both phases are one jitted function, `advance`: process a window of new tokens per
+row at the positions after the row's prefix, writing their keys and values into
+the state's slots, and return the logits of each row's last new token. Prefill is
+a window of the prompt (prompt lengths bucketed to powers of two, so a model
+compiles a handful of programs, not one per length); decode is a window of one.
+Continuing a state returns a new state; the caller's value is never donated, so
+every snapshot stays valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference.costs import WorkCosts
+from inference.policy import check_prompt
+from jgpt.architecture import Architecture
+from jgpt.errors import ApiError
+from jgpt.kv_state import KVState, StateIdentity
+from jgpt.model import forward
+from jgpt.tokenizer import TURN_END_ID
+from jgpt.weights import ModelWeights
+
+MIN_BUCKET = 16
+# Layers unrolled inside each step: on XLA CPU this is markedly faster than a scan (bench/decode.py).
+DEFAULT_UNROLL = True
+
+
+def bucket(n: int, limit: int) -> int:
+    """The smallest power of two >= n (at least MIN_BUCKET), but never more than `limit`."""
+    return min(limit, max(MIN_BUCKET, 1 << max(0, n - 1).bit_length()))
+
+
+def advance(
+    weights: ModelWeights,
+    architecture: Architecture,
+    state: KVState,
+    window_ids: jax.Array,  # int32 [B, W]: row b's new ids first, padding after
+    counts: jax.Array,  # int32 [B]: new ids per row, 0 <= counts <= W
+    unroll: int | bool,
+) -> tuple[jax.Array, KVState]:
+    """Logits [B, V] of each row's last new id, and the state extended by the new ids.
+
+    Padding beyond a row's count is processed too (shapes are static) but lands in
+    slots past the row's new length, which no query sees; slots past the buffer are
+    dropped. A row with count 0 keeps its length.
+    """
+    W = window_ids.shape[1]
+    positions = state.lengths[:, None] + jnp.arange(W, dtype=jnp.int32)  # [B, W]
+    out = forward(weights, architecture, window_ids, positions=positions, cache=state.buffers, unroll=unroll)
+    last = jnp.maximum(counts - 1, 0)
+    logits = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0]  # [B, V]
+    write = lambda row, ids, slots: row.at[slots].set(ids, mode="drop")
+    state = state.replace(
+        keys=out.cache.keys,
+        values=out.cache.values,
+        token_ids=jax.vmap(write)(state.token_ids, window_ids, positions),
+        lengths=state.lengths + counts,
+    )
+    return logits, state
+
+
+_advance = jax.jit(advance, static_argnames=("architecture", "unroll"))
+
+
+@functools.partial(jax.jit, static_argnames=("architecture", "unroll"))
+def _full_prefix_logits(weights, architecture, token_ids, unroll):
+    return forward(weights, architecture, token_ids, unroll=unroll).logits
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelExecution:
+    """A model bound for execution: weights, architecture, the identity its states carry, and costs."""
+
+    weights: ModelWeights
+    architecture: Architecture
+    identity: StateIdentity
+    turn_end_id: int = TURN_END_ID
+    unroll: int | bool = DEFAULT_UNROLL
+
+    @classmethod
+    def from_artifact(cls, artifact, tokenizer, unroll: int | bool = DEFAULT_UNROLL) -> ModelExecution:
+        """Bind a loaded ModelArtifact; its states carry the checkpoint's and the tokenizer's identity."""
+        identity = StateIdentity(
+            checkpoint_sha256=artifact.checkpoint_sha256,
+            tokenizer_sha256=tokenizer.tokenizer_sha256,
+            precision=artifact.architecture.precision,
+        )
+        return cls(artifact.weights, artifact.architecture, identity, tokenizer.turn_end_id, unroll)
+
+    @functools.cached_property
+    def costs(self) -> WorkCosts:
+        itemsize = jnp.dtype(self.architecture.precision).itemsize
+        return WorkCosts.of(self.architecture, self.weights, itemsize)
+
+    def empty_state(self, batch: int, capacity: int) -> KVState:
+        a = self.architecture
+        return KVState.empty(self.identity, a.layers, batch, capacity, a.kv_width)
+
+    def check_state(self, state: KVState) -> None:
+        if not isinstance(state, KVState):
+            raise ApiError("state", f"must be a KVState, got {type(state).__name__}")
+        state.require_identity(self.identity)
+
+    def window(self, prompts: Sequence[Sequence[int]], state: KVState | None, capacity: int = 0):
+        """The state to extend (reusing each row's exact prefix) and the window of new ids per row.
+
+        Returns (state, window_ids [B, W], counts [B], reused [B]) as host values; the
+        state is a new value sized to hold `capacity` positions (at least the prompts).
+        """
+        a = self.architecture
+        for b, prompt in enumerate(prompts):
+            check_prompt(prompt, a.vocabulary, a.context, f"prompt_ids[{b}]" if len(prompts) > 1 else "prompt_ids")
+        longest = max(map(len, prompts))
+        capacity = max(capacity, longest)
+        if state is None:
+            state, reused = self.empty_state(len(prompts), bucket(capacity, a.context)), [0] * len(prompts)
+        else:
+            self.check_state(state)
+            if state.batch != len(prompts):
+                raise ApiError("state", f"holds {state.batch} rows for {len(prompts)} prompts")
+            reused = [_reusable(prefix, prompt) for prefix, prompt in zip(state.prefixes(), prompts)]
+            state = state.with_capacity(bucket(capacity, a.context))
+            state = state.replace(lengths=jnp.asarray(reused, jnp.int32))
+        counts = [len(p) - r for p, r in zip(prompts, reused)]
+        window_ids = np.zeros((len(prompts), bucket(max(counts), a.context)), np.int32)
+        for b, (prompt, r) in enumerate(zip(prompts, reused)):
+            window_ids[b, : counts[b]] = prompt[r:]
+        return state, window_ids, np.asarray(counts, np.int32), reused
+
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], state: KVState | None = None, capacity: int = 0
+    ) -> tuple[jax.Array, KVState]:
+        """Logits [B, V] after each prompt and the state holding it; `state` supplies reusable prefixes."""
+        state, window_ids, counts, _ = self.window(prompts, state, capacity)
+        return self.advance(state, window_ids, counts)
+
+    def advance(self, state: KVState, window_ids, counts) -> tuple[jax.Array, KVState]:
+        """The jitted work: `counts[b]` ids of `window_ids[b]` processed after row b's prefix."""
+        window_ids, counts = jnp.asarray(window_ids, jnp.int32), jnp.asarray(counts, jnp.int32)
+        return _advance(self.weights, self.architecture, state, window_ids, counts, self.unroll)
+
+    def decode(self, state: KVState, token_ids: Sequence[int]) -> tuple[jax.Array, KVState]:
+        """Process one id per row after the row's prefix: logits [B, V] and the continued state."""
+        self.check_state(state)
+        a = self.architecture
+        if len(token_ids) != state.batch:
+            raise ApiError("token_id", f"needs one id per state row ({state.batch}), got {len(token_ids)}")
+        for t in token_ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < a.vocabulary:
+                raise ApiError("token_id", f"{t!r} is not a token id of this model (0..{a.vocabulary - 1})")
+        longest = int(jnp.max(state.lengths))
+        if longest >= a.context:
+            raise ApiError("state", f"already holds {longest} positions, the model's whole context")
+        state = state.with_capacity(bucket(longest + 1, a.context))
+        return self.advance(state, np.asarray(token_ids)[:, None], np.ones(state.batch))
+
+    def full_prefix_logits(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+        """The reference: logits [B, T, V] of a full recompute without any cache, rows right-padded."""
+        longest = max(map(len, sequences))
+        ids = np.zeros((len(sequences), bucket(longest, self.architecture.context)), np.int32)
+        for b, sequence in enumerate(sequences):
+            ids[b, : len(sequence)] = sequence
+        logits = _full_prefix_logits(self.weights, self.architecture, jnp.asarray(ids), self.unroll)
+        return np.asarray(logits)[:, :longest]
+
+
+def prefill(weights, architecture, token_ids, *, identity: StateIdentity, state: KVState | None = None):
+    """`prefill(weights, architecture, token_ids) -> (logits, KVState)` for one prompt or a batch of them."""
+    prompts = [token_ids] if token_ids and isinstance(token_ids[0], (int, np.integer)) else token_ids
+    return ModelExecution(weights, architecture, identity).prefill(prompts, state)
+
+
+def decode(weights, architecture, state: KVState, token_id):
+    """`decode(weights, architecture, KVState, token_id) -> (logits, KVState)`; one id, or one per row."""
+    token_ids = [token_id] if isinstance(token_id, (int, np.integer)) else list(token_id)
+    return ModelExecution(weights, architecture, state.identity).decode(state, token_ids)
+
+
+def _reusable(prefix: tuple[int, ...], prompt: Sequence[int]) -> int:
+    """How many leading positions of a state row a prompt reuses: all of them if the row is an exact
+    prefix of the prompt, else none. At least one prompt position is always processed, for its logits."""
+    if len(prefix) > len(prompt) or tuple(prompt[: len(prefix)]) != prefix:
+        return 0
+    return min(len(prefix), len(prompt) - 1)

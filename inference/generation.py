@@ -1,0 +1,276 @@
+"""Greedy generation: the whole token loop in one jitted `lax.while_loop`, batched over requests.
+
+`generate` prefills every request's prompt (reusing exact prefixes a given
+KVState already holds), then runs the decode loop on the device without a host
+round trip per token: each iteration processes the last selected id of every
+unfinished row, selects the next id greedily and updates the stop flags. Rows
+stop independently (TURN_END, their own budget, or context capacity); the loop
+ends when all have.
+
+`timing="step"` runs the same steps one jitted decode call at a time instead, to
+measure each work's wall time (and to observe tensors at a chosen step). Both
+give the same ids and logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference.evidence import DECODE, PREFILL, CacheComputation, GenerationWork, TensorObservation, tensor_observations
+from inference.execution import ModelExecution, advance, bucket
+from inference.policy import STOP_BUDGET, STOP_CONTEXT, STOP_TURN_END, InferenceRequest
+from inference.response import RunOutcome, TokenSelection
+from jgpt.errors import ApiError
+from jgpt.kv_state import KVState
+from jgpt.model import forward
+
+STOP_REASONS = (None, STOP_TURN_END, STOP_BUDGET, STOP_CONTEXT)  # indexed by the loop's stop code
+LOOP_BOUNDARY = "host: dispatch of the compiled decode loop to its results ready, divided evenly over its steps"
+STEP_BOUNDARY = "host: dispatch of one compiled work (over the whole batch) to its logits ready"
+
+
+def stop_codes(xp, selected_id, selected, budget, prefix_length, context, turn_end_id):
+    """Per row, why selection stops after `selected` ids (0: it continues); numpy or jax arrays.
+
+    The next selection would need the last one processed at position
+    prefix_length + selected - 1, which must lie inside the context.
+    """
+    return xp.where(
+        selected_id == turn_end_id, 1, xp.where(selected >= budget, 2, xp.where(prefix_length + selected > context, 3, 0))
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("architecture", "steps", "turn_end_id", "keep_logits", "unroll"), donate_argnames="state"
+)
+def _decode_loop(weights, architecture, state, first_logits, budget, *, steps, turn_end_id, keep_logits, unroll):
+    """Select and process ids until every row stops. Returns (output ids [B, steps], selected [B],
+    stop codes [B], logits [B, steps, V] or None, final state)."""
+    B = first_logits.shape[0]
+    prefix_length = state.lengths  # processed positions before the first selection
+    context = architecture.context
+    first = jnp.argmax(first_logits, axis=-1).astype(jnp.int32)
+    one = jnp.ones((B,), jnp.int32)
+    outputs = jnp.zeros((B, steps), jnp.int32).at[:, 0].set(first)
+    logits_seen = jnp.zeros((B, steps, architecture.vocabulary), jnp.float32).at[:, 0].set(first_logits) if keep_logits else None
+    stop = stop_codes(jnp, first, one, budget, prefix_length, context, turn_end_id)
+
+    def running(carry):
+        return jnp.any(carry[3] == 0)
+
+    def step(carry):
+        state, last, selected, stop, outputs, logits_seen = carry
+        active = (stop == 0).astype(jnp.int32)
+        logits, state = advance(weights, architecture, state, last[:, None], active, unroll)
+        chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        rows = jnp.arange(B)
+        column = jnp.where(active == 1, selected, steps)  # out of range: dropped for stopped rows
+        outputs = outputs.at[rows, column].set(chosen, mode="drop")
+        if keep_logits:
+            logits_seen = logits_seen.at[rows, column].set(logits, mode="drop")
+        selected = selected + active
+        new_stop = stop_codes(jnp, chosen, selected, budget, prefix_length, context, turn_end_id)
+        stop = jnp.where(active == 1, new_stop, stop)
+        return state, jnp.where(active == 1, chosen, last), selected, stop, outputs, logits_seen
+
+    carry = (state, first, one, stop, outputs, logits_seen)
+    state, _, selected, stop, outputs, logits_seen = jax.lax.while_loop(running, step, carry)
+    return outputs, selected, stop, logits_seen, state
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceResponse:
+    """What one request produced, with the evidence of every work it executed."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]  # every selected id, TURN_END included
+    published_ids: tuple[int, ...]  # every selected id except TURN_END
+    outcome: RunOutcome
+    selections: tuple[TokenSelection, ...]
+    computations: tuple[CacheComputation, ...]
+    work: GenerationWork
+    observations: tuple[TensorObservation, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    responses: tuple[InferenceResponse, ...]
+    state: KVState  # every row's prompt and selected ids but the last, processed
+
+
+def generate(
+    execution: ModelExecution,
+    requests: Sequence[InferenceRequest],
+    state: KVState | None = None,
+    *,
+    timing: str = "loop",
+    reference: bool = False,
+    scores: bool = False,
+    observe_step: int | None = None,
+    run_id: str = "run",
+    on_select: Callable[[int, int], None] | None = None,
+) -> Generation:
+    """Greedy generation for a batch of requests, with evidence.
+
+    state: rows whose token ids are exact prefixes of the prompts are reused.
+    reference: record each work's max abs logit error against a full-prefix recompute.
+    scores: keep raw logits and probabilities in every TokenSelection.
+    observe_step: record TensorObservations of every model operation at that step (step timing).
+    on_select: called with (row, id) as each id is selected, for streaming (step timing).
+    """
+    if not requests:
+        raise ApiError("requests", "is empty; nothing to generate")
+    if timing not in ("loop", "step"):
+        raise ApiError("timing", f"unknown value {timing!r}; choose loop or step")
+    if observe_step is not None or on_select is not None:
+        timing = "step"
+    a = execution.architecture
+    prompts = [r.prompt_ids for r in requests]
+    budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
+    # Slots for every position a row can process: its prompt and all selections but the last.
+    capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
+    work_state, window_ids, counts, reused = execution.window(prompts, state, capacity)
+    keep_logits = reference or scores
+
+    run = functools.partial(_run_steps, on_select=on_select) if timing == "step" else _run_loop
+    ran = run(execution, work_state, window_ids, counts, budgets, keep_logits, observe_step, run_id, requests)
+    outputs, stop, logits, seconds, final_state, observed = ran
+
+    references = None
+    if reference:
+        sequences = [list(p) + list(o[:-1]) for p, o in zip(prompts, outputs)]
+        references = execution.full_prefix_logits(sequences)
+    responses = []
+    for b, request in enumerate(requests):
+        n = len(outputs[b])
+        errors = [None] * n
+        if references is not None:
+            last_prompt = len(prompts[b]) - 1
+            errors = [float(np.max(np.abs(references[b, last_prompt + k] - logits[b][k]))) for k in range(n)]
+        computations = _computations(execution, request, outputs[b], reused[b], seconds[b], errors, timing)
+        selections = tuple(
+            TokenSelection(selected_id=t) if not scores else _scored(t, logits[b][k]) for k, t in enumerate(outputs[b])
+        )
+        output_ids = tuple(outputs[b])
+        responses.append(
+            InferenceResponse(
+                request_id=request.request_id, prompt_ids=tuple(request.prompt_ids), output_ids=output_ids,
+                published_ids=tuple(t for t in output_ids if t != execution.turn_end_id),
+                outcome=RunOutcome.of(output_ids, int(budgets[b]), stop[b], execution.turn_end_id),
+                selections=selections, computations=computations, work=GenerationWork.total(computations),
+                observations=observed.get(b, ()),
+            )
+        )  # fmt: skip
+    return Generation(tuple(responses), final_state)
+
+
+def _run_loop(execution, state, window_ids, counts, budgets, keep_logits, observe_step, run_id, requests):
+    loop = functools.partial(
+        _decode_loop, execution.weights, execution.architecture, steps=bucket(int(budgets.max()), 1 << 30),
+        turn_end_id=execution.turn_end_id, keep_logits=keep_logits, unroll=execution.unroll,
+    )  # fmt: skip
+    budgets = jnp.asarray(budgets)
+    # Compile both programs first (a budget of one ends the loop at once), so times exclude compilation.
+    warm_logits, warm_state = execution.advance(state, window_ids, counts)
+    jax.block_until_ready(loop(warm_state, warm_logits, jnp.ones_like(budgets)))
+
+    started = time.perf_counter()
+    first_logits, state = execution.advance(state, window_ids, counts)
+    first_logits.block_until_ready()
+    prefill_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    outputs, selected, stop, logits, state = jax.block_until_ready(loop(state, first_logits, budgets))
+    per_step = (time.perf_counter() - started) / max(1, int(selected.max()) - 1)
+    outputs, selected, stop, logits = jax.device_get((outputs, selected, stop, logits))
+    rows = range(len(budgets))
+    ids = [[int(t) for t in outputs[b, : selected[b]]] for b in rows]
+    seconds = [[prefill_seconds] + [per_step] * (int(selected[b]) - 1) for b in rows]
+    logits = None if logits is None else [logits[b, : selected[b]] for b in rows]
+    return ids, [STOP_REASONS[c] for c in stop], logits, seconds, state, {}
+
+
+def _run_steps(execution, state, window_ids, counts, budgets, keep_logits, observe_step, run_id, requests, on_select):
+    """The loop's steps, one jitted work per call, each timed from dispatch to ready (compiled beforehand)."""
+    B = len(budgets)
+    prefix_length = np.asarray(state.lengths) + counts
+    ids, logits, seconds = ([[] for _ in range(B)] for _ in range(3))
+    stop = np.zeros(B, np.int64)
+    observed, compiled = {}, set()
+    window, active = window_ids, counts
+    for step in itertools.count():
+        if step == observe_step:
+            observed = _observe(execution, state, window, active, run_id, requests, step)
+        if window.shape not in compiled:
+            jax.block_until_ready(execution.advance(state, window, active))
+            compiled.add(window.shape)
+        started = time.perf_counter()
+        step_logits, state = execution.advance(state, window, active)
+        step_logits = np.asarray(step_logits)
+        elapsed = time.perf_counter() - started
+        chosen = np.argmax(step_logits, axis=-1).astype(np.int32)
+        for b in np.flatnonzero(active):
+            ids[b].append(int(chosen[b]))
+            logits[b].append(step_logits[b])
+            seconds[b].append(elapsed)
+            if on_select is not None:
+                on_select(int(b), int(chosen[b]))
+        selected = np.asarray([len(r) for r in ids])
+        new_stop = stop_codes(np, chosen, selected, budgets, prefix_length, execution.architecture.context, execution.turn_end_id)
+        stop = np.where(active > 0, new_stop, stop)
+        if np.all(stop != 0):
+            break
+        active = (stop == 0).astype(np.int32)
+        window = np.asarray([r[-1] for r in ids], np.int32)[:, None]
+    return ids, [STOP_REASONS[c] for c in stop], logits if keep_logits else None, seconds, state, observed
+
+
+_observed_forward = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"))
+
+
+def _observe(execution, state, window, counts, run_id, requests, step):
+    """Run one work again with observation on, from the state before it; each active row's tensors."""
+    window = jnp.asarray(window, jnp.int32)
+    positions = state.lengths[:, None] + jnp.arange(window.shape[1], dtype=jnp.int32)
+    out = _observed_forward(
+        execution.weights, execution.architecture, window, positions=positions, cache=state.buffers, observe=True,
+        unroll=execution.unroll,
+    )  # fmt: skip
+    return {
+        b: tensor_observations(
+            out.observations, b, int(counts[b]), run_id=run_id, request_id=requests[b].request_id, step=step
+        )
+        for b in np.flatnonzero(counts)
+    }
+
+
+def _computations(execution, request, output_ids, reused, seconds, errors, timing):
+    """The CacheComputation of every work a request executed: its prefill, then one decode per later id."""
+    costs = execution.costs
+    prompt = request.prompt_ids
+    works = [(PREFILL, tuple(prompt[reused:]), reused, len(prompt))]
+    works += [(DECODE, (t,), len(prompt) + k, len(prompt) + k + 1) for k, t in enumerate(output_ids[:-1])]
+    return tuple(
+        CacheComputation(
+            work_id=f"{request.request_id}/{step}", request_id=request.request_id, step=step, phase=phase,
+            input_ids=input_ids, processed_positions=stop - start, reused_positions=start,
+            matmul_flops=costs.matmul_flops(start, stop), reference_matmul_flops=costs.reference_matmul_flops(stop),
+            logical_memory_bytes=costs.memory_bytes(start, stop), reference_max_abs_error=errors[step],
+            wall_time_us=seconds[step] * 1e6,
+            measurement_boundary=LOOP_BOUNDARY if phase == DECODE and timing == "loop" else STEP_BOUNDARY,
+        )
+        for step, (phase, input_ids, start, stop) in enumerate(works)
+    )  # fmt: skip
+
+
+def _scored(selected_id: int, logits: np.ndarray) -> TokenSelection:
+    probabilities = np.exp(logits - logits.max())
+    return TokenSelection(selected_id, raw_logits=logits, probabilities=probabilities / probabilities.sum())

@@ -1,0 +1,76 @@
+"""GenerationPolicy and InferenceRequest: what a caller asks for, fixed before execution."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jgpt.errors import ApiError
+
+GREEDY = "greedy"
+STOPPING = "turn_end_or_budget"  # context capacity also bounds every run
+
+# RunOutcome.stop_reason values, in the order the loop checks them.
+STOP_TURN_END = "turn_end"
+STOP_BUDGET = "max_new_tokens"
+STOP_CONTEXT = "context"
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationPolicy:
+    """Output budget (selected ids, the end token included) and the selection and stopping rules."""
+
+    max_new_tokens: int = 64
+    selection: str = GREEDY
+    stopping: str = STOPPING
+
+    def __post_init__(self) -> None:
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ApiError("max_new_tokens", f"must be a positive integer, got {n!r}")
+        if self.selection != GREEDY:
+            raise ApiError("selection", f"unsupported rule {self.selection!r}; supported: {GREEDY}")
+        if self.stopping != STOPPING:
+            raise ApiError("stopping", f"unsupported rule {self.stopping!r}; supported: {STOPPING}")
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any], field: str = "generation") -> GenerationPolicy:
+        _require_object(document, field)
+        unknown = sorted(set(document) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ApiError(f"{field}.{unknown[0]}", "is not a GenerationPolicy field")
+        return cls(**document)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceRequest:
+    """One invocation: its identity, declared arrival, prompt ids and generation policy."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    generation: GenerationPolicy = GenerationPolicy()
+    arrival_us: int = 0
+    text: str | None = None  # the user text the prompt encodes, where there is one
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
+
+
+def check_prompt(prompt_ids: Sequence[int], vocabulary: int, context: int, field: str = "prompt_ids") -> None:
+    """Refuse an empty prompt, one longer than the context, or ids the model does not know."""
+    if len(prompt_ids) == 0:
+        raise ApiError(field, "is empty; a prompt needs at least one token id")
+    if len(prompt_ids) > context:
+        raise ApiError(field, f"has {len(prompt_ids)} ids, more than the model's context of {context}")
+    for i, t in enumerate(prompt_ids):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocabulary:
+            raise ApiError(f"{field}[{i}]", f"{t!r} is not a token id of this model (0..{vocabulary - 1})")
+
+
+def _require_object(document: Any, field: str) -> None:
+    if not isinstance(document, Mapping):
+        raise ApiError(field, f"must be a JSON object, got {type(document).__name__}")

@@ -1,0 +1,168 @@
+"""The recorded computation document: a Workload run through the model, every work counted.
+
+`read_workload` reads the spec's Workload document (ordered RequestArrivals, each
+with an InferenceRequest); `record` runs its requests in arrival order, each
+continuing the longest KVState of an earlier request that is an exact whole
+prefix of its prompt, and returns the versioned JSON document kvsim consumes
+(`docs/recorded-computations.md` describes every field).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+
+from inference.backend import ExecutionBackend, ExecutionProvenance
+from inference.execution import ModelExecution
+from inference.generation import InferenceResponse, generate
+from inference.policy import GenerationPolicy, InferenceRequest, check_prompt
+from jgpt.errors import ApiError
+from jgpt.kv_state import KVState
+from jgpt.tokenizer import Tokenizer, Turn, turns_from_json, write_atomically
+
+FORMAT = "jgpt-recorded-computations"
+VERSION = 1
+
+
+def read_workload(document: Any, tokenizer: Tokenizer, field: str = "workload") -> tuple[InferenceRequest, ...]:
+    """The requests of a Workload document, in arrival order (array order breaks ties).
+
+    Each request gives its input as `turns` (a conversation; the prompt opens the
+    assistant's turn after it), as `text` (one user turn), or as raw `prompt_ids`.
+    """
+    top = _object(document, field, required={"kind", "requests"}, optional={"customer_interaction"})
+    entries = top["requests"]
+    if not isinstance(entries, list) or not entries:
+        raise ApiError(f"{field}.requests", "must be a non-empty list of request arrivals")
+    requests, seen = [], set()
+    for i, entry in enumerate(entries):
+        at = f"{field}.requests[{i}]"
+        entry = _object(entry, at, required={"request_id", "arrival_us", "request"})
+        request_id, arrival = entry["request_id"], entry["arrival_us"]
+        if not isinstance(request_id, str) or not request_id:
+            raise ApiError(f"{at}.request_id", f"must be a non-empty string, got {request_id!r}")
+        if request_id in seen:
+            raise ApiError(f"{at}.request_id", f"request {request_id!r} is declared twice")
+        seen.add(request_id)
+        if isinstance(arrival, bool) or not isinstance(arrival, int) or arrival < 0:
+            raise ApiError(f"{at}.arrival_us", f"must be an integer >= 0, got {arrival!r}")
+        body = _object(entry["request"], f"{at}.request", required=set(), optional={"text", "turns", "prompt_ids", "generation"})
+        prompt_ids, text = _prompt(body, tokenizer, f"{at}.request")
+        generation = GenerationPolicy.from_json(body.get("generation", {}), f"{at}.request.generation")
+        requests.append(InferenceRequest(request_id, prompt_ids, generation, arrival, text))
+    return tuple(sorted(requests, key=lambda r: r.arrival_us))  # sorted() is stable: ties keep array order
+
+
+def record(
+    execution: ModelExecution,
+    requests: Sequence[InferenceRequest],
+    *,
+    reference: bool = True,
+    timing: str = "step",
+    kind: str = "requests",
+) -> dict[str, Any]:
+    """Run every request (one at a time, in order) and return the recorded computation document."""
+    a = execution.architecture
+    for request in requests:  # refuse a bad workload before running any of it
+        check_prompt(request.prompt_ids, a.vocabulary, a.context, f"request {request.request_id!r}: prompt_ids")
+    backend = ExecutionBackend.current(execution.identity.precision)
+    retained: list[KVState] = []  # every earlier request's prompt and whole sequence, as batch-of-one states
+    documents = []
+    for request in requests:
+        prefix = _longest_whole_prefix(retained, request.prompt_ids)
+        generation = generate(execution, [request], prefix, timing=timing, reference=reference)
+        (response,) = generation.responses
+        final = generation.state
+        retained += [final.replace(lengths=jnp.asarray([len(request.prompt_ids)], jnp.int32)), final]
+        documents.append(_request_document(execution, request, response))
+    identity = execution.identity
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": {
+            "checkpoint_sha256": identity.checkpoint_sha256,
+            "tokenizer_sha256": identity.tokenizer_sha256,
+            "architecture": execution.architecture.to_json(),
+        },
+        "kv_bytes_per_position": execution.costs.kv_bytes_per_position,
+        "execution": {"backend": backend.to_json(), "provenance": ExecutionProvenance.current(backend).to_json()},
+        "workload": {"kind": kind},
+        "requests": documents,
+    }
+
+
+def write_document(document: Mapping[str, Any], path: str | Path) -> None:
+    """Write the document as JSON, atomically (never a half-written file)."""
+    write_atomically(Path(path), (json.dumps(document, indent=1) + "\n").encode())
+
+
+def _request_document(execution: ModelExecution, request: InferenceRequest, response: InferenceResponse) -> dict:
+    costs = execution.costs
+    prompt, output = list(request.prompt_ids), list(response.output_ids)
+    decode_positions = range(len(prompt), len(prompt) + len(output) - 1)
+    return {
+        "request_id": request.request_id,
+        "arrival_us": request.arrival_us,
+        "prompt_ids": prompt,
+        "max_new_tokens": request.generation.max_new_tokens,
+        "output_ids": output,
+        "outcome": response.outcome.to_json(),
+        "prefill_costs": {
+            "fixed_matmul_flops": 0,
+            "fixed_memory_bytes": costs.fixed_memory_bytes,
+            "position_matmul_flops": [costs.position_matmul_flops(p) for p in range(len(prompt))],
+            "position_memory_bytes": [costs.position_memory_bytes(p) for p in range(len(prompt))],
+        },
+        "decode_steps": [
+            {"position": p, "matmul_flops": costs.matmul_flops(p, p + 1), "logical_memory_bytes": costs.memory_bytes(p, p + 1)}
+            for p in decode_positions
+        ],
+        "computations": [c.to_json() for c in response.computations],
+        "published_ids": list(response.published_ids),
+        "work": response.work.to_json(),
+    }
+
+
+def _longest_whole_prefix(states: Sequence[KVState], prompt: Sequence[int]) -> KVState | None:
+    """The retained state with the most positions whose whole token ids begin the prompt."""
+    best, best_length = None, 0
+    for state in states:
+        (ids,) = state.prefixes()
+        if best_length < len(ids) <= len(prompt) and tuple(prompt[: len(ids)]) == ids:
+            best, best_length = state, len(ids)
+    return best
+
+
+def _prompt(body: Mapping[str, Any], tokenizer: Tokenizer, field: str) -> tuple[tuple[int, ...], str | None]:
+    given = [name for name in ("turns", "prompt_ids") if name in body] or (["text"] if "text" in body else [])
+    if len(given) != 1:
+        raise ApiError(field, "gives its input as exactly one of turns (with an optional text), text, or prompt_ids")
+    if "prompt_ids" in body:
+        ids = body["prompt_ids"]
+        if not isinstance(ids, list):
+            raise ApiError(f"{field}.prompt_ids", "must be a list of token ids")
+        return tuple(ids), body.get("text")
+    if "turns" in body:
+        turns = turns_from_json(body["turns"], f"{field}.turns")
+        if not turns:
+            raise ApiError(f"{field}.turns", "a request has at least one turn")
+    else:
+        if not isinstance(body["text"], str):
+            raise ApiError(f"{field}.text", "must be a string")
+        turns = (Turn("user", body["text"]),)
+    text = body.get("text", next((t.text for t in reversed(turns) if t.role == "user"), None))
+    return tuple(tokenizer.encode_turns(turns, open_turn="assistant").ids), text
+
+
+def _object(value: Any, field: str, required: set[str], optional: set[str] = frozenset()) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ApiError(field, f"must be a JSON object, got {type(value).__name__}")
+    for name in sorted(required - set(value)):
+        raise ApiError(f"{field}.{name}", "is required")
+    for name in sorted(set(value) - required - set(optional)):
+        raise ApiError(f"{field}.{name}", "is not a field here")
+    return value

@@ -1,0 +1,103 @@
+"""KVState: the immutable keys and values of a processed prefix, bound to its identity.
+
+A KVState is a pytree. Its array leaves are the model's K/V buffers
+(`[layers, B, S, kv_width]`, slot = absolute position), the token ids that produced
+them (`[B, S]`) and each row's prefix length (`[B]`); slots at or beyond a row's
+length hold nothing meaningful and the model never lets a query see them. Its
+static fields are the identity the spec binds a state to: the checkpoint, the
+tokenizer and the precision. Because identities are static, a state passes
+through `jax.jit` unchanged in structure, and one compiled step serves every
+state of a model.
+
+Nothing mutates a KVState: continuing one returns a new one, so a snapshot can
+be continued any number of times, independently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jgpt.errors import ApiError
+from jgpt.model import KVBuffers
+
+
+@dataclasses.dataclass(frozen=True)
+class StateIdentity:
+    """What a KVState is bound to: it is valid only for this checkpoint, tokenizer and precision."""
+
+    checkpoint_sha256: str
+    tokenizer_sha256: str
+    precision: str
+
+
+@struct.dataclass
+class KVState:
+    keys: jax.Array  # [layers, B, S, kv_width]
+    values: jax.Array  # [layers, B, S, kv_width]
+    token_ids: jax.Array  # int32 [B, S]; row b is meaningful in [0, lengths[b])
+    lengths: jax.Array  # int32 [B]: processed positions per row
+    checkpoint_sha256: str = struct.field(pytree_node=False)
+    tokenizer_sha256: str = struct.field(pytree_node=False)
+    precision: str = struct.field(pytree_node=False)
+
+    @classmethod
+    def empty(cls, identity: StateIdentity, layers: int, batch: int, capacity: int, kv_width: int) -> KVState:
+        shape = (layers, batch, capacity, kv_width)
+        dtype = jnp.dtype(identity.precision)
+        return cls(
+            keys=jnp.zeros(shape, dtype),
+            values=jnp.zeros(shape, dtype),
+            token_ids=jnp.zeros((batch, capacity), jnp.int32),
+            lengths=jnp.zeros((batch,), jnp.int32),
+            **dataclasses.asdict(identity),
+        )
+
+    @property
+    def identity(self) -> StateIdentity:
+        return StateIdentity(self.checkpoint_sha256, self.tokenizer_sha256, self.precision)
+
+    @property
+    def buffers(self) -> KVBuffers:
+        return KVBuffers(keys=self.keys, values=self.values)
+
+    @property
+    def batch(self) -> int:
+        return self.token_ids.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        """Slots per row: the most positions a row can hold without growing the state."""
+        return self.token_ids.shape[1]
+
+    def prefixes(self) -> tuple[tuple[int, ...], ...]:
+        """Each row's processed token ids (reads the state back to the host)."""
+        ids, lengths = np.asarray(self.token_ids), np.asarray(self.lengths)
+        return tuple(tuple(int(t) for t in row[:n]) for row, n in zip(ids, lengths))
+
+    def row(self, b: int) -> KVState:
+        """The state of row `b` alone, as a batch of one."""
+        pick = lambda x, axis: jax.lax.slice_in_dim(x, b, b + 1, axis=axis)
+        return self.replace(
+            keys=pick(self.keys, 1), values=pick(self.values, 1),
+            token_ids=pick(self.token_ids, 0), lengths=pick(self.lengths, 0),
+        )  # fmt: skip
+
+    def with_capacity(self, capacity: int) -> KVState:
+        """The same prefix in a state with at least `capacity` slots (a new value; this one is untouched)."""
+        extra = capacity - self.capacity
+        if extra <= 0:
+            return self
+        grow = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])
+        return self.replace(keys=grow(self.keys, 2), values=grow(self.values, 2), token_ids=grow(self.token_ids, 1))
+
+    def require_identity(self, identity: StateIdentity) -> None:
+        """Refuse a state made by another checkpoint, tokenizer or precision, naming the field."""
+        for field in ("checkpoint_sha256", "tokenizer_sha256", "precision"):
+            have, want = getattr(self, field), getattr(identity, field)
+            if have != want:
+                raise ApiError(f"state.{field}", f"the KVState was made with {have!r}, this model has {want!r}")
