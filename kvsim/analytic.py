@@ -1,0 +1,151 @@
+"""Recorded computation documents from analytic GPT counts (no model code, only arithmetic).
+
+Until `inference` records real counts, synthetic workloads, trace imports and the
+benchmark need costs. These are the dense and attention matmul FLOPs of the GPT
+baseline (two per multiply-add) and the logical bytes a step reads or writes:
+
+    per prompt position p:  layers * (8 w^2 + 4 w f + 4 w (p + 1)) FLOPs, and
+                            kv_bytes_per_position bytes (its K and V are written)
+    prefill fixed:          2 w V FLOPs (one row of logits), weight_bytes (weights read once)
+    decode at position p:   the position FLOPs + 2 w V, and weight_bytes + (p + 1) kv bytes
+    kv_bytes_per_position = 2 * layers * w * precision_bytes
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsim.recorded import TURN_END, RecordedComputations, RecordedRequest
+
+PRECISIONS = {1: "int8", 2: "bfloat16", 4: "float32"}
+
+
+@dataclass(frozen=True)
+class AnalyticModel:
+    layers: int
+    width: int
+    ffn: int
+    vocabulary: int
+    precision_bytes: int
+    context: int = 4096
+
+    @property
+    def kv_bytes_per_position(self) -> int:
+        return 2 * self.layers * self.width * self.precision_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        w, f, v = self.width, self.ffn, self.vocabulary
+        block = 4 * w * w + 4 * w + 2 * w * f + f + w + 4 * w  # attention, feed-forward, two norms
+        parameters = v * w + self.context * w + self.layers * block + 2 * w + w * v + v
+        return parameters * self.precision_bytes
+
+    def position_flops(self, p: int) -> int:
+        w = self.width
+        return self.layers * (8 * w * w + 4 * w * self.ffn + 4 * w * (p + 1))
+
+    @property
+    def logits_flops(self) -> int:
+        return 2 * self.width * self.vocabulary
+
+    def architecture(self) -> dict:
+        return {
+            "vocabulary": self.vocabulary,
+            "width": self.width,
+            "ffn": self.ffn,
+            "context": self.context,
+            "layers": self.layers,
+            "precision": PRECISIONS.get(self.precision_bytes, f"{8 * self.precision_bytes}-bit"),
+        }
+
+
+class _CumulativeFlops:
+    """cum[i] = sum of position_flops(p) for p < i, in closed form (no table per request)."""
+
+    def __init__(self, model: AnalyticModel):
+        w = model.width
+        self.layers, self.linear, self.quadratic = model.layers, 8 * w * w + 4 * w * model.ffn, 4 * w
+
+    def __getitem__(self, i: int) -> int:
+        return self.layers * (self.linear * i + self.quadratic * i * (i + 1) // 2)
+
+
+class _CumulativeBytes:
+    def __init__(self, per_position: int):
+        self.per_position = per_position
+
+    def __getitem__(self, i: int) -> int:
+        return self.per_position * i
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One request's declared ids: what a workload generator or trace importer produces."""
+
+    request_id: str
+    arrival_us: int
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    max_new_tokens: int
+
+
+def analytic_request(model: AnalyticModel, item: Conversation) -> RecordedRequest:
+    n, output = len(item.prompt_ids), item.output_ids
+    complete = output[-1] == TURN_END
+    positions = tuple(range(n, n + len(output) - 1))
+    return RecordedRequest(
+        request_id=item.request_id,
+        arrival_us=item.arrival_us,
+        prompt_ids=item.prompt_ids,
+        max_new_tokens=item.max_new_tokens,
+        output_ids=output,
+        outcome={
+            "selected_tokens": len(output),
+            "published_tokens": sum(1 for i in output if i != TURN_END),
+            "unused_budget": item.max_new_tokens - len(output),
+            "stop_reason": "turn_end" if complete else "max_new_tokens",
+            "complete": complete,
+        },
+        fixed_matmul_flops=model.logits_flops,
+        fixed_memory_bytes=model.weight_bytes,
+        cum_flops=_CumulativeFlops(model),
+        cum_bytes=_CumulativeBytes(model.kv_bytes_per_position),
+        decode_positions=positions,
+        decode_flops=tuple(model.position_flops(p) + model.logits_flops for p in positions),
+        decode_bytes=tuple(model.weight_bytes + (p + 1) * model.kv_bytes_per_position for p in positions),
+    )
+
+
+def analytic_computations(model: AnalyticModel, items: list[Conversation], source: str) -> RecordedComputations:
+    """A recorded computation document whose counts are the analytic ones above."""
+    return RecordedComputations(
+        model={
+            "checkpoint_sha256": "analytic",
+            "tokenizer_sha256": "byte-level",
+            "architecture": model.architecture(),
+        },
+        kv_bytes_per_position=model.kv_bytes_per_position,
+        weight_bytes=model.weight_bytes,
+        execution={
+            "backend": {"compute_device": "none", "library": "kvsim.analytic", "precision": model.architecture()["precision"]},
+            "provenance": {"sources": {"generator": source}},
+        },
+        requests=tuple(analytic_request(model, item) for item in items),
+    )
+
+
+def weight_bytes_from_architecture(architecture: dict) -> int | None:
+    """weight_bytes of a document that does not state it, when its architecture has the GPT fields."""
+    sizes = {v: k for k, v in PRECISIONS.items()}
+    try:
+        model = AnalyticModel(
+            layers=architecture["layers"],
+            width=architecture["width"],
+            ffn=architecture["ffn"],
+            vocabulary=architecture["vocabulary"],
+            precision_bytes=sizes[architecture["precision"]],
+            context=architecture["context"],
+        )
+        return model.weight_bytes
+    except (KeyError, TypeError):
+        return None

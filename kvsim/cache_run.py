@@ -1,0 +1,288 @@
+"""CacheRun: simulate a declaration, write the record as JSON, and replay a record exactly.
+
+The record is self-contained: its declaration (KVRunBinding plus the optional
+customer interaction and resource graph), the consumed part of the recorded
+computation document and its ExecutionProvenance are enough to run the
+simulation again. `record_json` is deterministic, so a replay is a byte
+comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jgpt.errors import ApiError
+from kvsim import engine, fields
+from kvsim.analytic import weight_bytes_from_architecture
+from kvsim.recorded import RecordedComputations, document_json, parse_document
+from kvsim.resource_graph import ResourceGraph, parse_resource_graph, resource_graph_json
+from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig, parse_system, system_json
+from kvsim.workload import (
+    CustomerInteraction,
+    Workload,
+    interaction_json,
+    parse_interaction,
+    parse_workload,
+    resolve_workload,
+    workload_json,
+)
+
+MODEL_VERSION = "kvsim-1"
+EVIDENCE = (
+    f"{MODEL_VERSION}: discrete-event residency and service model over recorded computation counts; "
+    "times are virtual microseconds under the declared rates, not measurements"
+)
+DEFAULT_BINDING = {"primary": "KVCache", "related": ["InferenceSystem", "RequestScheduling", "StateTransfer", "ComputeService"]}
+
+
+@dataclass(frozen=True)
+class CacheRun:
+    declaration: dict  # KVRunBinding (+ customer_interaction, resource_graph)
+    computations: RecordedComputations
+    result: engine.EngineResult
+    outcomes: dict  # {"requests": {request_id: outcome}, "totals": {...}}
+    measurements: list[tuple]
+
+
+def simulate(
+    system: KVResidencySystemConfig,
+    computations: RecordedComputations,
+    workload: Workload | None = None,
+    interaction: CustomerInteraction | None = None,
+    resource_graph: ResourceGraph | None = None,
+    ontology_binding: dict | None = None,
+) -> CacheRun:
+    """Run the residency and service model once; pure in its inputs."""
+    binding = parse_binding(DEFAULT_BINDING if ontology_binding is None else ontology_binding)
+    workload = resolve_workload(computations, workload, interaction)
+    if system.scheduling.policy == CONTINUOUS_BATCHING and computations.weight_bytes is None:
+        weight_bytes = weight_bytes_from_architecture(computations.model["architecture"])
+        if weight_bytes is None:
+            raise ApiError("computations.weight_bytes", "continuous batching needs the bytes of weights a step reads")
+        computations = dataclasses.replace(computations, weight_bytes=weight_bytes)
+    result = engine.run(system, computations, workload, interaction)
+    declaration = {
+        "model": computations.model,
+        "system": system_json(system),
+        "workload": workload_json(workload),
+        "ontology_binding": binding,
+        "customer_interaction": None if interaction is None else interaction_json(interaction),
+        "resource_graph": None if resource_graph is None else resource_graph_json(resource_graph),
+    }
+    measurements = result.measurements + _consumption(result, interaction)
+    return CacheRun(declaration, computations, result, _outcomes(result, computations, workload), measurements)
+
+
+def parse_binding(value: Any, field: str = "ontology_binding") -> dict:
+    """OntologyBinding: a primary admitted concept and related ones (excluding the primary)."""
+    item = fields.mapping(value, field, {"primary"}, {"related"})
+    primary = fields.string(item["primary"], f"{field}.primary")
+    related = [fields.string(r, f"{field}.related[{i}]") for i, r in enumerate(fields.array(item.get("related", []), f"{field}.related"))]
+    if primary in related:
+        raise ApiError(f"{field}.related", f"must not repeat the primary subject {primary!r}")
+    try:
+        from jgpt.ontology import is_admitted
+    except ImportError:  # the registry lands with the experiments work; shapes are still checked
+        is_admitted = None
+    for name, at in [(primary, f"{field}.primary"), *((r, f"{field}.related") for r in related)]:
+        if is_admitted is not None and not is_admitted(name):
+            raise ApiError(at, f"{name!r} is not an admitted ontology concept")
+    return {"primary": primary, "related": related}
+
+
+def _consumption(result: engine.EngineResult, interaction: CustomerInteraction | None) -> list[tuple]:
+    """How long each consume action waited until the published output covered it."""
+    if interaction is None:
+        return []
+    logs = {o["request_id"]: o["publish_log"] for o in result.outcomes}
+    measurements = []
+    for event in result.events:
+        if event[3] != "consume":
+            continue
+        wanted, log = event[5], logs[event[1]]
+        met = next((time for time, total in log if total >= wanted), None)
+        if met is not None:
+            measurements.append((event[0], "consume_wait", max(0, met - event[2]), wanted))
+    return measurements
+
+
+def _percentiles(values: list[int | float]) -> dict:
+    """Nearest-rank p50/p90/p99 (exact values of the sample, no interpolation)."""
+    if not values:
+        return {"count": 0, "p50": None, "p90": None, "p99": None}
+    ordered = sorted(values)
+    pick = lambda p: ordered[max(0, -(-p * len(ordered) // 100) - 1)]  # noqa: E731
+    return {"count": len(ordered), "p50": pick(50), "p90": pick(90), "p99": pick(99)}
+
+
+def _outcomes(result: engine.EngineResult, computations: RecordedComputations, workload: Workload) -> dict:
+    specs = {r.request_id: r for r in computations.requests}
+    requests, statuses = {}, {"completed": 0, "stopped": 0, "cancelled": 0, "rejected": 0}
+    lookups = {"device": 0, "host": 0, "miss": 0}
+    prompt_positions = reused_positions = saved_flops = 0
+    for arrival, outcome in zip(workload.requests, result.outcomes):
+        item = {k: v for k, v in outcome.items() if k not in ("publish_log", "request_id")}
+        item["end_event"] = f"e{outcome['end_event']}"
+        requests[arrival.request_id] = item
+        statuses[outcome["status"]] += 1
+        if outcome["admitted_us"] is None:
+            continue
+        lookups[outcome["reuse_tier"] or "miss"] += 1
+        prompt_positions += outcome["prompt_positions"]
+        reused_positions += outcome["reuse_positions"]
+        if outcome["selected_tokens"] > 0 and outcome["reuse_positions"] > 0:
+            spec = specs[arrival.request_id]
+            saved_flops += spec.prefill_cost(0)[0] - spec.prefill_cost(outcome["reuse_positions"])[0]
+    moved = {engine.DEVICE_TO_HOST: 0, engine.HOST_TO_DEVICE: 0}
+    counts = {"offload": 0, "reload": 0, "drop": 0}
+    for event in result.events:
+        kind = event[3]
+        if kind == "transfer_end":
+            moved[event[11]] += event[5]
+        elif kind in counts:
+            counts[kind] += 1
+    admitted = sum(lookups.values())
+    rate = lambda n, d: round(n / d, 6) if d else None  # noqa: E731
+    done = [o for o in result.outcomes if o["admitted_us"] is not None]
+    totals = {
+        "arrived": len(result.outcomes),
+        "admitted": admitted,
+        **statuses,
+        "lookups": admitted,
+        "hits_device": lookups["device"],
+        "hits_host": lookups["host"],
+        "hit_rate_device": rate(lookups["device"], admitted),
+        "hit_rate_host": rate(lookups["host"], admitted),
+        "token_hit_rate": rate(reused_positions, prompt_positions),
+        "reused_positions": reused_positions,
+        "prompt_positions": prompt_positions,
+        "saved_matmul_flops": saved_flops,
+        "bytes_device_to_host": moved[engine.DEVICE_TO_HOST],
+        "bytes_host_to_device": moved[engine.HOST_TO_DEVICE],
+        "offloads": counts["offload"],
+        "reloads": counts["reload"],
+        "drops": counts["drop"],
+        "compute_busy_us": result.busy_us,
+        "end_us": result.end_us,
+        "compute_busy_fraction": rate(result.busy_us, result.end_us),
+        "events": len(result.events),
+        "latency_us": {
+            name: _percentiles([o[key] for o in done if o[key] is not None])
+            for name, key in (("ttft", "ttft_us"), ("tpot", "tpot_us"), ("e2e", "e2e_us"), ("queueing", "queueing_us"))
+        },
+    }
+    return {"requests": requests, "totals": totals}
+
+
+def record_value(run: CacheRun) -> dict:
+    """The CacheRun as JSON-ready values, in the ontology's field order."""
+    computations = run.computations
+    provenance = dict(computations.execution["provenance"])
+    provenance.setdefault("backend", computations.execution["backend"])
+    checkpoint = {**computations.model, "kv_bytes_per_position": computations.kv_bytes_per_position}
+    if computations.weight_bytes is not None:
+        checkpoint["weight_bytes"] = computations.weight_bytes
+    inputs = {
+        "declaration": run.declaration,
+        "checkpoint": checkpoint,
+        "provenance": provenance,
+        "computations": document_json(computations)["requests"],
+    }
+    # The id names the simulated question: everything a replay reads, nothing it produces.
+    run_id = f"kv-{hashlib.sha256(_dumps(inputs)).hexdigest()[:16]}"
+    return {
+        "id": run_id,
+        **{k: inputs[k] for k in ("declaration", "checkpoint", "provenance")},
+        "events": [_event_json(e) for e in run.result.events],
+        "computations": inputs["computations"],
+        "measurements": [
+            {"event_id": f"e{e}", "kind": kind, "elapsed_us": elapsed, "bytes": size}
+            for e, kind, elapsed, size in run.measurements
+        ],
+        "outcomes": run.outcomes,
+        "states": {state_id: fate for state_id, fate in run.result.states},
+        "evidence": EVIDENCE,
+    }
+
+
+def _event_json(event: tuple) -> dict:
+    item = dict(zip(engine.EVENT_FIELDS, event))
+    item["event_id"] = f"e{event[0]}"
+    item["causes"] = [f"e{c}" for c in event[9]]
+    return item
+
+
+def record_json(run: CacheRun) -> bytes:
+    return _dumps(record_value(run)) + b"\n"
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def load_json(data: bytes, field: str) -> Any:
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ApiError(field, f"malformed JSON: {error}") from None
+
+
+def read_record(data: bytes) -> dict:
+    record = fields.loose_mapping(
+        load_json(data, "record"),
+        "record",
+        {"id", "declaration", "checkpoint", "provenance", "events", "computations", "measurements", "outcomes", "states", "evidence"},
+    )
+    if not str(record["evidence"]).startswith(f"{MODEL_VERSION}:"):
+        raise ApiError("record.evidence", f"not a {MODEL_VERSION} record")
+    return record
+
+
+def rerun(record: dict) -> CacheRun:
+    """Simulate the declaration a record carries."""
+    declaration = fields.mapping(
+        record["declaration"],
+        "record.declaration",
+        {"model", "system", "workload", "ontology_binding", "customer_interaction", "resource_graph"},
+    )
+    checkpoint = dict(fields.loose_mapping(record["checkpoint"], "record.checkpoint", {"kv_bytes_per_position"}))
+    provenance = fields.loose_mapping(record["provenance"], "record.provenance", {"backend"})
+    document = {
+        "format": "jgpt-recorded-computations",
+        "version": 1,
+        "model": declaration["model"],
+        "kv_bytes_per_position": checkpoint["kv_bytes_per_position"],
+        "execution": {"backend": provenance["backend"], "provenance": provenance},
+        "requests": record["computations"],
+    }
+    if "weight_bytes" in checkpoint:
+        document["weight_bytes"] = checkpoint["weight_bytes"]
+    interaction = declaration["customer_interaction"]
+    interaction = None if interaction is None else parse_interaction(interaction, "record.declaration.customer_interaction")
+    submitted = interaction is not None and any(a.kind == "submit" for a in interaction.actions)
+    graph = declaration["resource_graph"]
+    return simulate(
+        parse_system(declaration["system"], "record.declaration.system"),
+        parse_document(document, "record.computations"),
+        None if submitted else parse_workload(declaration["workload"], "record.declaration.workload"),
+        interaction,
+        None if graph is None else parse_resource_graph(graph, "record.declaration.resource_graph"),
+        declaration["ontology_binding"],
+    )
+
+
+def first_difference(old: dict, new: dict) -> str:
+    """A line naming the first differing event, or else the first differing field."""
+    for index, (a, b) in enumerate(zip(old.get("events", []), new["events"])):
+        if a != b:
+            return f"first differing event at index {index}:\n  recorded: {json.dumps(a)}\n  replayed: {json.dumps(b)}"
+    if len(old.get("events", [])) != len(new["events"]):
+        return f"event counts differ: recorded {len(old.get('events', []))}, replayed {len(new['events'])}"
+    for name in new:
+        if old.get(name) != new[name]:
+            return f"events agree; field {name!r} differs"
+    return "records differ only in formatting (the recorded bytes are not kvsim's canonical JSON)"

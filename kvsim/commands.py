@@ -1,0 +1,133 @@
+"""`jgpt kvsim ...` (and `python -m kvsim ...`): run, replay, plot, perfetto, import-trace, synthesize."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from jgpt.errors import ApiError
+from kvsim import analytic, traces
+from kvsim.cache_run import first_difference, read_record, record_json, record_value, rerun, simulate
+from kvsim.inputs import load_input, read_bytes
+from kvsim.recorded import document_json
+from kvsim.summary import summary_table
+from kvsim.synthetic import conversations
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"jgpt {command}",
+        description="KV residency and service simulator: deterministic, causal, replayable (see docs/kvsim.md)",
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    run = sub.add_parser("run", help="simulate INPUT.json, print a summary, optionally write the record")
+    run.add_argument("input", type=Path)
+    run.add_argument("--out", type=Path, help="where to write the CacheRun record (JSON)")
+    replay = sub.add_parser("replay", help="re-run a record's declaration; exit 0 only if the bytes are identical")
+    replay.add_argument("record", type=Path)
+    plot = sub.add_parser("plot", help="write occupancy, timeline and latency-CDF PNGs")
+    plot.add_argument("record", type=Path)
+    plot.add_argument("--out-dir", type=Path, help="default: RECORD's name without .json, plus _plots")
+    perfetto = sub.add_parser("perfetto", help="write Chrome/Perfetto trace JSON with flow arrows for causes")
+    perfetto.add_argument("record", type=Path)
+    perfetto.add_argument("--out", type=Path, help="default: RECORD's name with .perfetto.json")
+    trace = sub.add_parser("import-trace", help="recorded computations (analytic counts) from a Mooncake or Azure trace")
+    trace.add_argument("trace", type=Path)
+    trace.add_argument("--format", choices=traces.FORMATS, required=True)
+    trace.add_argument("--block-tokens", type=int, default=512, help="tokens per Mooncake hash block")
+    trace.add_argument("--out", type=Path, required=True)
+    _model_options(trace)
+    synth = sub.add_parser("synthesize", help="recorded computations (analytic counts) of multi-turn conversations")
+    synth.add_argument("--requests", type=int, default=100)
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--out", type=Path, required=True)
+    _model_options(synth)
+    return parser
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("analytic model (counts only, no weights)")
+    group.add_argument("--layers", type=int, default=4)
+    group.add_argument("--width", type=int, default=128)
+    group.add_argument("--ffn", type=int, default=512)
+    group.add_argument("--vocabulary", type=int, default=260)
+    group.add_argument("--precision-bytes", type=int, default=4)
+
+
+def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
+    for name in ("layers", "width", "ffn", "vocabulary", "precision_bytes"):
+        if getattr(args, name) < 1:
+            raise ApiError(f"--{name.replace('_', '-')}", "must be positive")
+    return analytic.AnalyticModel(args.layers, args.width, args.ffn, args.vocabulary, args.precision_bytes)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write next to the target, then rename: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(data)
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600; a record is meant to be shared
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def _json_bytes(value) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode() + b"\n"
+
+
+def main(command: str, argv: list[str]) -> int:
+    args = _parser(command).parse_args(argv)
+    if args.action == "run":
+        run = simulate(**load_input(args.input))
+        record = record_value(run)
+        print(summary_table(record))
+        if args.out:
+            write_atomically(args.out, record_json(run))
+            print(f"record written to {args.out}")
+        return 0
+    if args.action == "replay":
+        data = read_bytes(args.record, "RECORD")
+        recorded = read_record(data)
+        replayed = record_json(rerun(recorded))
+        if replayed == data:
+            print(f"replay of {recorded['id']}: byte-identical ({len(data)} bytes, {len(recorded['events'])} events)")
+            return 0
+        print(f"replay of {recorded['id']} differs: {first_difference(recorded, json.loads(replayed))}", file=sys.stderr)
+        return 1
+    if args.action == "plot":
+        record = read_record(read_bytes(args.record, "RECORD"))
+        from kvsim.plots import write_plots
+
+        directory = args.out_dir or args.record.with_name(args.record.stem + "_plots")
+        for path in write_plots(record, directory):
+            print(path)
+        return 0
+    if args.action == "perfetto":
+        record = read_record(read_bytes(args.record, "RECORD"))
+        from kvsim.perfetto import trace_events
+
+        out = args.out or args.record.with_name(args.record.stem + ".perfetto.json")
+        write_atomically(out, _json_bytes(trace_events(record)))
+        print(f"{out} (open in https://ui.perfetto.dev)")
+        return 0
+    model = _model(args)
+    if args.action == "import-trace":
+        text = read_bytes(args.trace, "TRACE").decode("utf-8", errors="replace")
+        items = traces.mooncake(text, args.block_tokens) if args.format == "mooncake" else traces.azure(text)
+        source = f"{args.format} trace {args.trace.name}"
+    else:
+        items = conversations(args.requests, args.seed)
+        source = f"kvsim.synthetic conversations(requests={args.requests}, seed={args.seed})"
+    if not items:
+        raise ApiError("TRACE", "no requests")
+    write_atomically(args.out, _json_bytes(document_json(analytic.analytic_computations(model, items, source))))
+    print(f"{len(items)} requests written to {args.out}")
+    return 0

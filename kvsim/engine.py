@@ -1,0 +1,423 @@
+"""The discrete-event engine: RequestScheduling, ComputeService and StateTransfer on one clock.
+
+Virtual time is an integer number of microseconds. Happenings wait in a heap
+ordered by (time, sequence number), so equal times keep the order in which they
+were scheduled: arrivals and customer actions first, in array order, then work
+and transfers in the order they started. Every recorded event names the events
+that made it happen (`causes`); nothing is inferred from adjacency.
+
+The mutable state below lives only for one call of `run`; what leaves it is
+plain tuples and dicts.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from kvsim.kv_cache import DEVICE, HOST, OFFLOADING, Residency, RetainedState
+from kvsim.recorded import TURN_END, RecordedComputations, RecordedRequest, token_key
+from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
+from kvsim.workload import CustomerInteraction, Workload
+
+# Happening kinds, in the heap as small ints.
+_ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
+DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
+
+# Field order of an event tuple; record.py turns tuples into CacheEvent objects.
+EVENT_FIELDS = (
+    "event_id", "request_id", "time_us", "kind", "state_id", "bytes", "device_reserved_bytes",
+    "host_retained_bytes", "detail", "causes", "phase", "transfer_direction",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    events: list[tuple]  # EVENT_FIELDS, event_id an int
+    measurements: list[tuple]  # (event_id, kind, elapsed_us, bytes)
+    outcomes: list[dict]  # one per arrival, in workload order
+    states: list[dict]  # one per state ever retained, in creation order
+    busy_us: int  # compute busy time
+    end_us: int  # time of the last event
+
+
+class _Request:
+    __slots__ = (
+        "spec", "arrival", "arrival_event", "reservation", "reused", "reuse_tier", "state", "step",
+        "boundary", "cancel", "ended", "admitted_us", "first_token_us", "published", "publish_log", "key",
+        "token_bytes",
+    )  # fmt: skip
+
+    def __init__(self, spec: RecordedRequest, arrival: int, consumed: bool):
+        self.spec = spec
+        self.arrival = arrival
+        self.arrival_event = -1
+        self.key = token_key(spec.prompt_ids)
+        self.reservation = 0
+        self.reused = 0
+        self.reuse_tier: str | None = None
+        self.state: RetainedState | None = None
+        self.step = 0  # 0: prefill next; k: decode step k-1 next
+        self.boundary = -1  # the event after which this request's next work may start
+        self.cancel = -1  # pending cancel_request event, or -1
+        self.ended = False
+        self.admitted_us: int | None = None
+        self.first_token_us: int | None = None
+        self.published = 0
+        # (time, cumulative published bytes), kept only for requests whose output a customer consumes
+        self.publish_log = [(arrival, 0)] if consumed else None
+        self.token_bytes = spec.published_bytes() if consumed else ()
+
+
+class _Engine:
+    def __init__(self, system: KVResidencySystemConfig, computations: RecordedComputations, requests: list[_Request]):
+        self.system = system
+        self.compute = system.compute_service
+        self.transfer = system.transfer
+        self.retain_states = system.kv_cache.retention_policy == "lru"
+        self.batching = system.scheduling.policy == CONTINUOUS_BATCHING
+        self.weight_bytes = computations.weight_bytes or 0
+        self.kv_bytes = computations.kv_bytes_per_position
+        self.cache = Residency(system.kv_cache, self.kv_bytes)
+        self.requests = {r.spec.request_id: r for r in requests}
+        self.events: list[tuple] = []
+        self.measurements: list[tuple] = []
+        self.heap: list[tuple] = []
+        self.sequence = 0
+        self.now = 0
+        self.waiting: deque[_Request] = deque()
+        self.in_system = 0
+        self.active = 0
+        self.ready: deque[_Request] = deque()
+        self.compute_busy = False
+        self.compute_free_event = -1
+        self.busy_us = 0
+        self.link: deque[tuple] = deque()  # (direction, state, request_id, decision event)
+        self.link_busy = False
+        self.link_free_event = -1
+        self.outcomes: dict[str, dict] = {}
+        self.state_fate: dict[str, dict] = {}
+
+    # -- recording -------------------------------------------------------
+
+    def emit(self, request_id, kind, causes=(), state_id=None, size=0, detail="", phase=None, direction=None) -> int:
+        event_id = len(self.events)
+        cache = self.cache
+        self.events.append(
+            (event_id, request_id, self.now, kind, state_id, size, cache.reserved + cache.device_retained,
+             cache.host_retained, detail, causes, phase, direction)
+        )  # fmt: skip
+        return event_id
+
+    def schedule(self, time: int, what: int, payload) -> None:
+        heapq.heappush(self.heap, (time, self.sequence, what, payload))
+        self.sequence += 1
+
+    # -- main loop -------------------------------------------------------
+
+    def run(self, requests: list[_Request], actions: list) -> None:
+        for request in requests:
+            self.schedule(request.arrival, _ARRIVE, request)
+        for action in actions:
+            self.schedule(action.at_us, _ACTION, action)
+        heap = self.heap
+        while heap:
+            self.now, _, what, payload = heapq.heappop(heap)
+            if what == _COMPUTE_END:
+                self.on_compute_end(payload)
+            elif what == _ARRIVE:
+                self.on_arrival(payload)
+            elif what == _TRANSFER_END:
+                self.on_transfer_end(payload)
+            else:
+                self.on_action(payload)
+
+    def on_arrival(self, request: _Request) -> None:
+        spec, system = request.spec, self.system
+        request.arrival_event = event = self.emit(spec.request_id, "arrival", detail=f"prompt={len(spec.prompt_ids)}")
+        request.reservation = (len(spec.prompt_ids) + spec.max_new_tokens - 1) * self.kv_bytes
+        reason = None
+        if spec.max_new_tokens > system.max_new_tokens_cap:
+            reason = f"max_new_tokens {spec.max_new_tokens} > max_new_tokens_cap {system.max_new_tokens_cap}"
+        elif self.in_system >= system.max_requests:
+            reason = f"max_requests {system.max_requests} already in the system"
+        elif request.reservation > system.kv_cache.device_kv_bytes:
+            reason = f"reservation {request.reservation} bytes > device_kv_bytes {system.kv_cache.device_kv_bytes}"
+        if reason is not None:
+            request.ended = True
+            end = self.emit(spec.request_id, "reject", (event,), detail=reason)
+            self.outcomes[spec.request_id] = self.outcome(request, "rejected", reason, end)
+            return
+        self.in_system += 1
+        self.waiting.append(request)
+        self.admit(event)
+        self.dispatch()
+
+    def on_action(self, action) -> None:
+        request = self.requests[action.request_id]
+        if action.kind == "consume":
+            detail = f"published_bytes={request.publish_log[-1][1] if request.publish_log else 0}"
+            self.emit(action.request_id, "consume", (), size=action.output_bytes, detail=detail)
+            return
+        event = self.emit(action.request_id, "cancel_request", ())
+        if request.ended or request.cancel >= 0 or request.arrival > self.now:
+            return  # already over, already cancelling, or not yet arrived: intent without effect
+        if request.admitted_us is None:
+            self.in_system -= 1
+            self.finish(request, "cancel", "cancelled while waiting", (event, request.arrival_event), admitted=False)
+            self.admit(event)
+        elif request in self.ready:
+            self.ready.remove(request)
+            self.finish(request, "cancel", "cancelled between steps", (event, request.boundary))
+        else:
+            request.cancel = event  # running or reloading: honoured at the next step boundary
+        self.dispatch()
+
+    # -- admission and residency ------------------------------------------
+
+    def admit(self, trigger: int) -> None:
+        """FIFO admission of waiting requests while slots and device bytes allow."""
+        cache = self.cache
+        while self.waiting and self.active < self.system.scheduling.max_active_requests:
+            request = self.waiting[0]
+            if request.ended:
+                self.waiting.popleft()
+                continue
+            spec = request.spec
+            state = cache.lookup(request.key) if self.retain_states else None
+            credit = state.size if state is not None and state.tier == DEVICE else 0
+            need = request.reservation - credit
+            if need > cache.device_free():
+                shortfall = need - cache.device_free() - cache.offloading_bytes
+                evictable = cache.device_lru_bytes - credit
+                if shortfall <= 0 or evictable < shortfall:
+                    return  # wait for offloads in flight, or for active requests to release
+                self.evict(shortfall, state, spec.request_id, (request.arrival_event, trigger))
+                continue
+            self.waiting.popleft()
+            self.active += 1
+            request.admitted_us = self.now
+            causes = (request.arrival_event,) if trigger == request.arrival_event else (request.arrival_event, trigger)
+            admitted = self.emit(spec.request_id, "admit", causes)
+            if state is None:
+                self.emit(spec.request_id, "lookup_miss", (admitted,))
+            else:
+                tier = HOST if state.tier != DEVICE else DEVICE
+                request.state, request.reused, request.reuse_tier = state, state.positions, tier
+                hit = self.emit(spec.request_id, "lookup_hit", (admitted,), state.state_id, state.size, tier)
+                cache.take(state)
+                self.state_fate[state.state_id]["fate"] = f"reused by {spec.request_id}"
+            cache.reserved += request.reservation
+            reserved = self.emit(spec.request_id, "reserve", (admitted,), size=request.reservation)
+            if request.reuse_tier == HOST:
+                request.boundary = -1
+                reload = self.emit(spec.request_id, "reload", (hit,), state.state_id, state.size, direction=HOST_TO_DEVICE)
+                self.enqueue_transfer(HOST_TO_DEVICE, state, spec.request_id, reload)
+            else:
+                request.boundary = reserved
+                self.ready.append(request)
+
+    def evict(self, shortfall: int, keep: RetainedState | None, request_id: str, causes: tuple) -> None:
+        """Move least recently used device states out until `shortfall` bytes will be free."""
+        cache = self.cache
+        while shortfall > 0:
+            oldest = iter(cache.device_lru.values())
+            state = next(oldest)
+            if state is keep:
+                state = next(oldest)
+            shortfall -= state.size
+            if state.size <= cache.config.host_kv_bytes:
+                while cache.host_free() < state.size:
+                    victim = next(iter(cache.host_lru.values()), None)
+                    if victim is None:
+                        break
+                    cache.drop_from_host(victim)
+                    self.state_fate[victim.state_id]["fate"] = "dropped from host"
+                    self.emit(request_id, "drop", causes, victim.state_id, victim.size, HOST)
+            if cache.host_free() >= state.size:
+                cache.begin_offload(state)
+                offload = self.emit(request_id, "offload", causes, state.state_id, state.size, direction=DEVICE_TO_HOST)
+                self.enqueue_transfer(DEVICE_TO_HOST, state, request_id, offload)
+            else:
+                cache.drop_from_device(state)
+                self.state_fate[state.state_id]["fate"] = "dropped from device"
+                self.emit(request_id, "drop", causes, state.state_id, state.size, DEVICE)
+
+    def enqueue_transfer(self, direction: str, state: RetainedState, request_id: str, decision: int) -> None:
+        self.link.append((direction, state, request_id, decision))
+        if not self.link_busy:
+            self.start_transfer()
+
+    def start_transfer(self) -> None:
+        direction, state, request_id, decision = transfer = self.link.popleft()
+        causes = (decision,) if self.link_free_event < 0 else (decision, self.link_free_event)
+        start = self.emit(request_id, "transfer_start", causes, state.state_id, state.size, direction=direction)
+        self.link_busy = True
+        self.schedule(self.now + self.transfer.duration_us(state.size), _TRANSFER_END, (*transfer, start))
+
+    def on_transfer_end(self, transfer: tuple) -> None:
+        direction, state, request_id, _, start = transfer
+        cache = self.cache
+        if direction == DEVICE_TO_HOST:
+            cache.end_offload(state)
+            if state.tier == HOST:
+                self.state_fate[state.state_id]["fate"] = "on host"
+        else:
+            cache.end_reload(state)
+        end = self.emit(request_id, "transfer_end", (start,), state.state_id, state.size, direction=direction)
+        self.measurements.append((end, f"transfer_{direction}", self.now - self.events[start][2], state.size))
+        self.link_busy = False
+        self.link_free_event = end
+        if self.link:
+            self.start_transfer()
+        if direction == HOST_TO_DEVICE:
+            request = self.requests[request_id]
+            request.boundary = end
+            if request.cancel >= 0:
+                self.finish(request, "cancel", "cancelled at reload end", (request.cancel, end))
+            else:
+                self.ready.append(request)
+        else:
+            self.admit(end)
+        self.dispatch()
+
+    # -- service ---------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Start the next service step if the compute resource is idle (round-robin over ready requests)."""
+        if self.compute_busy or not self.ready:
+            return
+        head = self.ready.popleft()
+        if self.batching and head.step > 0:
+            batch = [head, *(r for r in self.ready if r.step > 0)]
+            self.ready = deque(r for r in self.ready if r.step == 0)
+        else:
+            batch = [head]
+        flops = memory = 0
+        for request in batch:
+            f, b = self.work_cost(request)
+            flops += f
+            memory += b
+        if len(batch) > 1:  # weights are read once for the whole batch
+            memory -= sum(min(self.weight_bytes, self.work_cost(r)[1]) for r in batch[1:])
+        duration = self.compute.duration_us(flops, memory)
+        starts = []
+        for request in batch:
+            causes = (request.boundary,) if self.compute_free_event < 0 else (request.boundary, self.compute_free_event)
+            phase = "prefill" if request.step == 0 else "decode"
+            starts.append(self.emit(request.spec.request_id, "compute_start", causes, phase=phase, detail=f"batch={len(batch)}" if self.batching else ""))
+        self.compute_busy = True
+        self.busy_us += duration
+        self.schedule(self.now + duration, _COMPUTE_END, (batch, starts, memory))
+
+    def work_cost(self, request: _Request) -> tuple[int, int]:
+        spec = request.spec
+        if request.step == 0:
+            return spec.prefill_cost(request.reused)
+        return spec.decode_flops[request.step - 1], spec.decode_bytes[request.step - 1]
+
+    def on_compute_end(self, work: tuple) -> None:
+        batch, starts, memory = work
+        elapsed = self.now - self.events[starts[0]][2]
+        self.compute_busy = False
+        ends = []
+        for request, start in zip(batch, starts):
+            spec = request.spec
+            phase = "prefill" if request.step == 0 else "decode"
+            end = self.emit(spec.request_id, "compute_end", (start,), phase=phase)
+            ends.append(end)
+            self.measurements.append((end, f"compute_{phase}", elapsed, memory))
+            selected = spec.output_ids[request.step]
+            request.step += 1
+            request.boundary = end
+            if request.first_token_us is None:
+                request.first_token_us = self.now
+            if selected != TURN_END:
+                request.published += 1
+                request.boundary = self.emit(spec.request_id, "publish", (end,), detail=f"token={selected}")
+                if request.publish_log is not None:
+                    total = request.publish_log[-1][1] + request.token_bytes[request.step - 1]
+                    request.publish_log.append((self.now, total))
+            if request.step == len(spec.output_ids):
+                kind = "complete" if spec.outcome["complete"] else "stop"
+                self.finish(request, kind, spec.outcome["stop_reason"], (request.boundary,))
+            elif request.cancel >= 0:
+                self.finish(request, "cancel", "cancelled at step boundary", (request.cancel, request.boundary))
+            else:
+                self.ready.append(request)
+        self.compute_free_event = ends[-1]
+        self.dispatch()
+
+    def finish(self, request: _Request, kind: str, reason: str, causes: tuple, admitted: bool = True) -> None:
+        """The request ends exactly once: release its reservation and retain what it computed."""
+        spec, cache = request.spec, self.cache
+        request.ended = True
+        end = self.emit(spec.request_id, kind, causes, detail=reason)
+        self.outcomes[spec.request_id] = self.outcome(request, {"complete": "completed", "stop": "stopped"}.get(kind, "cancelled"), reason, end)
+        if not admitted:
+            return
+        self.active -= 1
+        self.in_system -= 1
+        cache.reserved -= request.reservation
+        released = self.emit(spec.request_id, "release", (end,), size=request.reservation)
+        computed = len(spec.prompt_ids) + request.step - 1 if request.step > 0 else request.reused
+        if self.retain_states and computed > 0:
+            key = token_key((*spec.prompt_ids, *spec.output_ids)[:computed])
+            if cache.has(key):
+                self.emit(spec.request_id, "retain_skip", (released,), size=computed * self.kv_bytes, detail="already retained")
+            else:
+                state = cache.retain(key, spec.request_id)
+                self.state_fate[state.state_id] = {"request_id": spec.request_id, "positions": state.positions, "bytes": state.size, "fate": "on device"}
+                self.emit(spec.request_id, "retain", (released,), state.state_id, state.size)
+        self.admit(released)
+
+    def outcome(self, request: _Request, status: str, reason: str, end_event: int) -> dict:
+        spec, now = request.spec, self.now
+        selected = request.step
+        first = request.first_token_us
+        return {
+            "request_id": spec.request_id,
+            "status": status,
+            "stop_reason": reason,
+            "end_event": end_event,
+            "arrival_us": request.arrival,
+            "admitted_us": request.admitted_us,
+            "first_token_us": first,
+            "end_us": now,
+            "queueing_us": None if request.admitted_us is None else request.admitted_us - request.arrival,
+            "ttft_us": None if first is None else first - request.arrival,
+            "tpot_us": None if selected < 2 else round((now - first) / (selected - 1), 3),
+            "e2e_us": now - request.arrival,
+            "prompt_positions": len(spec.prompt_ids),
+            "reuse_positions": request.reused,
+            "reuse_tier": request.reuse_tier,
+            "selected_tokens": selected,
+            "published_tokens": request.published,
+            "publish_log": request.publish_log,
+        }
+
+
+def run(
+    system: KVResidencySystemConfig,
+    computations: RecordedComputations,
+    workload: Workload,
+    interaction: CustomerInteraction | None,
+) -> EngineResult:
+    specs = {r.request_id: r for r in computations.requests}
+    actions = interaction.actions if interaction else ()
+    consumed = {a.request_id for a in actions if a.kind == "consume"}
+    requests = [_Request(specs[a.request_id], a.arrival_us, a.request_id in consumed) for a in workload.requests]
+    engine = _Engine(system, computations, requests)
+    engine.run(requests, [a for a in actions if a.kind != "submit"])
+    for state in engine.cache.resident():
+        if state.tier == OFFLOADING:
+            raise AssertionError("an offload outlived the run")
+    return EngineResult(
+        events=engine.events,
+        measurements=engine.measurements,
+        outcomes=[engine.outcomes[r.spec.request_id] for r in requests],
+        states=list(engine.state_fate.items()),
+        busy_us=engine.busy_us,
+        end_us=engine.now,
+    )

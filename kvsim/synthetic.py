@@ -1,0 +1,51 @@
+"""Synthetic multi-turn conversations with shared prefixes (for examples, tests and the bench).
+
+Every conversation opens with one of a few shared system prompts; each turn's
+prompt is the whole conversation so far plus a new user turn, framed with the
+team's token contract ([role] text [TURN_END]), so the state a finished turn
+leaves behind is an exact prefix of the next turn's prompt. All randomness
+comes from one explicit seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from kvsim.analytic import Conversation
+
+SYSTEM, USER, ASSISTANT, TURN_END = 256, 257, 258, 259
+
+
+@dataclass(frozen=True)
+class ConversationMix:
+    system_prompts: int = 4
+    system_tokens: int = 32
+    turns: tuple[int, int] = (1, 6)
+    user_tokens: tuple[int, int] = (8, 40)
+    reply_tokens: tuple[int, int] = (2, 12)  # text ids before TURN_END
+    max_new_tokens: int = 12
+    mean_gap_us: int = 2_000  # between conversation starts
+    think_us: tuple[int, int] = (20_000, 80_000)  # between a conversation's turns
+
+
+def conversations(requests: int, seed: int, mix: ConversationMix = ConversationMix()) -> list[Conversation]:
+    """`requests` turns in arrival order of their conversations' starts (ties keep generation order)."""
+    rng = random.Random(seed)
+    systems = [(SYSTEM, *rng.randbytes(mix.system_tokens), TURN_END) for _ in range(mix.system_prompts)]
+    items: list[Conversation] = []
+    start, index = 0, 0
+    while len(items) < requests:
+        start += round(rng.expovariate(1 / mix.mean_gap_us))
+        history, arrival = systems[rng.randrange(len(systems))], start
+        for turn in range(rng.randint(*mix.turns)):
+            if len(items) == requests:
+                break
+            prompt = (*history, USER, *rng.randbytes(rng.randint(*mix.user_tokens)), TURN_END, ASSISTANT)
+            text = rng.randbytes(rng.randint(*mix.reply_tokens))
+            output = (*text, TURN_END)[: mix.max_new_tokens]
+            items.append(Conversation(f"c{index}t{turn}", arrival, prompt, output, mix.max_new_tokens))
+            history = (*prompt, *output)
+            arrival += rng.randint(*mix.think_us)
+        index += 1
+    return items
