@@ -98,6 +98,29 @@ class Decoded:
     pending: bytes = b""  # a valid UTF-8 prefix held back at the end when final=False
 
 
+@dataclass(frozen=True)
+class PieceTable:
+    """The bytes each id spells, laid out for vectorized lookups (controls spell b"")."""
+
+    pieces: tuple[bytes, ...]  # [vocab]
+    lengths: np.ndarray  # [vocab] int64
+    starts: np.ndarray  # [vocab] int64 offset of each piece in `flat`
+    flat: np.ndarray  # [sum(lengths)] uint8, all pieces back to back
+
+    @classmethod
+    def of(cls, pieces: tuple[bytes, ...]) -> PieceTable:
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        flat = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        return cls(pieces, lengths, np.cumsum(lengths) - lengths, flat)
+
+    def bytes_of(self, ids: np.ndarray) -> bytes:
+        """The concatenated bytes of ids: one gather over `flat`, no loop over tokens."""
+        lengths = self.lengths[ids]  # [n]
+        output_starts = np.cumsum(lengths) - lengths  # [n] where each piece lands in the output
+        shift = np.repeat(self.starts[ids] - output_starts, lengths)  # [total] flat offset minus output offset
+        return self.flat[shift + np.arange(shift.size)].tobytes()
+
+
 @dataclass(frozen=True, repr=False)
 class Tokenizer:
     """An identified vocabulary and codec. Build with bytes_only, train or load."""
@@ -105,8 +128,7 @@ class Tokenizer:
     document: bytes  # the exact tokenizer.json bytes
     tokenizer_sha256: str
     context_limit: int | None
-    pieces: tuple[bytes, ...] = field(compare=False)  # [vocab] bytes of each id; b"" for controls
-    piece_lengths: np.ndarray = field(compare=False)  # [vocab] len of each piece
+    table: PieceTable = field(compare=False)  # derived from document
     _library: tokenizers.Tokenizer | None = field(compare=False)  # None: pure bytes
 
     def __repr__(self) -> str:
@@ -162,8 +184,7 @@ class Tokenizer:
             library = tokenizers.Tokenizer.from_str(json.dumps(runtime)) if merges else None
         except Exception as error:  # the library reports inconsistent merges with its own exception types
             raise ApiError("tokenizer", f"{source}: HF tokenizers rejects it: {error}") from None
-        piece_lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        return cls(document, hashlib.sha256(document).hexdigest(), context_limit, pieces, piece_lengths, library)
+        return cls(document, hashlib.sha256(document).hexdigest(), context_limit, PieceTable.of(pieces), library)
 
     def with_context_limit(self, context_limit: int | None) -> Tokenizer:
         _check_context_limit(context_limit)
@@ -174,6 +195,11 @@ class Tokenizer:
         write_atomically(Path(path), self.document)
 
     # ---- vocabulary -------------------------------------------------------------------
+
+    @property
+    def pieces(self) -> tuple[bytes, ...]:
+        """The bytes each id spells; b"" for control tokens."""
+        return self.table.pieces
 
     @property
     def vocab_size(self) -> int:
@@ -242,7 +268,7 @@ class Tokenizer:
         for n, (turn, source, text_ids) in enumerate(zip(turns, sources, self._encode_normalized(texts))):
             spans.append(control_span(ROLE_IDS[turn.role], len(ids), n))
             ids.append(ROLE_IDS[turn.role])
-            spans += text_spans(np.asarray(text_ids, dtype=np.int64), source, self.piece_lengths,
+            spans += text_spans(np.asarray(text_ids, dtype=np.int64), source, self.table.lengths,
                                 first_merge_id=FIRST_MERGE_ID, token_offset=len(ids), byte_offset=byte_offset, turn=n)
             ids += text_ids
             spans.append(control_span(TURN_END_ID, len(ids), n))
@@ -273,6 +299,7 @@ class Tokenizer:
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise ApiError("ids", f"must be a flat sequence of integers, got shape {ids.shape} of {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False)  # also types an empty sequence
         out_of_range = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
         if out_of_range.size:
             n = int(out_of_range[0])
@@ -286,13 +313,13 @@ class Tokenizer:
         for start, stop in zip([0, *(c + 1 for c in controls)], [*controls, ids.size]):
             run = ids[start:stop]
             hold = not final and stop == ids.size
-            text, problems, pending = _utf8_with_markers(b"".join(map(self.pieces.__getitem__, run.tolist())), hold)
+            text, problems, pending = _utf8_with_markers(self.table.bytes_of(run), hold)
             parts.append(text)
             if stop < ids.size:
                 parts.append(CONTROL_MARKERS[int(ids[stop])])
             if problems:
                 reason, byte = problems[0]
-                position = start + int(np.searchsorted(np.cumsum(self.piece_lengths[run]), byte, side="right"))
+                position = start + int(np.searchsorted(np.cumsum(self.table.lengths[run]), byte, side="right"))
                 more = f" (and {len(problems) - 1} more before position {stop})" if len(problems) > 1 else ""
                 notes.append(f"{reason} in the token at position {position}{more}")
         return Decoded("".join(parts), "; ".join(notes) or None, pending)

@@ -9,12 +9,13 @@ import json
 import unicodedata
 
 import pytest
+import regex
 import tokenizers
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from jgpt.errors import ApiError
-from jgpt.tokenizer import CONTROL_MARKERS, ROLES, Tokenizer, Turn
+from jgpt.tokenizer import BYTE_LEVEL_ALPHABET, CONTROL_MARKERS, ROLES, Tokenizer, Turn
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog, and the dog sleeps on.",
@@ -147,6 +148,42 @@ def test_decode_notes_exactly_the_malformed_byte_sequences(data):
         assert decoded.note is not None and "UTF-8" in decoded.note and "<0x" in decoded.text
     else:
         assert (decoded.text, decoded.note) == (valid, None)
+
+
+# An independent reference for applying merges: GPT-2's word split, then within each
+# word the lowest-ranked adjacent pair merges first, until no pair has a rank.
+GPT2_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+RANKS = {tuple(pair): rank for rank, pair in enumerate(json.loads(BPE.document)["model"]["merges"])}
+ID_OF_PIECE = {piece: token_id for token_id, piece in enumerate(BPE.pieces) if token_id not in CONTROL_MARKERS}
+
+
+def reference_bpe(text: str) -> list[int]:
+    ids = []
+    for word in GPT2_SPLIT.findall(nfc(text)):
+        parts = [bytes([b]) for b in word.encode("utf-8")]
+        while len(parts) > 1:
+            rank, i = min((RANKS.get((_byte_level(a), _byte_level(b)), len(RANKS)), i)
+                          for i, (a, b) in enumerate(zip(parts, parts[1:])))
+            if rank == len(RANKS):
+                break
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        ids += [ID_OF_PIECE[part] for part in parts]
+    return ids
+
+
+def _byte_level(piece: bytes) -> str:
+    return "".join(BYTE_LEVEL_ALPHABET[b] for b in piece)
+
+
+# Unicode categories (\p{L}, \s) of rare or new characters differ between the regex
+# module and the Rust library's tables, so this comparison stays within long-assigned scripts.
+common_texts = st.lists(st.sampled_from(FRAGMENTS) | st.text(st.characters(max_codepoint=0x4FF), max_size=3)).map("".join)
+
+
+@PROPERTY
+@given(text=common_texts)
+def test_hf_applies_merges_like_an_independent_reference_bpe(text):
+    assert BPE.encode_text(text) == reference_bpe(text)
 
 
 _hf_copies = {}
