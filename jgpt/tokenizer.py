@@ -147,8 +147,12 @@ class Tokenizer:
               context_limit: int | None = None) -> Tokenizer:
         """Learn byte-level BPE merges with HF tokenizers until the vocabulary reaches
         vocab_size (fewer when no pair occurs min_frequency times)."""
+        if isinstance(texts, str):
+            raise ApiError("texts", "must be an iterable of strings, not one string")
         if not isinstance(vocab_size, int) or vocab_size < FIRST_MERGE_ID:
             raise ApiError("vocab_size", f"must be an integer >= {FIRST_MERGE_ID} (bytes plus control tokens), got {vocab_size!r}")
+        if not isinstance(min_frequency, int) or min_frequency < 1:
+            raise ApiError("min_frequency", f"must be a positive integer, got {min_frequency!r}")
         learner = tokenizers.Tokenizer(tokenizers.models.BPE())
         learner.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         trainer = tokenizers.trainers.BpeTrainer(
@@ -260,6 +264,8 @@ class Tokenizer:
         marker without TURN_END: the prompt from which that role's reply is generated."""
         if open_turn is not None:
             self.role_id(open_turn)
+        if not_turns := [n for n, turn in enumerate(turns) if not isinstance(turn, Turn)]:
+            raise ApiError(f"turns[{not_turns[0]}]", f"must be a Turn, got {type(turns[not_turns[0]]).__name__}")
         texts = [normalize(turn.text, f"turns[{n}].text") for n, turn in enumerate(turns)]
         sources = [text.encode("utf-8") for text in texts]
         ids: list[int] = []

@@ -329,5 +329,12 @@ def test_load_rejects_files_without_the_jgpt_layout(tmp_path):
         Tokenizer.load(tmp_path / "text.json")
     with pytest.raises(ApiError, match="cannot read"):
         Tokenizer.load(tmp_path / "missing.json")
+
+
+def test_misuse_of_train_and_encode_turns_is_an_api_error():
     with pytest.raises(ApiError, match="vocab_size"):
         Tokenizer.train(CORPUS, 100)
+    with pytest.raises(ApiError, match="not one string"):
+        Tokenizer.train(CORPUS[0], 300)
+    with pytest.raises(ApiError, match="turns\\[0\\]"):
+        BYTES.encode_turns([{"role": "user", "text": "hi"}])
