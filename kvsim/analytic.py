@@ -125,27 +125,9 @@ def analytic_computations(model: AnalyticModel, items: list[Conversation], sourc
             "architecture": model.architecture(),
         },
         kv_bytes_per_position=model.kv_bytes_per_position,
-        weight_bytes=model.weight_bytes,
         execution={
             "backend": {"compute_device": "none", "library": "kvsim.analytic", "precision": model.architecture()["precision"]},
             "provenance": {"sources": {"generator": source}},
         },
         requests=tuple(analytic_request(model, item) for item in items),
     )
-
-
-def weight_bytes_from_architecture(architecture: dict) -> int | None:
-    """weight_bytes of a document that does not state it, when its architecture has the GPT fields."""
-    sizes = {v: k for k, v in PRECISIONS.items()}
-    try:
-        model = AnalyticModel(
-            layers=architecture["layers"],
-            width=architecture["width"],
-            ffn=architecture["ffn"],
-            vocabulary=architecture["vocabulary"],
-            precision_bytes=sizes[architecture["precision"]],
-            context=architecture["context"],
-        )
-        return model.weight_bytes
-    except (KeyError, TypeError):
-        return None

@@ -9,7 +9,6 @@ comparison.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -17,10 +16,9 @@ from typing import Any
 
 from jgpt.errors import ApiError
 from kvsim import engine, fields
-from kvsim.analytic import weight_bytes_from_architecture
 from kvsim.recorded import RecordedComputations, document_json, parse_document
 from kvsim.resource_graph import ResourceGraph, parse_resource_graph, resource_graph_json
-from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig, parse_system, system_json
+from kvsim.system import KVResidencySystemConfig, parse_system, system_json
 from kvsim.workload import (
     CustomerInteraction,
     Workload,
@@ -59,11 +57,6 @@ def simulate(
     """Run the residency and service model once; pure in its inputs."""
     binding = parse_binding(DEFAULT_BINDING if ontology_binding is None else ontology_binding)
     workload = resolve_workload(computations, workload, interaction)
-    if system.scheduling.policy == CONTINUOUS_BATCHING and computations.weight_bytes is None:
-        weight_bytes = weight_bytes_from_architecture(computations.model["architecture"])
-        if weight_bytes is None:
-            raise ApiError("computations.weight_bytes", "continuous batching needs the bytes of weights a step reads")
-        computations = dataclasses.replace(computations, weight_bytes=weight_bytes)
     result = engine.run(system, computations, workload, interaction)
     declaration = {
         "model": computations.model,
@@ -184,8 +177,6 @@ def record_value(run: CacheRun) -> dict:
     provenance = dict(computations.execution["provenance"])
     provenance.setdefault("backend", computations.execution["backend"])
     checkpoint = {**computations.model, "kv_bytes_per_position": computations.kv_bytes_per_position}
-    if computations.weight_bytes is not None:
-        checkpoint["weight_bytes"] = computations.weight_bytes
     inputs = {
         "declaration": run.declaration,
         "checkpoint": checkpoint,
@@ -259,8 +250,6 @@ def rerun(record: dict) -> CacheRun:
         "execution": {"backend": provenance["backend"], "provenance": provenance},
         "requests": record["computations"],
     }
-    if "weight_bytes" in checkpoint:
-        document["weight_bytes"] = checkpoint["weight_bytes"]
     interaction = declaration["customer_interaction"]
     interaction = None if interaction is None else parse_interaction(interaction, "record.declaration.customer_interaction")
     submitted = interaction is not None and any(a.kind == "submit" for a in interaction.actions)

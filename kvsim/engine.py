@@ -77,7 +77,6 @@ class _Engine:
         self.transfer = system.transfer
         self.retain_states = system.kv_cache.retention_policy == "lru"
         self.batching = system.scheduling.policy == CONTINUOUS_BATCHING
-        self.weight_bytes = computations.weight_bytes or 0
         self.kv_bytes = computations.kv_bytes_per_position
         self.cache = Residency(system.kv_cache, self.kv_bytes)
         self.requests = {r.spec.request_id: r for r in requests}
@@ -227,15 +226,13 @@ class _Engine:
             if state is keep:
                 state = next(oldest)
             shortfall -= state.size
-            if state.size <= cache.config.host_kv_bytes:
-                while cache.host_free() < state.size:
-                    victim = next(iter(cache.host_lru.values()), None)
-                    if victim is None:
-                        break
+            kept_on_host = keep.size if keep is not None and keep.tier == HOST else 0
+            if state.size <= cache.host_free() + cache.host_lru_bytes - kept_on_host:
+                while cache.host_free() < state.size:  # least recently used host states make room
+                    victim = next(s for s in cache.host_lru.values() if s is not keep)
                     cache.drop_from_host(victim)
                     self.state_fate[victim.state_id]["fate"] = "dropped from host"
                     self.emit(request_id, "drop", causes, victim.state_id, victim.size, HOST)
-            if cache.host_free() >= state.size:
                 cache.begin_offload(state)
                 offload = self.emit(request_id, "offload", causes, state.state_id, state.size, direction=DEVICE_TO_HOST)
                 self.enqueue_transfer(DEVICE_TO_HOST, state, request_id, offload)
@@ -299,8 +296,8 @@ class _Engine:
             f, b = self.work_cost(request)
             flops += f
             memory += b
-        if len(batch) > 1:  # weights are read once for the whole batch
-            memory -= sum(min(self.weight_bytes, self.work_cost(r)[1]) for r in batch[1:])
+        if len(batch) > 1:  # the fixed bytes of a work (its weights) are read once for the whole batch
+            memory -= sum(min(r.spec.fixed_memory_bytes, self.work_cost(r)[1]) for r in batch[1:])
         duration = self.compute.duration_us(flops, memory)
         starts = []
         for request in batch:

@@ -45,7 +45,7 @@ def integer(value: Any, field: str, minimum: int | None = 0) -> int:
 
 def positive_rate(value: Any, field: str) -> Fraction:
     """A positive JSON number as the exact rational its lexeme denotes (1.1 is 11/10)."""
-    rate = number(value, field)
+    rate = number(value, field, minimum=None)
     if rate <= 0:
         raise ApiError(field, f"must be positive, got {value}")
     return rate

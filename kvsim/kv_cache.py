@@ -45,7 +45,8 @@ class Residency:
         self.offloading_bytes = 0  # device bytes that free when in-flight offloads end
         self.device_lru: OrderedDict[str, RetainedState] = OrderedDict()  # least recent first
         self.host_lru: OrderedDict[str, RetainedState] = OrderedDict()
-        self.device_lru_bytes = 0
+        self.device_lru_bytes = 0  # bytes a device eviction can free
+        self.host_lru_bytes = 0  # bytes a host drop can free
         self._index: dict[bytes, RetainedState] = {}
         self._lengths: list[int] = []  # distinct key lengths in the index, ascending
         self._length_counts: dict[int, int] = {}
@@ -84,6 +85,7 @@ class Residency:
             self.device_retained -= state.size  # the bytes become part of the request's reservation
         elif state.tier == HOST:
             del self.host_lru[state.state_id]
+            self.host_lru_bytes -= state.size
             state.tier = RELOADING
 
     def has(self, key: bytes) -> bool:
@@ -120,6 +122,7 @@ class Residency:
         else:
             state.tier = HOST
             self.host_lru[state.state_id] = state
+            self.host_lru_bytes += state.size
 
     def end_reload(self, state: RetainedState) -> None:
         self.host_retained -= state.size
@@ -132,6 +135,7 @@ class Residency:
 
     def drop_from_host(self, state: RetainedState) -> None:
         del self.host_lru[state.state_id]
+        self.host_lru_bytes -= state.size
         self.host_retained -= state.size
         self._unindex(state)
 

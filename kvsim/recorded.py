@@ -72,7 +72,6 @@ class RecordedRequest:
 class RecordedComputations:
     model: dict  # ModelArtifactReference: checkpoint_sha256, tokenizer_sha256, architecture
     kv_bytes_per_position: int
-    weight_bytes: int | None  # bytes of weights one model step reads; needed by continuous batching
     execution: dict  # {"backend": ExecutionBackend, "provenance": ExecutionProvenance}
     requests: tuple[RecordedRequest, ...]
 
@@ -90,7 +89,6 @@ def parse_document(value: Any, field: str = "computations") -> RecordedComputati
     execution = fields.loose_mapping(top["execution"], f"{field}.execution", {"backend", "provenance"})
     fields.loose_mapping(execution["backend"], f"{field}.execution.backend", set())
     fields.loose_mapping(execution["provenance"], f"{field}.execution.provenance", set())
-    weight_bytes = top.get("weight_bytes")
     requests = tuple(
         _parse_request(item, f"{field}.requests[{index}]")
         for index, item in enumerate(fields.array(top["requests"], f"{field}.requests"))
@@ -103,7 +101,6 @@ def parse_document(value: Any, field: str = "computations") -> RecordedComputati
     return RecordedComputations(
         model={k: model[k] for k in ("checkpoint_sha256", "tokenizer_sha256", "architecture")},
         kv_bytes_per_position=fields.integer(top["kv_bytes_per_position"], f"{field}.kv_bytes_per_position", 1),
-        weight_bytes=None if weight_bytes is None else fields.integer(weight_bytes, f"{field}.weight_bytes"),
         execution={"backend": execution["backend"], "provenance": execution["provenance"]},
         requests=requests,
     )
@@ -195,8 +192,6 @@ def document_json(computations: RecordedComputations) -> dict:
         "execution": computations.execution,
         "requests": [request_json(r) for r in computations.requests],
     }
-    if computations.weight_bytes is not None:
-        document["weight_bytes"] = computations.weight_bytes
     return document
 
 
