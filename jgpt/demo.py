@@ -28,7 +28,8 @@ SAMPLE_CORPUS = [
 def main() -> int:
     byte_tokenizer = Tokenizer.bytes_only()
     bpe_tokenizer = Tokenizer.train(SAMPLE_CORPUS, vocab_size=320)
-    for title, tokenizer in (("pure bytes", byte_tokenizer), ("byte-level BPE trained on the sample corpus", bpe_tokenizer)):
+    titled = (("pure bytes", byte_tokenizer), ("byte-level BPE trained on the sample corpus", bpe_tokenizer))
+    for title, tokenizer in titled:
         print(f"== {title}: {tokenizer.vocab_size} entries, {tokenizer.merge_count} merges ==")
         print(render(tokenizer.encode_turns(SAMPLE_CONVERSATION), tokenizer))
         print()

@@ -19,9 +19,11 @@ as its bytes, so user text can never forge framing.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
+import re
 import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -150,7 +152,8 @@ class Tokenizer:
         if isinstance(texts, str):
             raise ApiError("texts", "must be an iterable of strings, not one string")
         if not isinstance(vocab_size, int) or vocab_size < FIRST_MERGE_ID:
-            raise ApiError("vocab_size", f"must be an integer >= {FIRST_MERGE_ID} (bytes plus control tokens), got {vocab_size!r}")
+            raise ApiError("vocab_size", f"must be an integer >= {FIRST_MERGE_ID} (bytes plus control tokens), "
+                                         f"got {vocab_size!r}")
         if not isinstance(min_frequency, int) or min_frequency < 1:
             raise ApiError("min_frequency", f"must be a positive integer, got {min_frequency!r}")
         learner = tokenizers.Tokenizer(tokenizers.models.BPE())
@@ -228,9 +231,9 @@ class Tokenizer:
         if token_id in CONTROL_MARKERS:
             return Token(token_id, "control", CONTROL_MARKERS[token_id], "turn framing")
         piece = self.pieces[token_id]
-        text, problems, _ = _utf8_with_markers(piece)
+        text, problem, _ = _utf8_with_markers(piece)
         if token_id >= FIRST_MERGE_ID:
-            return Token(token_id, "merge", text, "partial characters" if problems else "whole characters")
+            return Token(token_id, "merge", text, "partial characters" if problem else "whole characters")
         group = ("ascii" if token_id < 0x80 else "utf-8 continuation" if token_id < 0xC0
                  else "utf-8 lead" if 0xC2 <= token_id <= 0xF4 else "never in utf-8")
         return Token(token_id, "byte", text, group)
@@ -319,16 +322,17 @@ class Tokenizer:
         for start, stop in zip([0, *(c + 1 for c in controls)], [*controls, ids.size]):
             run = ids[start:stop]
             hold = not final and stop == ids.size
-            text, problems, pending = _utf8_with_markers(self.table.bytes_of(run), hold)
+            text, problem, pending = _utf8_with_markers(self.table.bytes_of(run), hold)
             parts.append(text)
             if stop < ids.size:
                 parts.append(CONTROL_MARKERS[int(ids[stop])])
-            if problems:
-                reason, byte = problems[0]
+            if problem:
+                reason, byte = problem
                 position = start + int(np.searchsorted(np.cumsum(self.table.lengths[run]), byte, side="right"))
-                more = f" (and {len(problems) - 1} more before position {stop})" if len(problems) > 1 else ""
-                notes.append(f"{reason} in the token at position {position}{more}")
+                notes.append(f"{reason} in the token at position {position}")
         return Decoded("".join(parts), "; ".join(notes) or None, pending)
+
+
 
 def _check_context_limit(context_limit: Any) -> None:
     if context_limit is not None and (isinstance(context_limit, bool) or not isinstance(context_limit, int)
@@ -351,9 +355,10 @@ def normalize(text: str, field_name: str) -> str:
 
 
 def sha256_json(value: Any) -> str:
-    """SHA-256 of the canonical JSON: sorted keys, no spaces, UTF-8."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """SHA-256 of the canonical JSON (sorted keys, no spaces, ASCII with \\u escapes),
+    the same form jgpt.artifact hashes manifests in."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def turns_from_json(value: Any, field_name: str = "turns") -> tuple[Turn, ...]:
@@ -367,7 +372,8 @@ def turns_from_json(value: Any, field_name: str = "turns") -> tuple[Turn, ...]:
             raise ApiError(where, f"must be an object with \"role\" and \"text\", got {_json_type(item)}")
         for key in ("role", "text"):
             if not isinstance(item.get(key), str):
-                raise ApiError(f"{where}.{key}", "missing" if key not in item else f"must be a string, got {_json_type(item[key])}")
+                reason = "missing" if key not in item else f"must be a string, got {_json_type(item[key])}"
+                raise ApiError(f"{where}.{key}", reason)
         if unknown := set(item) - {"role", "text"}:
             raise ApiError(where, f"unknown fields {sorted(unknown)}; a turn has only \"role\" and \"text\"")
         try:
@@ -396,31 +402,31 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _utf8_with_markers(data: bytes, hold_pending: bool = False) -> tuple[str, list[tuple[str, int]], bytes]:
-    """Decode UTF-8, writing each byte of a malformed sequence as <0xNN>.
+def _utf8_with_markers(data: bytes, hold_pending: bool = False) -> tuple[str, tuple[str, int] | None, bytes]:
+    """Decode UTF-8, writing each byte that is not part of a valid character as <0xNN>.
 
-    Returns (text, the problems as (description, byte offset), pending bytes). With
-    hold_pending an unfinished but valid sequence at the end is returned as pending,
-    not as a problem.
+    Returns (text, problem, pending). problem is None for valid UTF-8, else a
+    description of the first malformed sequence and its byte offset. With
+    hold_pending an unfinished but valid sequence at the end is returned as pending
+    bytes, not as a problem. Linear in len(data), however many bytes are malformed.
     """
-    parts: list[str] = []
-    problems: list[tuple[str, int]] = []
-    position = 0
-    while True:
-        try:
-            parts.append(data[position:].decode("utf-8"))
-            return "".join(parts), problems, b""
-        except UnicodeDecodeError as error:
-            start, end = position + error.start, position + error.end
-            parts.append(data[position:start].decode("utf-8"))
-            truncated = error.reason == "unexpected end of data"
-            if hold_pending and truncated and end == len(data):
-                return "".join(parts), problems, data[start:]
-            bad = data[start:end]
-            parts.append("".join(f"<0x{b:02X}>" for b in bad))
-            hex_bytes = " ".join(f"0x{b:02X}" for b in bad)
-            problems.append((f"{'incomplete' if truncated else 'malformed'} UTF-8 ({error.reason}: {hex_bytes})", start))
-            position = end
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")  # bad byte b -> U+DC00+b
+    text = decoder.decode(data, final=not hold_pending)
+    pending = decoder.getstate()[0]
+    escaped = len(_ESCAPED_BYTE.findall(text))
+    if not escaped:
+        return text, None, pending
+    try:
+        data[:len(data) - len(pending)].decode("utf-8")
+    except UnicodeDecodeError as error:  # always raised: it names the first malformed sequence
+        bad = error.object[error.start:error.end]
+        kind = "incomplete" if error.reason == "unexpected end of data" else "malformed"
+        others = f", {escaped} bad bytes in all" if escaped > len(bad) else ""
+        problem = f"{kind} UTF-8 ({error.reason}: {' '.join(f'0x{b:02X}' for b in bad)}{others})", error.start
+    return _ESCAPED_BYTE.sub(lambda match: f"<0x{ord(match[0]) - 0xDC00:02X}>", text), problem, pending
+
+
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
 
 # GPT-2's split of text into words, spaces and punctuation before merging; no prefix space,
@@ -467,7 +473,8 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
     if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
         raise reject("has no \"model\" object")
     model = spec["model"]
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) or not isinstance(model.get("merges"), list):
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) \
+            or not isinstance(model.get("merges"), list):
         raise reject("model must be BPE with a vocab object and a merges list")
     if (spec.get("normalizer") or {}).get("type") != NORMALIZATION:
         raise reject(f"must declare the {NORMALIZATION} normalizer")

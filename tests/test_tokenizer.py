@@ -177,7 +177,8 @@ def _byte_level(piece: bytes) -> str:
 
 # Unicode categories (\p{L}, \s) of rare or new characters differ between the regex
 # module and the Rust library's tables, so this comparison stays within long-assigned scripts.
-common_texts = st.lists(st.sampled_from(FRAGMENTS) | st.text(st.characters(max_codepoint=0x4FF), max_size=3)).map("".join)
+common_texts = st.lists(
+    st.sampled_from(FRAGMENTS) | st.text(st.characters(max_codepoint=0x4FF), max_size=3)).map("".join)
 
 
 @PROPERTY
@@ -272,7 +273,8 @@ def test_decoding_notes_name_the_problem_and_position():
     assert cut.text == "h<0xF0><0x9F><|turn_end|>"
     assert cut.note == "incomplete UTF-8 (unexpected end of data: 0xF0 0x9F) in the token at position 1"
     stray = BYTES.decode([0xFF, 0x41])
-    assert (stray.text, stray.note) == ("<0xFF>A", "malformed UTF-8 (invalid start byte: 0xFF) in the token at position 0")
+    assert stray.text == "<0xFF>A"
+    assert stray.note == "malformed UTF-8 (invalid start byte: 0xFF) in the token at position 0"
     unfinished = BYTES.decode([0x68, 0xF0, 0x9F], final=False)
     assert (unfinished.text, unfinished.note, unfinished.pending) == ("h", None, b"\xf0\x9f")
     with pytest.raises(ApiError, match="id 999 at position 1"):

@@ -30,7 +30,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
                     "print the Encoding: token ids and the spans explaining them. Or train a tokenizer.")
     p.add_argument("text", nargs="?", metavar="TEXT", help="text to encode as one user turn")
     p.add_argument("--turns", metavar="FILE.json", help='a JSON list of {"role", "text"} turns to encode')
-    p.add_argument("--open-turn", choices=ROLES, help="end with this role's marker and no TURN_END (a generation prompt)")
+    p.add_argument("--open-turn", choices=ROLES,
+                   help="end with this role's marker and no TURN_END (a generation prompt)")
     p.add_argument("--json", action="store_true", help="print the Encoding as JSON")
     p.add_argument("--tokenizer", metavar="FILE", help="a tokenizer.json to use (default: pure bytes, vocabulary 260)")
     p.add_argument("--context-limit", type=int, metavar="N", help="reject inputs that encode to more than N ids")
@@ -122,7 +123,8 @@ def render(encoding: Encoding, tokenizer: Tokenizer) -> str:
         if span.kind == "control":
             byte_range, text = "-", tokenizer.token(span.ids[0]).piece
         else:
-            byte_range, text = f"{span.byte_start}:{span.byte_end}", json.dumps(span.raw_bytes.decode("utf-8"), ensure_ascii=False)
+            byte_range = f"{span.byte_start}:{span.byte_end}"
+            text = json.dumps(span.raw_bytes.decode("utf-8"), ensure_ascii=False)
             if len(span.ids) > 1 and span.reason == BPE_MERGE:  # a merge cuts a character: show how
                 text += " = " + " + ".join(json.dumps(tokenizer.token(token_id).piece, ensure_ascii=False)
                                           for token_id in span.ids)
