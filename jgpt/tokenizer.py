@@ -474,8 +474,8 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
         raise reject("has no \"model\" object")
     model = spec["model"]
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) \
-            or not isinstance(model.get("merges"), list):
-        raise reject("model must be BPE with a vocab object and a merges list")
+            or not isinstance(model.get("merges"), list) or model.get("dropout") is not None:
+        raise reject("model must be BPE with a vocab object, a merges list and no dropout")
     if (spec.get("normalizer") or {}).get("type") != NORMALIZATION:
         raise reject(f"must declare the {NORMALIZATION} normalizer")
     if (spec.get("pre_tokenizer") or {}).get("type") != "ByteLevel" or spec["pre_tokenizer"].get("add_prefix_space"):

@@ -326,6 +326,16 @@ def test_load_rejects_files_without_the_jgpt_layout(tmp_path):
     bad.write_text(json.dumps(spec))
     with pytest.raises(ApiError, match="0..255"):
         Tokenizer.load(bad)
+    spec = json.loads(BPE.document)
+    spec["model"]["dropout"] = 0.1  # random merges would make ids irreproducible
+    (tmp_path / "dropout.json").write_text(json.dumps(spec))
+    with pytest.raises(ApiError, match="no dropout"):
+        Tokenizer.load(tmp_path / "dropout.json")
+    spec = json.loads(BPE.document)
+    spec["model"]["merges"].append(["<|", "user|>"])
+    (tmp_path / "forging.json").write_text(json.dumps(spec))
+    with pytest.raises(ApiError, match="forge turn framing"):
+        Tokenizer.load(tmp_path / "forging.json")
     (tmp_path / "text.json").write_text("not json")
     with pytest.raises(ApiError, match="not a JSON tokenizer"):
         Tokenizer.load(tmp_path / "text.json")
