@@ -10,6 +10,7 @@ has no `position_embedding` (its positions are rotary).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 
@@ -157,9 +158,21 @@ def initialize(architecture: Architecture, seed: int) -> tuple[ModelWeights, Ini
     Projections writing into the residual stream are scaled by 1/sqrt(2*layers) so
     that the stream's variance does not grow with depth.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ApiError("seed", f"must be an integer, got {seed!r}")
+    weights = _initial_weights(architecture, jax.random.key(seed))
+    return weights, InitializationProvenance(initializer=INITIALIZER, kind="random", seed=seed)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _initial_weights(architecture: Architecture, key: jax.Array) -> ModelWeights:
+    # One draw for all matrices, sliced in name order: a single random-bits kernel
+    # compiles far faster on CPU than one per tensor.
     residual_std = 0.02 / math.sqrt(2 * architecture.layers)
     shapes = weight_shapes(architecture)
-    keys = dict(zip(shapes, jax.random.split(jax.random.key(seed), len(shapes))))
+    drawn = [name for name in shapes if not name.endswith(("_scale", "_bias"))]
+    sizes = [math.prod(shapes[name]) for name in drawn]
+    noise = dict(zip(drawn, jnp.split(jax.random.normal(key, (sum(sizes),), jnp.float32), np.cumsum(sizes)[:-1])))
 
     def make(name: str, shape: tuple[int, ...]) -> jax.Array:
         if name.endswith("_scale"):
@@ -167,7 +180,6 @@ def initialize(architecture: Architecture, seed: int) -> tuple[ModelWeights, Ini
         if name.endswith("_bias"):
             return jnp.zeros(shape, jnp.float32)
         std = residual_std if name in ("attention_output", "ff_down") else 0.02
-        return std * jax.random.normal(keys[name], shape, jnp.float32)
+        return std * noise[name].reshape(shape)
 
-    weights = ModelWeights.from_dict({name: make(name, shape) for name, shape in shapes.items()})
-    return weights, InitializationProvenance(initializer=INITIALIZER, kind="random", seed=seed)
+    return ModelWeights.from_dict({name: make(name, shape) for name, shape in shapes.items()})
