@@ -34,6 +34,13 @@ class KVBuffers:
     keys: jax.Array
     values: jax.Array
 
+    @classmethod
+    def empty(cls, architecture: Architecture, batch: int, slots: int) -> KVBuffers:
+        """Zeroed buffers in the architecture's compute dtype, for `slots` positions per row."""
+        shape = (architecture.layers, batch, slots, architecture.kv_width)
+        zeros = jnp.zeros(shape, jnp.dtype(architecture.precision))
+        return cls(keys=zeros, values=zeros)
+
 
 @struct.dataclass
 class Observation:

@@ -92,8 +92,7 @@ def test_cached_continuation_matches_transformers(imported):
     B, T, split = 2, a.context, a.context // 3
     ids = np.random.default_rng(1).integers(0, a.vocabulary, (B, T)).astype(np.int32)
     expected = reference_logits(model, ids)
-    empty = jnp.zeros((a.layers, B, T, a.kv_width), jnp.float32)
-    prefix = FORWARD(artifact.weights, a, jnp.asarray(ids[:, :split]), cache=KVBuffers(empty, empty))
+    prefix = FORWARD(artifact.weights, a, jnp.asarray(ids[:, :split]), cache=KVBuffers.empty(a, B, T))
     positions = jnp.broadcast_to(jnp.arange(split, T, dtype=jnp.int32), (B, T - split))
     rest = FORWARD(artifact.weights, a, jnp.asarray(ids[:, split:]), positions=positions, cache=prefix.cache)
     got = np.concatenate([prefix.logits, rest.logits], axis=1)

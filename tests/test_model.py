@@ -210,8 +210,7 @@ def test_rows_at_different_positions_share_one_cached_call():
     architecture, name = LLAMA, "llama"
     ids = random_ids((2, 16), architecture.vocabulary, seed=9)
     full = FORWARD(weights_of(name), architecture, ids).logits
-    empty = jnp.zeros((architecture.layers, 2, 16, architecture.kv_width), jnp.float32)
-    cache = FORWARD(weights_of(name), architecture, ids[:, :10], cache=KVBuffers(empty, empty)).cache
+    cache = FORWARD(weights_of(name), architecture, ids[:, :10], cache=KVBuffers.empty(architecture, 2, 16)).cache
     positions = jnp.array([[6], [9]], jnp.int32)
     step = FORWARD(weights_of(name), architecture, jnp.take_along_axis(ids, positions, 1), positions=positions, cache=cache)
     np.testing.assert_allclose(step.logits[0, 0], full[0, 6], atol=1e-5, rtol=0)
