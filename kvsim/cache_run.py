@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jgpt.errors import ApiError
+from jgpt.ontology import OntologyBinding
 from kvsim import engine, fields
 from kvsim.recorded import RecordedComputations, document_json, parse_document
 from kvsim.resource_graph import ResourceGraph, parse_resource_graph, resource_graph_json
@@ -52,39 +53,23 @@ def simulate(
     workload: Workload | None = None,
     interaction: CustomerInteraction | None = None,
     resource_graph: ResourceGraph | None = None,
-    ontology_binding: dict | None = None,
+    ontology_binding: OntologyBinding | dict | None = None,
 ) -> CacheRun:
     """Run the residency and service model once; pure in its inputs."""
-    binding = parse_binding(DEFAULT_BINDING if ontology_binding is None else ontology_binding)
+    if not isinstance(ontology_binding, OntologyBinding):
+        ontology_binding = OntologyBinding.from_json(DEFAULT_BINDING if ontology_binding is None else ontology_binding)
     workload = resolve_workload(computations, workload, interaction)
     result = engine.run(system, computations, workload, interaction)
     declaration = {
         "model": computations.model,
         "system": system_json(system),
         "workload": workload_json(workload),
-        "ontology_binding": binding,
+        "ontology_binding": ontology_binding.to_json(),
         "customer_interaction": None if interaction is None else interaction_json(interaction),
         "resource_graph": None if resource_graph is None else resource_graph_json(resource_graph),
     }
     measurements = result.measurements + _consumption(result, interaction)
     return CacheRun(declaration, computations, result, _outcomes(result, computations, workload), measurements)
-
-
-def parse_binding(value: Any, field: str = "ontology_binding") -> dict:
-    """OntologyBinding: a primary admitted concept and related ones (excluding the primary)."""
-    item = fields.mapping(value, field, {"primary"}, {"related"})
-    primary = fields.string(item["primary"], f"{field}.primary")
-    related = [fields.string(r, f"{field}.related[{i}]") for i, r in enumerate(fields.array(item.get("related", []), f"{field}.related"))]
-    if primary in related:
-        raise ApiError(f"{field}.related", f"must not repeat the primary subject {primary!r}")
-    try:
-        from jgpt.ontology import is_admitted
-    except ImportError:  # the registry lands with the experiments work; shapes are still checked
-        is_admitted = None
-    for name, at in [(primary, f"{field}.primary"), *((r, f"{field}.related") for r in related)]:
-        if is_admitted is not None and not is_admitted(name):
-            raise ApiError(at, f"{name!r} is not an admitted ontology concept")
-    return {"primary": primary, "related": related}
 
 
 def _consumption(result: engine.EngineResult, interaction: CustomerInteraction | None) -> list[tuple]:
@@ -188,7 +173,7 @@ def record_value(run: CacheRun) -> dict:
     return {
         "id": run_id,
         **{k: inputs[k] for k in ("declaration", "checkpoint", "provenance")},
-        "events": [_event_json(e) for e in run.result.events],
+        "events": _events_json(run.result.events),
         "computations": inputs["computations"],
         "measurements": [
             {"event_id": f"e{e}", "kind": kind, "elapsed_us": elapsed, "bytes": size}
@@ -200,11 +185,25 @@ def record_value(run: CacheRun) -> dict:
     }
 
 
-def _event_json(event: tuple) -> dict:
-    item = dict(zip(engine.EVENT_FIELDS, event))
-    item["event_id"] = f"e{event[0]}"
-    item["causes"] = [f"e{c}" for c in event[9]]
-    return item
+def _events_json(events: list[tuple]) -> list[dict]:
+    names = [f"e{i}" for i in range(len(events))]
+    return [
+        {
+            "event_id": names[event_id],
+            "request_id": request_id,
+            "time_us": time_us,
+            "kind": kind,
+            "state_id": state_id,
+            "bytes": size,
+            "device_reserved_bytes": device,
+            "host_retained_bytes": host,
+            "detail": detail,
+            "causes": [names[c] for c in causes],
+            "phase": phase,
+            "transfer_direction": direction,
+        }
+        for event_id, request_id, time_us, kind, state_id, size, device, host, detail, causes, phase, direction in events
+    ]
 
 
 def record_json(run: CacheRun) -> bytes:

@@ -16,7 +16,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
-from kvsim.kv_cache import DEVICE, HOST, OFFLOADING, Residency, RetainedState
+from kvsim.kv_cache import DEVICE, HOST, Residency, RetainedState
 from kvsim.recorded import TURN_END, RecordedComputations, RecordedRequest, token_key
 from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
 from kvsim.workload import CustomerInteraction, Workload
@@ -24,17 +24,15 @@ from kvsim.workload import CustomerInteraction, Workload
 # Happening kinds, in the heap as small ints.
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
 DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
+_MEASURED = {"prefill": "compute_prefill", "decode": "compute_decode"}
 
-# Field order of an event tuple; record.py turns tuples into CacheEvent objects.
-EVENT_FIELDS = (
-    "event_id", "request_id", "time_us", "kind", "state_id", "bytes", "device_reserved_bytes",
-    "host_retained_bytes", "detail", "causes", "phase", "transfer_direction",
-)  # fmt: skip
+# An event is a tuple (event_id, request_id, time_us, kind, state_id, bytes, device_reserved_bytes,
+# host_retained_bytes, detail, causes, phase, transfer_direction) with int ids; cache_run writes CacheEvents.
 
 
 @dataclass(frozen=True)
 class EngineResult:
-    events: list[tuple]  # EVENT_FIELDS, event_id an int
+    events: list[tuple]  # see the event tuple above
     measurements: list[tuple]  # (event_id, kind, elapsed_us, bytes)
     outcomes: list[dict]  # one per arrival, in workload order
     states: list[dict]  # one per state ever retained, in creation order
@@ -291,13 +289,11 @@ class _Engine:
             self.ready = deque(r for r in self.ready if r.step == 0)
         else:
             batch = [head]
-        flops = memory = 0
-        for request in batch:
-            f, b = self.work_cost(request)
-            flops += f
-            memory += b
-        if len(batch) > 1:  # the fixed bytes of a work (its weights) are read once for the whole batch
-            memory -= sum(min(r.spec.fixed_memory_bytes, self.work_cost(r)[1]) for r in batch[1:])
+        costs = [self.work_cost(r) for r in batch]
+        flops = sum(f for f, _ in costs)
+        memory = sum(b for _, b in costs)
+        # A batch reads the fixed bytes of a work (the weights) once, not once per request.
+        memory -= sum(min(r.spec.fixed_memory_bytes, b) for r, (_, b) in zip(batch[1:], costs[1:]))
         duration = self.compute.duration_us(flops, memory)
         starts = []
         for request in batch:
@@ -324,7 +320,7 @@ class _Engine:
             phase = "prefill" if request.step == 0 else "decode"
             end = self.emit(spec.request_id, "compute_end", (start,), phase=phase)
             ends.append(end)
-            self.measurements.append((end, f"compute_{phase}", elapsed, memory))
+            self.measurements.append((end, _MEASURED[phase], elapsed, memory))
             selected = spec.output_ids[request.step]
             request.step += 1
             request.boundary = end
@@ -407,9 +403,6 @@ def run(
     requests = [_Request(specs[a.request_id], a.arrival_us, a.request_id in consumed) for a in workload.requests]
     engine = _Engine(system, computations, requests)
     engine.run(requests, [a for a in actions if a.kind != "submit"])
-    for state in engine.cache.resident():
-        if state.tier == OFFLOADING:
-            raise AssertionError("an offload outlived the run")
     return EngineResult(
         events=engine.events,
         measurements=engine.measurements,

@@ -145,7 +145,3 @@ class Residency:
         self._length_counts[len(state.key)] = count
         if count == 0:
             del self._lengths[bisect_left(self._lengths, len(state.key))]
-
-    def resident(self) -> list[RetainedState]:
-        """Every state still retained (device first, then host), in LRU order."""
-        return [*self.device_lru.values(), *self.host_lru.values()]
