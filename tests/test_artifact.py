@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -210,3 +212,9 @@ def test_the_repository_catalog_is_valid_and_every_model_loads_with_its_identiti
         artifact = load_model(model.id)
         assert artifact.parameters == model.parameters
     assert jgpt(["catalog"]) == 0
+
+
+def test_catalog_and_architecture_import_without_jax():
+    code = ("import sys, jgpt.catalog, jgpt.architecture, jgpt.commands.catalog, jgpt.commands.import_hf; "
+            "sys.exit('jax' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

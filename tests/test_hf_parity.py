@@ -135,3 +135,15 @@ def test_import_hf_command_reports_bad_input_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "config.json" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_next_to_the_model_becomes_the_artifacts_tokenizer(tmp_path):
+    from jgpt.tokenizer import Tokenizer
+
+    save_perturbed("llama-mqa-tied", tmp_path / "hf")
+    tokenizer = Tokenizer.bytes_only()
+    tokenizer.save(tmp_path / "hf" / "tokenizer.json")
+    assert jgpt(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "artifact")]) == 0
+    artifact = load_artifact(tmp_path / "artifact")
+    assert artifact.tokenizer_sha256 == tokenizer.tokenizer_sha256
+    assert (artifact.tokenizer_path).read_bytes() == (tmp_path / "hf" / "tokenizer.json").read_bytes()
