@@ -109,10 +109,12 @@ def tensor_observations(observations, row: int, count: int, *, run_id: str, requ
         if layer is not None:
             earlier = _BLOCK_INPUTS.get(stage, ("previous",))
             inputs = [stream if s == "input" else result[-1].id if s == "previous" else name(s, layer) for s in earlier]
+        elif stage in ("ln_final", "logits"):  # the last block's output, then ln_final's
+            inputs = [stream]
         elif stage == "embedding":
             inputs = [result[-1].id] if result else []  # the position embedding, where there is one
-        else:  # ln_final reads the last block's output; logits read ln_final
-            inputs = [stream]
+        else:  # computed from token ids and positions alone
+            inputs = []
         values = np.asarray(record.value)[row, :count]
         axes = _AXES.get(stage, ("position", "channel"))
         result.append(
