@@ -5,10 +5,12 @@ A lab file declares its workload in one of two forms (both with `kind`):
 * `requests`: explicit arrivals, each `{request_id, arrival_us, turns}`; the
   prompt is the turns framed by the tokenizer with an open assistant turn.
 * `conversations`: multi-turn chats, each `{id, arrival_us, turn_gap_us, turns}`
-  with scripted assistant turns; every user turn issues one request whose prompt
-  is the whole history up to it, arriving `turn_gap_us` after the previous one.
-  Each request's prompt extends the previous one, which is what exact prefix
-  reuse can exploit.
+  where `turns` are the client's (an optional leading system turn, then user
+  turns). Every user turn issues one request, arriving `turn_gap_us` after the
+  previous one, that continues the previous request: its prompt is that
+  request's prompt, the model's own reply (closed with TURN_END) and the new
+  turn, as a chat client resends the history. Each prompt therefore extends the
+  previous request's whole sequence, which is what exact prefix reuse can exploit.
 
 Both expand to the spec's Workload: ordered RequestArrivals (equal arrival times
 keep declaration order). An optional `actions` list adds the customer's cancel
@@ -34,7 +36,8 @@ class RequestArrival:
 
     request_id: str
     arrival_us: int
-    turns: tuple[Turn, ...]
+    turns: tuple[Turn, ...]  # the turns this request adds to the conversation
+    continues: str | None = None  # the request whose prompt and reply come first
 
     @property
     def text(self) -> str:
@@ -60,6 +63,7 @@ class Workload:
                     "request": {
                         "text": r.text,
                         "turns": [{"role": t.role, "text": t.text} for t in r.turns],
+                        "continues": r.continues,
                         "generation": generation,
                     },
                 }
@@ -135,9 +139,19 @@ def _conversation(value: Any, field: str) -> list[RequestArrival]:
     start = _arrival(value["arrival_us"], f"{field}.arrival_us")
     gap = _arrival(value["turn_gap_us"], f"{field}.turn_gap_us")
     turns = _turns(value["turns"], f"{field}.turns")
-    asks = [i for i, turn in enumerate(turns) if turn.role == "user"]
-    if not asks:
+    for i, turn in enumerate(turns):
+        if turn.role == "assistant" or (turn.role == "system" and i > 0):
+            raise ApiError(
+                f"{field}.turns[{i}].role",
+                "a conversation lists the client's turns (an optional first system turn, then user turns); "
+                "the model writes the assistant's",
+            )
+    lead = 1 if turns[0].role == "system" else 0
+    if len(turns) == lead:
         raise ApiError(f"{field}.turns", "a conversation has at least one user turn")
-    return [
-        RequestArrival(f"{conversation_id}.{n}", start + n * gap, turns[: i + 1]) for n, i in enumerate(asks)
-    ]
+    requests = []
+    for n, turn in enumerate(turns[lead:]):
+        added = turns[: lead + 1] if n == 0 else (turn,)
+        previous = requests[-1].request_id if requests else None
+        requests.append(RequestArrival(f"{conversation_id}.{n}", start + n * gap, added, previous))
+    return requests

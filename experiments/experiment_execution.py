@@ -1,0 +1,260 @@
+"""ExperimentExecution: run a lab end to end, write its record, and replay it.
+
+The flow for one lab:
+
+    settings (+ sweep arm) over GenerationDefaults -> one resolved ExecutionSpec per arm
+    model.model_id + generation.*  -> inference.record -> recorded computations (once per distinct pair)
+    system controls -> KVResidencySystemConfig -> kvsim.simulate -> CacheRun per arm
+
+The record joins the consumed lab, the resolved model / system / workload
+bindings, provenance and outcomes. Recorded computations and each CacheRun are
+written as their own files (kvsim's canonical bytes) and named in the record by
+SHA-256. Replay reads only the record and those files, simulates every arm again
+and rebuilds the record: both must come back byte for byte. Inference is not
+re-run by a replay (its wall times are measurements, not reproducible values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from experiments.controls import CONTROLS
+from experiments.experiment_design import ExperimentDesign
+from experiments.experiment_spec import ExecutionSpec
+from experiments.generation_defaults import GenerationDefaults, generation_defaults
+from experiments.workload import Workload
+from jgpt.errors import ApiError
+from jgpt.tokenizer import write_atomically
+from kvsim.cache_run import record_json, simulate
+from kvsim.recorded import parse_document
+from kvsim.system import parse_system
+from kvsim.workload import parse_workload
+
+FORMAT = "jgpt-experiment-execution"
+VERSION = 1
+RECORD = "record.json"
+INFERENCE_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.system_path is None)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabRun:
+    record: dict[str, Any]
+    directory: Path
+    written: tuple[Path, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    """Recorded computations of the workload under one model and generation policy."""
+
+    inference: dict[str, Any]  # the inference controls that produced it
+    model: dict[str, Any]  # model_id and the ModelArtifactReference
+    document: dict[str, Any]  # the recorded computation document
+    walkthrough: dict[str, Any]  # ArchitectureWalkthrough of the model
+    observations: dict[str, Any]  # inspection data: tokens, predictions, attention
+
+
+def run_lab(
+    lab: ExperimentDesign,
+    out: Path,
+    *,
+    report: bool = True,
+    plots: bool = True,
+    defaults: GenerationDefaults | None = None,
+    recordings: dict | None = None,
+) -> LabRun:
+    """Run every arm of `lab` and write record, computations, cache runs, summary, plots and report under `out`.
+
+    `recordings` may carry recorded computations between calls (keyed by model,
+    generation policy and workload), so labs sharing them record inference once.
+    """
+    lab.refuse_if_planned()
+    defaults = defaults or generation_defaults()
+    workload = lab.workload or defaults.workload
+    arms = [(arm.label, arm.execution.over(defaults.execution)) for arm in lab.arms()]
+    recordings = {} if recordings is None else recordings
+    keys = []
+    for label, execution in arms:
+        key = _recording_key(execution, workload)
+        if key not in recordings:
+            from experiments.recording import record_workload  # jax: only when something runs
+
+            recordings[key] = record_workload(execution, workload)
+        keys.append(key)
+    distinct = list(dict.fromkeys(keys))
+    out = Path(out)
+    files: dict[str, bytes] = {}
+    recording_entries = []
+    for n, key in enumerate(distinct):
+        recording = recordings[key]
+        name = f"computations-{n}.json"
+        files[name] = _dumps(recording.document)
+        observations = f"observations-{n}.json"
+        files[observations] = _dumps(recording.observations)
+        recording_entries.append(
+            {
+                "inference": recording.inference,
+                "model": recording.model,
+                "computations": _file_entry(name, files[name]),
+                "observations": _file_entry(observations, files[observations]),
+                "walkthrough": recording.walkthrough,
+            }
+        )
+    arm_entries = []
+    for i, ((label, execution), key) in enumerate(zip(arms, keys)):
+        n = distinct.index(key)
+        run = _simulate(execution, recordings[key].document, workload, lab)
+        name = f"cache-run-{i}.json"
+        files[name] = record_json(run)
+        arm_entries.append(
+            {
+                "label": label,
+                "execution": execution.to_json(),
+                "recording": n,
+                "cache_run": _file_entry(name, files[name]) | {"id": json.loads(files[name])["id"]},
+                "outcomes": run.outcomes["totals"],
+            }
+        )
+    first = recordings[distinct[0]].document
+    record = {
+        "format": FORMAT,
+        "version": VERSION,
+        "id": _execution_id(lab, arm_entries, recording_entries, workload),
+        "lab": lab.to_json(),
+        "bindings": {"workload": workload.to_json(_generation(arms[0][1])), "models": [r["model"] for r in recording_entries]},
+        "provenance": first["execution"]["provenance"] | {"backend": first["execution"]["backend"]},
+        "recordings": recording_entries,
+        "arms": arm_entries,
+    }
+    files[RECORD] = _dumps(record)
+    files["summary.json"] = _dumps(summary(record))
+    written = [_write(out / name, data) for name, data in files.items()]
+    if plots or report:  # the report embeds the plots
+        from experiments.plots import draw_plots
+
+        written += draw_plots(record, out)
+    if report:
+        from experiments.report import write_report
+
+        written.append(write_report(out / RECORD, out / "report.html"))
+    return LabRun(record, out, tuple(written))
+
+
+def replay(record_path: Path) -> dict[str, Any]:
+    """Simulate every arm of a record again from its own files; ApiError on the first byte that differs."""
+    record_path = Path(record_path)
+    data = _read(record_path, "record")
+    record = json.loads(data)
+    if record.get("format") != FORMAT or record.get("version") != VERSION:
+        raise ApiError("record.format", f"not a {FORMAT} version {VERSION} record")
+    lab = ExperimentDesign.from_json(record["lab"], "record.lab")
+    workload = lab.workload or generation_defaults().workload
+    documents = []
+    for n, entry in enumerate(record["recordings"]):
+        documents.append(json.loads(_verified(record_path.parent, entry["computations"], f"record.recordings[{n}].computations")))
+        _verified(record_path.parent, entry["observations"], f"record.recordings[{n}].observations")
+    for i, arm in enumerate(record["arms"]):
+        execution = ExecutionSpec.from_json(arm["execution"], f"record.arms[{i}].execution")
+        recorded = _verified(record_path.parent, arm["cache_run"], f"record.arms[{i}].cache_run")
+        run = _simulate(execution, documents[arm["recording"]], workload, lab)
+        if record_json(run) != recorded:
+            raise ApiError(f"record.arms[{i}].cache_run", f"replaying arm {arm['label']!r} gave different bytes")
+        if run.outcomes["totals"] != arm["outcomes"]:
+            raise ApiError(f"record.arms[{i}].outcomes", "differ from the replayed cache run")
+    if _dumps(record) != data:
+        raise ApiError("record", "is not in canonical form: its bytes differ from the values they hold")
+    return record
+
+
+def summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers a reader compares across arms, one row per arm."""
+    rows = []
+    for arm in record["arms"]:
+        totals = arm["outcomes"]
+        latency = totals["latency_us"]
+        rows.append(
+            {
+                "label": arm["label"],
+                "completed": totals["completed"],
+                "cancelled": totals["cancelled"],
+                "ttft_p50_us": latency["ttft"]["p50"],
+                "ttft_p90_us": latency["ttft"]["p90"],
+                "e2e_p50_us": latency["e2e"]["p50"],
+                "e2e_p90_us": latency["e2e"]["p90"],
+                "queueing_p90_us": latency["queueing"]["p90"],
+                "token_hit_rate": totals["token_hit_rate"],
+                "saved_matmul_flops": totals["saved_matmul_flops"],
+                "offloads": totals["offloads"],
+                "reloads": totals["reloads"],
+                "bytes_host_to_device": totals["bytes_host_to_device"],
+                "compute_busy_us": totals["compute_busy_us"],
+                "end_us": totals["end_us"],
+            }
+        )
+    lab = record["lab"]
+    return {"lab": lab["id"], "question": lab["question"], "record": record["id"], "arms": rows}
+
+
+def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab: ExperimentDesign):
+    system = parse_system(execution.system_config_json(), "system")
+    arrivals = {"kind": workload.kind, "requests": [{"request_id": r.request_id, "arrival_us": r.arrival_us} for r in workload.requests]}
+    return simulate(
+        system,
+        parse_document(document),
+        parse_workload(arrivals),
+        workload.interaction,
+        None,
+        lab.ontology_binding.to_json(),
+    )
+
+
+def _generation(execution: ExecutionSpec) -> dict[str, Any]:
+    return {name.split(".")[1]: execution.value(name) for name in INFERENCE_CONTROLS if name.startswith("generation.")}
+
+
+def _recording_key(execution: ExecutionSpec, workload: Workload) -> str:
+    inference = {name: execution.value(name) for name in INFERENCE_CONTROLS}
+    return json.dumps([inference, workload.to_json({})], sort_keys=True)
+
+
+def _execution_id(lab: ExperimentDesign, arms: list, recordings: list, workload: Workload) -> str:
+    """Names what was consumed: the lab, every arm's controls and the recorded computations' identity."""
+    consumed = {
+        "lab": lab.to_json(),
+        "arms": [arm["execution"] for arm in arms],
+        "computations": [r["computations"]["sha256"] for r in recordings],
+        "workload": workload.to_json({}),
+    }
+    return f"lab-{hashlib.sha256(_dumps(consumed)).hexdigest()[:16]}"
+
+
+def _file_entry(name: str, data: bytes) -> dict[str, Any]:
+    return {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _verified(directory: Path, entry: Mapping[str, Any], field: str) -> bytes:
+    data = _read(directory / entry["path"], field)
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise ApiError(field, f"{entry['path']} does not have the SHA-256 the record names")
+    return data
+
+
+def _read(path: Path, field: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
+
+
+def _dumps(value: Any) -> bytes:
+    return (json.dumps(value, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()
+
+
+def _write(path: Path, data: bytes) -> Path:
+    write_atomically(path, data)
+    return path

@@ -1,0 +1,105 @@
+"""Pictures of a lab record: arms compared, and per arm a kvsim timeline with KV occupancy."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from experiments.inference_map import default_inference_map, draw  # noqa: E402
+
+PHASE_COLORS = {"prefill": "#2563eb", "decode": "#16a34a"}
+COMPARED = (
+    ("ttft_p50_us", "time to first token p50 (us)"),
+    ("e2e_p90_us", "end-to-end p90 (us)"),
+    ("token_hit_rate", "reused / prompt positions"),
+    ("bytes_host_to_device", "bytes restored from host"),
+    ("compute_busy_us", "compute busy (us)"),
+    ("end_us", "last event (us)"),
+)
+
+
+def draw_plots(record: Mapping[str, Any], out: Path) -> list[Path]:
+    from experiments.experiment_execution import summary
+
+    plots = Path(out) / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    written = [_arms(summary(record), plots / "arms.png"), draw(default_inference_map(), plots / "inference-map.png")]
+    for i, arm in enumerate(record["arms"]):
+        run = json.loads((Path(out) / arm["cache_run"]["path"]).read_bytes())
+        written.append(_timeline(run, arm["label"], plots / f"arm-{i}-timeline.png"))
+    return written
+
+
+def _arms(summary: Mapping[str, Any], path: Path) -> Path:
+    rows = summary["arms"]
+    labels = [row["label"].replace(", ", "\n") for row in rows]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    for ax, (key, title) in zip(axes.flat, COMPARED):
+        values = [row[key] or 0 for row in rows]
+        ax.bar(range(len(rows)), values, color="#6366f1")
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=30, ha="right")
+        ax.tick_params(axis="y", labelsize=7)
+    fig.suptitle(f"{summary['lab']}: arms compared", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _timeline(run: Mapping[str, Any], label: str, path: Path) -> Path:
+    """Top: each request's compute works (prefill blue, decode green) and transfers; bottom: KV bytes held."""
+    events = run["events"]
+    requests = list(run["outcomes"]["requests"])
+    row = {request_id: i for i, request_id in enumerate(requests)}
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(12, 2.2 + 0.28 * len(requests) + 2.4), sharex=True,
+        gridspec_kw={"height_ratios": [max(2, 0.28 * len(requests)), 2.4]},
+    )
+    starts: dict[str, Mapping[str, Any]] = {}
+    bars: dict[tuple[int, str, float], list[tuple[float, float]]] = defaultdict(list)  # one artist per group
+    for event in events:
+        if event["kind"] in ("compute_start", "transfer_start"):
+            starts[event["event_id"]] = event
+        elif event["kind"] in ("compute_end", "transfer_end"):
+            start = starts[event["causes"][0]]
+            if event["kind"] == "compute_end":
+                color, height = PHASE_COLORS.get(event["phase"], "#6b7280"), 0.7
+            else:
+                color, height = "#dc2626", 0.3
+            span = (start["time_us"], max(event["time_us"] - start["time_us"], 0.5))
+            bars[row[event["request_id"]], color, height].append(span)
+    for (y, color, height), spans in bars.items():
+        top.broken_barh(spans, (y - height / 2, height), color=color)
+    for request_id, outcome in run["outcomes"]["requests"].items():
+        top.plot([outcome["arrival_us"]], [row[request_id]], marker="|", color="black", markersize=8)
+        if outcome["status"] == "cancelled":
+            top.plot([outcome["end_us"]], [row[request_id]], marker="x", color="#b91c1c")
+    top.set_yticks(range(len(requests)), requests, fontsize=7)
+    top.invert_yaxis()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (*PHASE_COLORS.values(), "#dc2626")]
+    top.legend(handles, [*PHASE_COLORS, "transfer"], fontsize=7, loc="upper right")
+    top.set_title(f"kvsim timeline: {label}", fontsize=10)
+    times = [e["time_us"] for e in events]
+    bottom.step(times, [e["device_reserved_bytes"] for e in events], where="post", label="device reserved")
+    bottom.step(times, [e["host_retained_bytes"] for e in events], where="post", label="host retained")
+    device_budget = run["declaration"]["system"]["kv_cache"]["device_kv_bytes"]
+    bottom.axhline(device_budget, color="#9ca3af", ls="--", lw=0.8, label="device budget")
+    bottom.set_ylabel("KV bytes", fontsize=8)
+    bottom.set_xlabel("virtual time (us)", fontsize=8)
+    bottom.legend(fontsize=7, loc="upper right")
+    bottom.tick_params(labelsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,246 @@
+"""`jgpt report`: one self-contained HTML page that explains an experiment record.
+
+The page embeds everything it shows (data as JSON, pictures as data: URIs, its
+own CSS and script) and loads nothing from a network. Its script renders the
+panels for an InspectionState and changes that state on clicks, or from the URL
+fragment (`#position=7&surface=model`); it only reads the recorded values.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from experiments.experiment_execution import replay, summary
+from experiments.inference_map import default_inference_map
+from experiments.inspection import Inspectable
+from jgpt.tokenizer import write_atomically
+
+SECTIONS = (
+    ("overview", "Question and bindings"),
+    ("arms", "Outcomes by arm"),
+    ("architecture", "Architecture walkthrough"),
+    ("tokens", "Token sequence"),
+    ("prediction", "Prediction at the selected position"),
+    ("attention", "Attention observations"),
+    ("computations", "Recorded computations"),
+    ("kvsim", "kvsim timeline and KV occupancy"),
+    ("map", "Inference map"),
+    ("contract", "Abstraction contract and sources"),
+)
+
+
+def write_report(record_path: Path, out: Path) -> Path:
+    """Check the record replays, then write the page to `out` (atomically)."""
+    record_path = Path(record_path)
+    record = replay(record_path)
+    directory = record_path.parent
+    recording = record["recordings"][0]
+    observations = json.loads((directory / recording["observations"]["path"]).read_bytes())
+    computations = json.loads((directory / recording["computations"]["path"]).read_bytes())
+    inspected = {r["request_id"] for r in observations["requests"]}
+    inspectable = Inspectable(
+        observations,
+        recording["walkthrough"],
+        {r["request_id"]: r["computations"] for r in computations["requests"] if r["request_id"] in inspected},
+    )
+    data = {
+        "record": {k: record[k] for k in ("id", "lab", "provenance", "bindings")},
+        "summary": summary(record),
+        "inspectable": {"observations": observations, "walkthrough": recording["walkthrough"],
+                        "computations": inspectable.computations},
+        "initial": inspectable.initial().to_json(),
+        "map": default_inference_map().to_json(),
+    }
+    page = _page(record, data, directory)
+    out = Path(out)
+    write_atomically(out, page.encode())
+    return out
+
+
+def _image(path: Path, alt: str) -> str:
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
+
+
+def _page(record: dict[str, Any], data: dict[str, Any], directory: Path) -> str:
+    lab = record["lab"]
+    plots = directory / "plots"
+    timelines = "".join(
+        f'<details{" open" if i == 0 else ""}><summary>{html.escape(arm["label"])}</summary>'
+        f'{_image(plots / f"arm-{i}-timeline.png", "kvsim timeline " + arm["label"])}</details>'
+        for i, arm in enumerate(record["arms"])
+    )
+    contract = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in lab["contract"].items())
+    sources = "".join(f'<li><a href="{html.escape(s["url"])}">{html.escape(s["title"])}</a></li>' for s in lab["sources"])
+    nav = "".join(f'<a href="#{key}-section">{html.escape(title)}</a>' for key, title in SECTIONS)
+    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    bodies = {
+        "arms": '<div id="arms-table" class="scroll"></div>' + _image(plots / "arms.png", "arms compared"),
+        "kvsim": timelines,
+        "map": _image(plots / "inference-map.png", "inference map") + '<div id="map-list"></div>',
+        "contract": f"<dl>{contract}</dl><h3>Sources</h3><ul>{sources}</ul>",
+    }
+    sections = "".join(
+        f'<section id="{key}-section"><h2>{html.escape(title)}</h2>'
+        f'{bodies.get(key, f"<div id={chr(34)}{key}-panel{chr(34)}></div>")}</section>'
+        for key, title in SECTIONS
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<title>{html.escape(lab["name"])}: {html.escape(record["id"])}</title>
+<style>{_CSS}</style></head>
+<body><header><h1>{html.escape(lab["name"])}</h1><p class="question">{html.escape(lab["question"])}</p>
+<nav>{nav}</nav><div id="state"></div><div id="inspection-error" role="alert"></div></header>
+<main>{sections}</main>
+<script type="application/json" id="data">{payload}</script>
+<script>{_SCRIPT}</script></body></html>
+"""
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#111827;background:#f9fafb}
+header{background:#1f2937;color:#f9fafb;padding:12px 24px;position:sticky;top:0;z-index:2}
+header h1{margin:0;font-size:20px} .question{margin:4px 0 8px;color:#d1d5db}
+nav a{color:#93c5fd;margin-right:12px;font-size:12px} #state{font:11px monospace;color:#a7f3d0;margin-top:6px}
+#inspection-error{color:#fca5a5;font-size:12px}
+main{padding:8px 24px} section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;margin:14px 0;padding:10px 16px}
+h2{font-size:16px;margin:4px 0 10px} img{max-width:100%}
+table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #e5e7eb;padding:2px 6px;text-align:right}
+th{background:#f3f4f6} td.l,th.l{text-align:left}
+.tok{display:inline-block;font:12px monospace;padding:1px 3px;margin:1px;border:1px solid #d1d5db;border-radius:3px;cursor:pointer;white-space:pre}
+.tok.control{background:#fde68a} .tok.reply{background:#e0e7ff} .tok.output{background:#bbf7d0} .tok.sel{outline:2px solid #dc2626}
+.tok.turn1{border-color:#60a5fa} .tok.turn0{border-color:#a78bfa}
+.bar{display:inline-block;height:10px;background:#6366f1;vertical-align:middle}
+.stage{cursor:pointer;padding:2px 6px;margin:2px 0;border-left:3px solid transparent} .stage.sel{border-color:#dc2626;background:#fef2f2}
+.heads{display:flex;flex-wrap:wrap;gap:10px} .heads figure{margin:0} figcaption{font-size:11px;color:#6b7280}
+tr.sel td{background:#fef2f2} button{font-size:12px;margin:2px} .scroll{overflow-x:auto}
+"""
+
+_SCRIPT = r"""
+const D = JSON.parse(document.getElementById('data').textContent);
+const I = D.inspectable, OBS = I.observations;
+const $ = id => document.getElementById(id);
+const esc = s => String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
+const fmt = v => v === null || v === undefined ? '' : (typeof v === 'number' && !Number.isInteger(v) ? v.toFixed(4) : String(v));
+let state = D.initial;
+
+function requestOf(runId) {
+  const r = OBS.requests.find(r => OBS.run_id + '/' + r.request_id === runId);
+  if (!r) throw new Error('run_id ' + runId + ' is not an inspected computation');
+  return r;
+}
+// Mirrors experiments.inspection.Inspectable.select/check: validate, never compute.
+function select(changes) {
+  const next = Object.assign({}, state, changes);
+  if ('run_id' in changes && changes.run_id !== state.run_id) {
+    const r = requestOf(changes.run_id);
+    if (!('position' in changes)) next.position = r.prompt_length - 1;
+    if (!('observation_id' in changes)) next.observation_id = r.attention[0].id;
+    if (!('computation_index' in changes)) next.computation_index = 0;
+  }
+  const r = requestOf(next.run_id), last = r.tokens.length - 2;
+  if (!Number.isInteger(next.position) || next.position < 0 || next.position > last) throw new Error('position must be 0..' + last);
+  if (!['request', 'model', 'architecture', 'resources'].includes(next.surface)) throw new Error('unknown surface ' + next.surface);
+  if (next.observation_id !== null && !r.observation_ids.includes(next.observation_id)) throw new Error('unknown observation ' + next.observation_id);
+  if (next.surface === 'model' && next.observation_id === null) throw new Error('the model surface shows an observation');
+  if (!Number.isInteger(next.architecture_step) || next.architecture_step < 0 || next.architecture_step >= I.walkthrough.stages.length) throw new Error('architecture_step out of range');
+  const works = (I.computations[r.request_id] || []).length;
+  if (next.computation_index !== null && !(next.computation_index >= 0 && next.computation_index < works)) throw new Error('computation_index out of range');
+  state = next;
+  $('inspection-error').textContent = '';
+  render();
+}
+function trySelect(changes) { try { select(changes); } catch (e) { $('inspection-error').textContent = 'selection refused: ' + e.message; } }
+
+function renderOverview() {
+  const rec = D.record, b = rec.lab.ontology_binding, p = rec.provenance, m = rec.bindings.models[0];
+  $('overview-panel').innerHTML = '<table>' + [
+    ['record', rec.id], ['lab', rec.lab.id], ['ontology', b.primary + (b.related.length ? ' (related: ' + b.related.join(', ') + ')' : '')],
+    ['model', m.model_id], ['checkpoint_sha256', m.checkpoint_sha256], ['tokenizer_sha256', m.tokenizer_sha256],
+    ['architecture', Object.entries(m.architecture).map(([k, v]) => k + '=' + v).join(' ')],
+    ['workload', rec.bindings.workload.kind + ', ' + rec.bindings.workload.requests.length + ' requests'],
+    ['backend', Object.values(p.backend).join(' / ')], ['python', p.python], ['revision', p.revision],
+  ].map(([k, v]) => '<tr><th class="l">' + esc(k) + '</th><td class="l">' + esc(v) + '</td></tr>').join('') + '</table>';
+}
+function renderArms() {
+  const rows = D.summary.arms, keys = Object.keys(rows[0]);
+  $('arms-table').innerHTML = '<table><tr>' + keys.map(k => '<th>' + esc(k) + '</th>').join('') + '</tr>' +
+    rows.map(r => '<tr>' + keys.map(k => '<td' + (k === 'label' ? ' class="l"' : '') + '>' + esc(fmt(r[k])) + '</td>').join('') + '</tr>').join('') + '</table>';
+}
+function renderArchitecture() {
+  const stages = I.walkthrough.stages, s = stages[state.architecture_step];
+  $('architecture-panel').innerHTML = stages.map((st, i) =>
+    '<div class="stage' + (i === state.architecture_step ? ' sel' : '') + '" data-step="' + i + '">' + i + '. <b>' + esc(st.label) + '</b> <small>' + esc(st.owner) + ' · ' + esc(st.scope) + '</small></div>').join('') +
+    '<p id="stage-detail"><b>' + esc(s.label) + '</b>: ' + esc(s.detail) + '<br>reads stages [' + s.inputs.join(', ') + ']; operations: ' + esc(s.operations.join(', ')) +
+    '; observed as <code>' + esc(s.inspection) + '</code>' + (s.related.length ? '; related: ' + esc(s.related.join(', ')) : '') + '</p>';
+  document.querySelectorAll('.stage').forEach(el => el.onclick = () => trySelect({architecture_step: +el.dataset.step, surface: 'architecture'}));
+}
+function renderTokens(r) {
+  const turnOf = new Array(r.tokens.length).fill(null), reply = new Array(r.tokens.length).fill(false);
+  r.spans.forEach(sp => { for (let t = sp.token_start; t < sp.token_end; t++) { turnOf[t] = sp.turn; reply[t] = sp.kind === 'reply'; } });
+  const picker = OBS.requests.map(q => '<button data-run="' + esc(OBS.run_id + '/' + q.request_id) + '">' + esc(q.request_id) + '</button>').join('');
+  $('tokens-panel').innerHTML = '<div>inspected requests: ' + picker + '</div><p>' + r.tokens.map((t, i) =>
+    '<span class="tok ' + (t.kind === 'control' ? 'control ' : '') + (i >= r.prompt_length ? 'output ' : '') + (reply[i] ? 'reply ' : '') + (turnOf[i] !== null ? 'turn' + (turnOf[i] % 2) : '') +
+    (i === state.position ? ' sel' : '') + '" data-pos="' + i + '" title="position ' + i + ', id ' + t.id + '">' + esc(t.piece) + '</span>').join('') +
+    '</p><small>' + r.prompt_length + ' prompt positions (framed turns; controls yellow), ' + (r.tokens.length - r.prompt_length) + ' generated (green); earlier replies the client resent are blue. Click a position.</small>';
+  document.querySelectorAll('.tok').forEach(el => el.onclick = () => { if (+el.dataset.pos <= r.tokens.length - 2) trySelect({position: +el.dataset.pos, surface: 'request'}); });
+  document.querySelectorAll('#tokens-panel button').forEach(el => el.onclick = () => trySelect({run_id: el.dataset.run}));
+}
+function renderPrediction(r) {
+  const p = r.predictions[state.position];
+  $('prediction-panel').innerHTML = '<p>after position ' + p.position + ' (' + esc(r.tokens[p.position].piece) + '), the recorded next id is <b>' + esc(r.tokens[p.position + 1].piece) +
+    '</b> (id ' + p.next_id + ', p=' + p.next_probability.toFixed(4) + ')</p><table id="candidates"><tr><th class="l">candidate</th><th>id</th><th>probability</th><th class="l"></th></tr>' +
+    p.candidates.map(c => '<tr' + (c.id === p.next_id ? ' class="sel"' : '') + '><td class="l"><code>' + esc(c.piece) + '</code></td><td>' + c.id + '</td><td>' + c.probability.toFixed(4) +
+      '</td><td class="l"><span class="bar" style="width:' + Math.round(200 * c.probability) + 'px"></span></td></tr>').join('') + '</table>';
+}
+function renderAttention(r) {
+  const layers = r.attention, obs = layers.find(o => o.id === state.observation_id) || layers[0];
+  const n = obs.values.length, heads = obs.shape[1], cell = Math.max(3, Math.min(8, Math.floor(320 / n)));
+  $('attention-panel').innerHTML = '<div>' + layers.map(o => '<button data-obs="' + esc(o.id) + '"' + (o.id === obs.id ? ' disabled' : '') + '>layer ' + o.layer + '</button>').join('') +
+    '</div><p><code id="observation-id">' + esc(obs.id) + '</code>: rows are query positions, columns the positions they attend to; the red line is the selected position.</p><div class="heads">' +
+    Array.from({length: heads}, (_, h) => '<figure><canvas class="heatmap" data-head="' + h + '" width="' + n * cell + '" height="' + n * cell + '"></canvas><figcaption>head ' + h + '</figcaption></figure>').join('') +
+    '</div><p>position ' + state.position + ' attends most to: ' + Array.from({length: heads}, (_, h) => {
+      const row = obs.values[state.position][h], k = row.indexOf(Math.max(...row));
+      return 'head ' + h + ' → ' + k + ' (' + esc(r.tokens[k].piece) + ', ' + row[k].toFixed(3) + ')'; }).join('; ') + '</p>';
+  document.querySelectorAll('#attention-panel button').forEach(el => el.onclick = () => trySelect({observation_id: el.dataset.obs, surface: 'model'}));
+  document.querySelectorAll('canvas.heatmap').forEach(cv => {
+    const ctx = cv.getContext('2d'), h = +cv.dataset.head;
+    ctx.fillStyle = '#f3f4f6'; ctx.fillRect(0, 0, cv.width, cv.height);
+    for (let q = 0; q < n; q++) obs.values[q][h].forEach((w, k) => {
+      const shade = Math.round(255 * (1 - Math.sqrt(w)));
+      ctx.fillStyle = 'rgb(' + shade + ',' + shade + ',255)'; ctx.fillRect(k * cell, q * cell, cell, cell); });
+    ctx.strokeStyle = '#dc2626'; ctx.strokeRect(0, state.position * cell, (state.position + 1) * cell, cell);
+  });
+}
+function renderComputations(r) {
+  const works = I.computations[r.request_id] || [];
+  const cols = ['work_id', 'phase', 'processed_positions', 'reused_positions', 'matmul_flops', 'reference_matmul_flops', 'logical_memory_bytes', 'reference_max_abs_error', 'wall_time_us'];
+  $('computations-panel').innerHTML = '<p>' + works.length + ' works of ' + esc(r.request_id) + ' (FLOPs and bytes are analytic counts; wall time is measured on this host). Click a row.</p><div class="scroll"><table><tr>' +
+    cols.map(c => '<th>' + esc(c) + '</th>').join('') + '</tr>' + works.map((w, i) => '<tr data-work="' + i + '"' + (i === state.computation_index ? ' class="sel"' : '') + '>' +
+    cols.map(c => '<td>' + esc(fmt(w[c])) + '</td>').join('') + '</tr>').join('') + '</table></div>';
+  document.querySelectorAll('#computations-panel tr[data-work]').forEach(el => el.onclick = () => trySelect({computation_index: +el.dataset.work, surface: 'resources'}));
+}
+function renderMap() {
+  const byId = Object.fromEntries(D.map.nodes.map(n => [n.id, n]));
+  $('map-list').innerHTML = '<details><summary>' + D.map.nodes.length + ' nodes, ' + D.map.relationships.length + ' relationships (data)</summary><ul>' +
+    D.map.relationships.map(e => '<li>' + esc(byId[e.source].owner) + ' → ' + esc(byId[e.target].owner) + ': ' + esc(e.label) + '</li>').join('') + '</ul></details>';
+}
+function render() {
+  const r = requestOf(state.run_id);
+  $('state').textContent = 'InspectionState ' + JSON.stringify(state);
+  renderArchitecture(); renderTokens(r); renderPrediction(r); renderAttention(r); renderComputations(r);
+}
+function fromHash() {
+  const changes = {};
+  new URLSearchParams(location.hash.slice(1)).forEach((v, k) => {
+    changes[k] = ['position', 'architecture_step', 'computation_index'].includes(k) ? (v === 'null' ? null : Number(v)) : (v === 'null' ? null : v); });
+  if (Object.keys(changes).length) trySelect(changes);
+}
+renderOverview(); renderArms(); renderMap(); render(); fromHash();
+window.addEventListener('hashchange', fromHash);
+"""
