@@ -289,11 +289,11 @@ class _Engine:
             self.ready = deque(r for r in self.ready if r.step == 0)
         else:
             batch = [head]
-        costs = [self.work_cost(r) for r in batch]
-        flops = sum(f for f, _ in costs)
-        memory = sum(b for _, b in costs)
-        # A batch reads the fixed bytes of a work (the weights) once, not once per request.
-        memory -= sum(min(r.spec.fixed_memory_bytes, b) for r, (_, b) in zip(batch[1:], costs[1:]))
+        flops, memory = self.work_cost(head)
+        for request in batch[1:]:
+            f, b = self.work_cost(request)
+            # A batch reads the fixed bytes of a work (the weights) once, not once per request.
+            flops, memory = flops + f, memory + b - min(request.spec.fixed_memory_bytes, b)
         duration = self.compute.duration_us(flops, memory)
         starts = []
         for request in batch:

@@ -55,6 +55,14 @@ def test_cancel_during_a_work_waits_for_the_step_boundary():
     assert record["outcomes"]["requests"]["A"]["selected_tokens"] == 1
 
 
+def test_cancel_during_a_reload_waits_for_it_and_retains_the_reloaded_prefix():
+    # D reloads s1 (7 positions) from 20 to 29; cancelled at 25 it stops at 29 without computing.
+    record = _run(actions=[{"kind": "cancel", "at_us": 25, "request_id": "D"}])
+    assert _events(record, "D")[-5:] == [(25, "cancel_request"), (29, "transfer_end"), (29, "cancel"), (29, "release"), (29, "retain")]
+    retain = record["events"][-1]
+    assert (retain["kind"], retain["bytes"], retain["device_reserved_bytes"], retain["host_retained_bytes"]) == ("retain", 700, 700, 0)
+
+
 def test_cancel_after_the_end_has_no_effect():
     record = _run(actions=[{"kind": "cancel", "at_us": 30, "request_id": "A"}])
     assert record["outcomes"]["requests"]["A"]["status"] == "completed"
