@@ -76,14 +76,18 @@ def main() -> None:
             f"{size:>9} {events:>10} {generated - start:>11.2f} {elapsed:>11.2f} {cpu:>7.2f} {events / elapsed:>10.0f} {record}  "
             f"{t['hits_device']}/{t['hits_host']}, {t['offloads']}, {t['reloads']}, {t['drops']}"
         )
-    for (n0, t0, c0), (n1, t1, c1) in zip(timings, timings[1:]):
+    for (n0, t0, c0), (n1, t1, c1) in zip(timings, timings[1:], strict=False):
         nlogn = (n1 * math.log(n1)) / (n0 * math.log(n0))
         print(f"growth {n0} -> {n1}: wall x{t1 / t0:.1f}, cpu x{c1 / c0:.1f}; n log n x{nlogn:.1f}, n x{n1 / n0:.0f}")
     largest, seconds, cpu = timings[-1]
     verdict = "meets" if seconds < TARGET_S else "misses"
-    print(f"{largest} requests simulated in {seconds:.1f} s wall ({cpu:.1f} s CPU): {verdict} the {TARGET_S:.0f} s target")
+    print(
+        f"{largest} requests simulated in {seconds:.1f} s wall ({cpu:.1f} s CPU): {verdict} the {TARGET_S:.0f} s target"
+    )
     if cpu < 0.8 * seconds:
-        print("note: CPU time well below wall time means other processes shared this core; CPU time is the fairer figure")
+        print(
+            "note: CPU time well below wall time means other processes shared this core; CPU time is the fairer figure"
+        )
 
 
 if __name__ == "__main__":

@@ -126,7 +126,11 @@ def analytic_computations(model: AnalyticModel, items: list[Conversation], sourc
         },
         kv_bytes_per_position=model.kv_bytes_per_position,
         execution={
-            "backend": {"compute_device": "none", "library": "kvsim.analytic", "precision": model.architecture()["precision"]},
+            "backend": {
+                "compute_device": "none",
+                "library": "kvsim.analytic",
+                "precision": model.architecture()["precision"],
+            },
             "provenance": {"sources": {"generator": source}},
         },
         requests=tuple(analytic_request(model, item) for item in items),

@@ -35,7 +35,10 @@ EVIDENCE = (
     f"{MODEL_VERSION}: discrete-event residency and service model over recorded computation counts; "
     "times are virtual microseconds under the declared rates, not measurements"
 )
-DEFAULT_BINDING = {"primary": "KVCache", "related": ["InferenceSystem", "RequestScheduling", "StateTransfer", "ComputeService"]}
+DEFAULT_BINDING = {
+    "primary": "KVCache",
+    "related": ["InferenceSystem", "RequestScheduling", "StateTransfer", "ComputeService"],
+}
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def _outcomes(result: engine.EngineResult, computations: RecordedComputations, w
     requests, statuses = {}, {"completed": 0, "stopped": 0, "cancelled": 0, "rejected": 0}
     lookups = {"device": 0, "host": 0, "miss": 0}
     prompt_positions = reused_positions = saved_flops = 0
-    for arrival, outcome in zip(workload.requests, result.outcomes):
+    for arrival, outcome in zip(workload.requests, result.outcomes, strict=True):
         item = {k: v for k, v in outcome.items() if k not in ("publish_log", "request_id")}
         item["end_event"] = f"e{outcome['end_event']}"
         requests[arrival.request_id] = item
@@ -225,7 +228,18 @@ def read_record(data: bytes) -> dict:
     record = fields.loose_mapping(
         load_json(data, "record"),
         "record",
-        {"id", "declaration", "checkpoint", "provenance", "events", "computations", "measurements", "outcomes", "states", "evidence"},
+        {
+            "id",
+            "declaration",
+            "checkpoint",
+            "provenance",
+            "events",
+            "computations",
+            "measurements",
+            "outcomes",
+            "states",
+            "evidence",
+        },
     )
     if not str(record["evidence"]).startswith(f"{MODEL_VERSION}:"):
         raise ApiError("record.evidence", f"not a {MODEL_VERSION} record")
@@ -250,7 +264,9 @@ def rerun(record: dict) -> CacheRun:
         "requests": record["computations"],
     }
     interaction = declaration["customer_interaction"]
-    interaction = None if interaction is None else parse_interaction(interaction, "record.declaration.customer_interaction")
+    interaction = (
+        None if interaction is None else parse_interaction(interaction, "record.declaration.customer_interaction")
+    )
     submitted = interaction is not None and any(a.kind == "submit" for a in interaction.actions)
     graph = declaration["resource_graph"]
     return simulate(
@@ -265,7 +281,7 @@ def rerun(record: dict) -> CacheRun:
 
 def first_difference(old: dict, new: dict) -> str:
     """A line naming the first differing event, or else the first differing field."""
-    for index, (a, b) in enumerate(zip(old.get("events", []), new["events"])):
+    for index, (a, b) in enumerate(zip(old.get("events", []), new["events"], strict=False)):
         if a != b:
             return f"first differing event at index {index}:\n  recorded: {json.dumps(a)}\n  replayed: {json.dumps(b)}"
     if len(old.get("events", [])) != len(new["events"]):

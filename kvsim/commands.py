@@ -35,7 +35,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
     perfetto = sub.add_parser("perfetto", help="write Chrome/Perfetto trace JSON with flow arrows for causes")
     perfetto.add_argument("record", type=Path)
     perfetto.add_argument("--out", type=Path, help="default: RECORD's name with .perfetto.json")
-    trace = sub.add_parser("import-trace", help="recorded computations (analytic counts) from a Mooncake or Azure trace")
+    trace = sub.add_parser(
+        "import-trace", help="recorded computations (analytic counts) from a Mooncake or Azure trace"
+    )
     trace.add_argument("trace", type=Path)
     trace.add_argument("--format", choices=traces.FORMATS, required=True)
     trace.add_argument("--block-tokens", type=int, default=512, help="tokens per Mooncake hash block")
@@ -100,7 +102,9 @@ def main(command: str, argv: list[str]) -> int:
         if replayed == data:
             print(f"replay of {recorded['id']}: byte-identical ({len(data)} bytes, {len(recorded['events'])} events)")
             return 0
-        print(f"replay of {recorded['id']} differs: {first_difference(recorded, json.loads(replayed))}", file=sys.stderr)
+        print(
+            f"replay of {recorded['id']} differs: {first_difference(recorded, json.loads(replayed))}", file=sys.stderr
+        )
         return 1
     if args.action == "plot":
         record = read_record(read_bytes(args.record, "RECORD"))

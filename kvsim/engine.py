@@ -35,14 +35,14 @@ class EngineResult:
     events: list[tuple]  # see the event tuple above
     measurements: list[tuple]  # (event_id, kind, elapsed_us, bytes)
     outcomes: list[dict]  # one per arrival, in workload order
-    states: list[dict]  # one per state ever retained, in creation order
+    states: list[tuple[str, dict]]  # (state_id, what became of it), in creation order
     busy_us: int  # compute busy time
     end_us: int  # time of the last event
 
 
 class _Request:
     __slots__ = (
-        "spec", "arrival", "arrival_event", "reservation", "reused", "reuse_tier", "state", "step",
+        "spec", "arrival", "arrival_event", "reservation", "reused", "reuse_tier", "step",
         "boundary", "cancel", "ended", "admitted_us", "first_token_us", "published", "publish_log", "key",
         "token_bytes",
     )  # fmt: skip
@@ -55,7 +55,6 @@ class _Request:
         self.reservation = 0
         self.reused = 0
         self.reuse_tier: str | None = None
-        self.state: RetainedState | None = None
         self.step = 0  # 0: prefill next; k: decode step k-1 next
         self.boundary = -1  # the event after which this request's next work may start
         self.cancel = -1  # pending cancel_request event, or -1
@@ -201,7 +200,7 @@ class _Engine:
                 self.emit(spec.request_id, "lookup_miss", (admitted,))
             else:
                 tier = HOST if state.tier != DEVICE else DEVICE
-                request.state, request.reused, request.reuse_tier = state, state.positions, tier
+                request.reused, request.reuse_tier = state.positions, tier
                 hit = self.emit(spec.request_id, "lookup_hit", (admitted,), state.state_id, state.size, tier)
                 cache.take(state)
                 self.state_fate[state.state_id]["fate"] = f"reused by {spec.request_id}"
@@ -209,7 +208,9 @@ class _Engine:
             reserved = self.emit(spec.request_id, "reserve", (admitted,), size=request.reservation)
             if request.reuse_tier == HOST:
                 request.boundary = -1
-                reload = self.emit(spec.request_id, "reload", (hit,), state.state_id, state.size, direction=HOST_TO_DEVICE)
+                reload = self.emit(
+                    spec.request_id, "reload", (hit,), state.state_id, state.size, direction=HOST_TO_DEVICE
+                )
                 self.enqueue_transfer(HOST_TO_DEVICE, state, spec.request_id, reload)
             else:
                 request.boundary = reserved
@@ -299,7 +300,15 @@ class _Engine:
         for request in batch:
             causes = (request.boundary,) if self.compute_free_event < 0 else (request.boundary, self.compute_free_event)
             phase = "prefill" if request.step == 0 else "decode"
-            starts.append(self.emit(request.spec.request_id, "compute_start", causes, phase=phase, detail=f"batch={len(batch)}" if self.batching else ""))
+            starts.append(
+                self.emit(
+                    request.spec.request_id,
+                    "compute_start",
+                    causes,
+                    phase=phase,
+                    detail=f"batch={len(batch)}" if self.batching else "",
+                )
+            )
         self.compute_busy = True
         self.busy_us += duration
         self.schedule(self.now + duration, _COMPUTE_END, (batch, starts, memory))
@@ -315,7 +324,7 @@ class _Engine:
         elapsed = self.now - self.events[starts[0]][2]
         self.compute_busy = False
         ends = []
-        for request, start in zip(batch, starts):
+        for request, start in zip(batch, starts, strict=True):
             spec = request.spec
             phase = "prefill" if request.step == 0 else "decode"
             end = self.emit(spec.request_id, "compute_end", (start,), phase=phase)
@@ -347,7 +356,9 @@ class _Engine:
         spec, cache = request.spec, self.cache
         request.ended = True
         end = self.emit(spec.request_id, kind, causes, detail=reason)
-        self.outcomes[spec.request_id] = self.outcome(request, {"complete": "completed", "stop": "stopped"}.get(kind, "cancelled"), reason, end)
+        self.outcomes[spec.request_id] = self.outcome(
+            request, {"complete": "completed", "stop": "stopped"}.get(kind, "cancelled"), reason, end
+        )
         if not admitted:
             return
         self.active -= 1
@@ -358,10 +369,21 @@ class _Engine:
         if self.retain_states and computed > 0:
             key = token_key((*spec.prompt_ids, *spec.output_ids)[:computed])
             if cache.has(key):
-                self.emit(spec.request_id, "retain_skip", (released,), size=computed * self.kv_bytes, detail="already retained")
+                self.emit(
+                    spec.request_id,
+                    "retain_skip",
+                    (released,),
+                    size=computed * self.kv_bytes,
+                    detail="already retained",
+                )
             else:
                 state = cache.retain(key, spec.request_id)
-                self.state_fate[state.state_id] = {"request_id": spec.request_id, "positions": state.positions, "bytes": state.size, "fate": "on device"}
+                self.state_fate[state.state_id] = {
+                    "request_id": spec.request_id,
+                    "positions": state.positions,
+                    "bytes": state.size,
+                    "fate": "on device",
+                }
                 self.emit(spec.request_id, "retain", (released,), state.state_id, state.size)
         self.admit(released)
 

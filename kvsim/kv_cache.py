@@ -94,7 +94,9 @@ class Residency:
     def retain(self, key: bytes, origin: str) -> RetainedState:
         """A finished request's sequence becomes the most recently used device state."""
         positions = len(key) // 4
-        state = RetainedState(f"s{self._next_state}", key, positions, positions * self.kv_bytes_per_position, origin, DEVICE)
+        state = RetainedState(
+            f"s{self._next_state}", key, positions, positions * self.kv_bytes_per_position, origin, DEVICE
+        )
         self._next_state += 1
         self.device_lru[state.state_id] = state
         self.device_lru_bytes += state.size

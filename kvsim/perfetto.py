@@ -18,7 +18,10 @@ def trace_events(record: dict) -> dict:
         {"ph": "M", "pid": PID, "tid": 0, "name": "process_name", "args": {"name": f"kvsim {record['id']}"}},
         {"ph": "M", "pid": PID, "tid": COMPUTE_TID, "name": "thread_name", "args": {"name": "compute"}},
         {"ph": "M", "pid": PID, "tid": LINK_TID, "name": "thread_name", "args": {"name": "link"}},
-        *({"ph": "M", "pid": PID, "tid": tid, "name": "thread_name", "args": {"name": rid}} for rid, tid in tids.items()),
+        *(
+            {"ph": "M", "pid": PID, "tid": tid, "name": "thread_name", "args": {"name": rid}}
+            for rid, tid in tids.items()
+        ),
     ]
     where: dict[str, tuple[int, int]] = {}  # event_id -> (tid, ts)
     opened: dict[tuple[str, str | None], dict] = {}  # compute or transfer start awaiting its end
@@ -26,14 +29,20 @@ def trace_events(record: dict) -> dict:
         tid, ts = tids[event["request_id"]], event["time_us"]
         where[event["event_id"]] = (tid, ts)
         args = {k: v for k, v in event.items() if k not in ("time_us", "causes") and v not in (None, "")}
-        out.append({"ph": "X", "pid": PID, "tid": tid, "ts": ts, "dur": 1, "name": event["kind"], "cat": "kvsim", "args": args})
+        out.append(
+            {"ph": "X", "pid": PID, "tid": tid, "ts": ts, "dur": 1, "name": event["kind"], "cat": "kvsim", "args": args}
+        )
         kind = event["kind"]
         if kind in ("compute_start", "transfer_start"):
             opened[(event["request_id"] if kind == "compute_start" else event["state_id"], kind)] = event
         elif kind in ("compute_end", "transfer_end"):
             start_kind = kind.replace("_end", "_start")
             start = opened.pop((event["request_id"] if kind == "compute_end" else event["state_id"], start_kind))
-            name = f"{start['phase']} {start['request_id']}" if kind == "compute_end" else f"{start['transfer_direction']} {start['state_id']}"
+            name = (
+                f"{start['phase']} {start['request_id']}"
+                if kind == "compute_end"
+                else f"{start['transfer_direction']} {start['state_id']}"
+            )
             out.append({
                 "ph": "X", "pid": PID, "tid": COMPUTE_TID if kind == "compute_end" else LINK_TID,
                 "ts": start["time_us"], "dur": ts - start["time_us"], "name": name, "cat": "kvsim",
@@ -42,6 +51,18 @@ def trace_events(record: dict) -> dict:
         for cause in event["causes"]:
             cause_tid, cause_ts = where[cause]
             flow_id = f"{cause}>{event['event_id']}"
-            out.append({"ph": "s", "pid": PID, "tid": cause_tid, "ts": cause_ts, "id": flow_id, "name": "cause", "cat": "kvsim"})
-            out.append({"ph": "f", "bp": "e", "pid": PID, "tid": tid, "ts": ts, "id": flow_id, "name": "cause", "cat": "kvsim"})
+            out.append(
+                {
+                    "ph": "s",
+                    "pid": PID,
+                    "tid": cause_tid,
+                    "ts": cause_ts,
+                    "id": flow_id,
+                    "name": "cause",
+                    "cat": "kvsim",
+                }
+            )
+            out.append(
+                {"ph": "f", "bp": "e", "pid": PID, "tid": tid, "ts": ts, "id": flow_id, "name": "cause", "cat": "kvsim"}
+            )
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"record": record["id"], "clock": "virtual_us"}}

@@ -38,12 +38,20 @@ def write_plots(record: dict, directory: Path) -> list[Path]:
         axis.broken_barh([(o["arrival_us"], admitted - o["arrival_us"])], (row, 0.8), color="0.8")
         axis.broken_barh([(admitted, first - admitted)], (row, 0.8), color="C1")
         axis.broken_barh([(first, o["end_us"] - first)], (row, 0.8), color="C0" if o["status"] == "completed" else "C3")
-    axis.set(xlabel="virtual time (us)", ylabel="request (by arrival)", title="queued (grey), to first token (orange), decoding (blue; red if not completed)")
+    axis.set(
+        xlabel="virtual time (us)",
+        ylabel="request (by arrival)",
+        title="queued (grey), to first token (orange), decoding (blue; red if not completed)",
+    )
     paths.append(_save(figure, directory / "timeline.png", plt))
 
     figure, axis = plt.subplots(figsize=(6, 4))
     for name in ("ttft_us", "e2e_us"):
-        values = sorted(o[name] for _, o in record["outcomes"]["requests"].items() if o[name] is not None and o["admitted_us"] is not None)
+        values = sorted(
+            o[name]
+            for _, o in record["outcomes"]["requests"].items()
+            if o[name] is not None and o["admitted_us"] is not None
+        )
         if values:
             axis.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=name)
     axis.set(xlabel="latency (virtual us)", ylabel="fraction of requests", title="latency CDF")

@@ -77,12 +77,16 @@ class RecordedComputations:
 
 
 def parse_document(value: Any, field: str = "computations") -> RecordedComputations:
-    top = fields.loose_mapping(value, field, {"format", "version", "model", "kv_bytes_per_position", "execution", "requests"})
+    top = fields.loose_mapping(
+        value, field, {"format", "version", "model", "kv_bytes_per_position", "execution", "requests"}
+    )
     if top["format"] != FORMAT:
         raise ApiError(f"{field}.format", f"expected {FORMAT!r}, got {top['format']!r}")
     if top["version"] != VERSION:
         raise ApiError(f"{field}.version", f"kvsim reads version {VERSION}, got {top['version']!r}")
-    model = fields.loose_mapping(top["model"], f"{field}.model", {"checkpoint_sha256", "tokenizer_sha256", "architecture"})
+    model = fields.loose_mapping(
+        top["model"], f"{field}.model", {"checkpoint_sha256", "tokenizer_sha256", "architecture"}
+    )
     fields.string(model["checkpoint_sha256"], f"{field}.model.checkpoint_sha256")
     fields.string(model["tokenizer_sha256"], f"{field}.model.tokenizer_sha256")
     fields.loose_mapping(model["architecture"], f"{field}.model.architecture", set())
@@ -110,7 +114,16 @@ def _parse_request(value: Any, field: str) -> RecordedRequest:
     item = fields.loose_mapping(
         value,
         field,
-        {"request_id", "arrival_us", "prompt_ids", "max_new_tokens", "output_ids", "outcome", "prefill_costs", "decode_steps"},
+        {
+            "request_id",
+            "arrival_us",
+            "prompt_ids",
+            "max_new_tokens",
+            "output_ids",
+            "outcome",
+            "prefill_costs",
+            "decode_steps",
+        },
     )
     prompt = fields.integers(item["prompt_ids"], f"{field}.prompt_ids")
     if not prompt:
@@ -129,11 +142,17 @@ def _parse_request(value: Any, field: str) -> RecordedRequest:
     for name in ("position_matmul_flops", "position_memory_bytes"):
         values = fields.integers(costs[name], f"{field}.prefill_costs.{name}")
         if len(values) != len(prompt):
-            raise ApiError(f"{field}.prefill_costs.{name}", f"expected {len(prompt)} entries (one per prompt position), got {len(values)}")
+            raise ApiError(
+                f"{field}.prefill_costs.{name}",
+                f"expected {len(prompt)} entries (one per prompt position), got {len(values)}",
+            )
         per_position.append(list(accumulate(values, initial=0)))
     steps = fields.array(item["decode_steps"], f"{field}.decode_steps")
     if len(steps) != len(output) - 1:
-        raise ApiError(f"{field}.decode_steps", f"expected {len(output) - 1} steps (one per output id after the first), got {len(steps)}")
+        raise ApiError(
+            f"{field}.decode_steps",
+            f"expected {len(output) - 1} steps (one per output id after the first), got {len(steps)}",
+        )
     decode = []
     for k, step in enumerate(steps):
         at = f"{field}.decode_steps[{k}]"
@@ -169,7 +188,9 @@ def _parse_request(value: Any, field: str) -> RecordedRequest:
 
 
 def _parse_outcome(value: Any, field: str, output: list[int], budget: int) -> dict:
-    item = fields.loose_mapping(value, field, {"selected_tokens", "published_tokens", "unused_budget", "stop_reason", "complete"})
+    item = fields.loose_mapping(
+        value, field, {"selected_tokens", "published_tokens", "unused_budget", "stop_reason", "complete"}
+    )
     expected = {
         "selected_tokens": len(output),
         "published_tokens": sum(1 for i in output if i != TURN_END),
@@ -203,7 +224,10 @@ def request_json(request: RecordedRequest) -> dict:
         "prompt_ids": list(request.prompt_ids),
         "max_new_tokens": request.max_new_tokens,
         "output_ids": list(request.output_ids),
-        "outcome": {k: request.outcome[k] for k in ("selected_tokens", "published_tokens", "unused_budget", "stop_reason", "complete")},
+        "outcome": {
+            k: request.outcome[k]
+            for k in ("selected_tokens", "published_tokens", "unused_budget", "stop_reason", "complete")
+        },
         "prefill_costs": {
             "fixed_matmul_flops": request.fixed_matmul_flops,
             "fixed_memory_bytes": request.fixed_memory_bytes,
@@ -212,7 +236,7 @@ def request_json(request: RecordedRequest) -> dict:
         },
         "decode_steps": [
             {"position": p, "matmul_flops": f, "logical_memory_bytes": b}
-            for p, f, b in zip(request.decode_positions, request.decode_flops, request.decode_bytes)
+            for p, f, b in zip(request.decode_positions, request.decode_flops, request.decode_bytes, strict=True)
         ],
     }
     if request.output_token_bytes is not None:

@@ -74,7 +74,9 @@ def parse_resource_graph(value: Any, field: str = "resource_graph") -> ResourceG
                 id=claim(fields.string(item["id"], f"{at}.id"), f"{at}.id"),
                 source=item["source"],
                 target=item["target"],
-                bandwidth_bytes_per_us=fields.positive_rate(item["bandwidth_bytes_per_us"], f"{at}.bandwidth_bytes_per_us"),
+                bandwidth_bytes_per_us=fields.positive_rate(
+                    item["bandwidth_bytes_per_us"], f"{at}.bandwidth_bytes_per_us"
+                ),
                 startup_us=fields.number(item["startup_us"], f"{at}.startup_us"),
             )
         )

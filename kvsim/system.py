@@ -97,7 +97,9 @@ def parse_system(value: Any, field: str = "system") -> KVResidencySystemConfig:
             ),
         ),
         transfer=StateTransferConfig(
-            link_bytes_per_us=fields.positive_rate(transfer["link_bytes_per_us"], f"{field}.transfer.link_bytes_per_us"),
+            link_bytes_per_us=fields.positive_rate(
+                transfer["link_bytes_per_us"], f"{field}.transfer.link_bytes_per_us"
+            ),
             link_latency_us=fields.number(transfer["link_latency_us"], f"{field}.transfer.link_latency_us"),
         ),
         compute_service=ComputeServiceConfig(

@@ -54,7 +54,9 @@ def mooncake(text: str, block_tokens: int = 512) -> list[Conversation]:
         output = fields.integer(row["output_length"], f"{at}.output_length", 1)
         hashes = fields.integers(row["hash_ids"], f"{at}.hash_ids")
         if not (len(hashes) - 1) * block_tokens < length <= len(hashes) * block_tokens:
-            raise ApiError(f"{at}.hash_ids", f"{len(hashes)} blocks of {block_tokens} tokens do not cover input_length {length}")
+            raise ApiError(
+                f"{at}.hash_ids", f"{len(hashes)} blocks of {block_tokens} tokens do not cover input_length {length}"
+            )
         prompt = tuple(token for h in hashes for token in _block(f"block:{h}", block_tokens))[:length]
         request_id = f"r{len(items)}"
         items.append(Conversation(request_id, int(timestamp * 1000), prompt, _output(request_id, output), output))
@@ -81,7 +83,11 @@ def azure(text: str) -> list[Conversation]:
         if arrival < 0:
             raise ApiError(f"{at}.TIMESTAMP", "timestamps must not go back before the first row")
         request_id = f"r{len(items)}"
-        items.append(Conversation(request_id, arrival, _block(f"prompt:{request_id}", context), _output(request_id, generated), generated))
+        items.append(
+            Conversation(
+                request_id, arrival, _block(f"prompt:{request_id}", context), _output(request_id, generated), generated
+            )
+        )
     return items
 
 

@@ -94,7 +94,9 @@ def resolve_workload(
     """The arrivals a run uses, checked against the document and the customer's actions."""
     submissions = [a for a in interaction.actions if a.kind == "submit"] if interaction else []
     if submissions and workload is not None:
-        raise ApiError("customer_interaction.actions", "give arrivals either as a workload or as submit actions, not both")
+        raise ApiError(
+            "customer_interaction.actions", "give arrivals either as a workload or as submit actions, not both"
+        )
     if submissions:
         workload = Workload("customer_interaction", tuple(RequestArrival(a.request_id, a.at_us) for a in submissions))
     elif workload is None:
@@ -103,13 +105,17 @@ def resolve_workload(
     arrived: set[str] = set()
     for index, arrival in enumerate(workload.requests):
         if arrival.request_id not in known:
-            raise ApiError(f"workload.requests[{index}].request_id", f"no recorded computations for request {arrival.request_id!r}")
+            raise ApiError(
+                f"workload.requests[{index}].request_id", f"no recorded computations for request {arrival.request_id!r}"
+            )
         if arrival.request_id in arrived:
             raise ApiError(f"workload.requests[{index}].request_id", f"request {arrival.request_id!r} arrives twice")
         arrived.add(arrival.request_id)
     for index, action in enumerate(interaction.actions if interaction else ()):
         if action.request_id not in arrived:
-            raise ApiError(f"customer_interaction.actions[{index}].request_id", f"unknown request {action.request_id!r}")
+            raise ApiError(
+                f"customer_interaction.actions[{index}].request_id", f"unknown request {action.request_id!r}"
+            )
     return workload
 
 

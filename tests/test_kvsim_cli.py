@@ -53,14 +53,31 @@ def test_link_to_missing_node(tmp_path, capsys):
         "nodes": [{"id": "gpu", "memory_capacity_bytes": 10, "compute_flops_per_us": 1, "memory_bytes_per_us": 1}],
         "links": [{"id": "pcie", "source": "gpu", "target": "cpu", "bandwidth_bytes_per_us": 1, "startup_us": 0}],
     }
-    _fails(tmp_path, capsys, _changed(lambda s: s.update(resource_graph=graph)), "resource_graph.links[0].target: no node with id 'cpu'")
-    graph["nodes"].append({"id": "gpu", "memory_capacity_bytes": 10, "compute_flops_per_us": 1, "memory_bytes_per_us": 1})
-    _fails(tmp_path, capsys, _changed(lambda s: s.update(resource_graph=graph)), "resource_graph.nodes[1].id: duplicate id 'gpu'")
+    _fails(
+        tmp_path,
+        capsys,
+        _changed(lambda s: s.update(resource_graph=graph)),
+        "resource_graph.links[0].target: no node with id 'cpu'",
+    )
+    graph["nodes"].append(
+        {"id": "gpu", "memory_capacity_bytes": 10, "compute_flops_per_us": 1, "memory_bytes_per_us": 1}
+    )
+    _fails(
+        tmp_path,
+        capsys,
+        _changed(lambda s: s.update(resource_graph=graph)),
+        "resource_graph.nodes[1].id: duplicate id 'gpu'",
+    )
 
 
 def test_cancel_for_unknown_request(tmp_path, capsys):
     interaction = {"actions": [{"kind": "cancel", "at_us": 3, "request_id": "Z"}]}
-    _fails(tmp_path, capsys, _changed(lambda s: s.update(customer_interaction=interaction)), "customer_interaction.actions[0].request_id: unknown request 'Z'")
+    _fails(
+        tmp_path,
+        capsys,
+        _changed(lambda s: s.update(customer_interaction=interaction)),
+        "customer_interaction.actions[0].request_id: unknown request 'Z'",
+    )
 
 
 def test_inconsistent_document(tmp_path, capsys):
@@ -74,7 +91,11 @@ def test_missing_computations_file(tmp_path, capsys):
 
 @pytest.fixture
 def recorded(tmp_path) -> Path:
-    scenario = _changed(lambda s: s.update(customer_interaction={"actions": [{"kind": "consume", "at_us": 2, "request_id": "A", "output_bytes": 1}]}))
+    scenario = _changed(
+        lambda s: s.update(
+            customer_interaction={"actions": [{"kind": "consume", "at_us": 2, "request_id": "A", "output_bytes": 1}]}
+        )
+    )
     record = tmp_path / "record.json"
     assert jgpt(["kvsim", "run", str(_write(tmp_path / "input.json", scenario)), "--out", str(record)]) == 0
     return record

@@ -35,7 +35,10 @@ def test_durations_round_up_exactly():
     assert compute.duration_us(10, 0) == 1 and compute.duration_us(0, 0) == 0
     assert compute.duration_us(10, 7) == 3  # memory-bound: 7 / 3 -> 3
     system = parse_system(EXAMPLE["system"] | {"transfer": {"link_bytes_per_us": 1.1, "link_latency_us": 0.5}})
-    assert system.transfer == StateTransferConfig(link_bytes_per_us=type(system.transfer.link_bytes_per_us)(11, 10), link_latency_us=type(system.transfer.link_latency_us)(1, 2))
+    assert system.transfer == StateTransferConfig(
+        link_bytes_per_us=type(system.transfer.link_bytes_per_us)(11, 10),
+        link_latency_us=type(system.transfer.link_latency_us)(1, 2),
+    )
     assert system.transfer.duration_us(11) == 11  # 0.5 + 11 / 1.1 = 10.5 -> 11
     assert system.transfer.duration_us(0) == 1
 
@@ -49,7 +52,14 @@ def test_cancel_while_waiting_ends_before_admission():
 def test_cancel_during_a_work_waits_for_the_step_boundary():
     # A's prefill runs 0 -> 3; a cancel at 1 is honoured when it ends, after the token is published.
     record = _run(actions=[{"kind": "cancel", "at_us": 1, "request_id": "A"}])
-    assert _events(record, "A")[-6:] == [(1, "cancel_request"), (3, "compute_end"), (3, "publish"), (3, "cancel"), (3, "release"), (3, "retain")]
+    assert _events(record, "A")[-6:] == [
+        (1, "cancel_request"),
+        (3, "compute_end"),
+        (3, "publish"),
+        (3, "cancel"),
+        (3, "release"),
+        (3, "retain"),
+    ]
     (retain,) = [e for e in record["events"] if e["kind"] == "retain" and e["request_id"] == "A"]
     assert retain["bytes"] == 300  # the 3 prompt positions it computed
     assert record["outcomes"]["requests"]["A"]["selected_tokens"] == 1
@@ -58,9 +68,20 @@ def test_cancel_during_a_work_waits_for_the_step_boundary():
 def test_cancel_during_a_reload_waits_for_it_and_retains_the_reloaded_prefix():
     # D reloads s1 (7 positions) from 20 to 29; cancelled at 25 it stops at 29 without computing.
     record = _run(actions=[{"kind": "cancel", "at_us": 25, "request_id": "D"}])
-    assert _events(record, "D")[-5:] == [(25, "cancel_request"), (29, "transfer_end"), (29, "cancel"), (29, "release"), (29, "retain")]
+    assert _events(record, "D")[-5:] == [
+        (25, "cancel_request"),
+        (29, "transfer_end"),
+        (29, "cancel"),
+        (29, "release"),
+        (29, "retain"),
+    ]
     retain = record["events"][-1]
-    assert (retain["kind"], retain["bytes"], retain["device_reserved_bytes"], retain["host_retained_bytes"]) == ("retain", 700, 700, 0)
+    assert (retain["kind"], retain["bytes"], retain["device_reserved_bytes"], retain["host_retained_bytes"]) == (
+        "retain",
+        700,
+        700,
+        0,
+    )
 
 
 def test_cancel_after_the_end_has_no_effect():
@@ -85,7 +106,12 @@ def test_without_retention_nothing_is_reused():
     system = copy.deepcopy(EXAMPLE["system"])
     system["kv_cache"]["retention_policy"] = "none"
     totals = _run(system)["outcomes"]["totals"]
-    assert (totals["hits_device"], totals["hits_host"], totals["reused_positions"], totals["saved_matmul_flops"]) == (0, 0, 0, 0)
+    assert (totals["hits_device"], totals["hits_host"], totals["reused_positions"], totals["saved_matmul_flops"]) == (
+        0,
+        0,
+        0,
+        0,
+    )
     assert totals["compute_busy_us"] == 3 + 1 + 6 + 1 + 3 + 1 + 9 + 1  # every prompt position computed
 
 
@@ -128,12 +154,14 @@ def test_analytic_documents_round_trip_through_json():
     document = document_json(computations)
     again = parse_document(json.loads(json.dumps(document)))
     assert document_json(again) == document
-    for a, b in zip(computations.requests, again.requests):
+    for a, b in zip(computations.requests, again.requests, strict=True):
         for reused in (0, len(a.prompt_ids) - 1):
             assert a.prefill_cost(reused) == b.prefill_cost(reused)
     request = document["requests"][0]
     w, layers = 32, 3
-    assert request["prefill_costs"]["position_matmul_flops"][:2] == [layers * (8 * w * w + 4 * w * 64 + 4 * w * p) for p in (1, 2)]
+    assert request["prefill_costs"]["position_matmul_flops"][:2] == [
+        layers * (8 * w * w + 4 * w * 64 + 4 * w * p) for p in (1, 2)
+    ]
 
 
 def test_mooncake_import_keeps_declared_shared_blocks():

@@ -5,7 +5,16 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim import parse_document, parse_interaction, parse_system, read_record, record_json, record_value, rerun, simulate
+from kvsim import (
+    parse_document,
+    parse_interaction,
+    parse_system,
+    read_record,
+    record_json,
+    record_value,
+    rerun,
+    simulate,
+)
 
 TURN_END = 259
 ENDS = {"complete", "stop", "cancel", "reject"}

@@ -29,7 +29,7 @@ def test_every_event_matches_the_hand_computed_table():
     events = _run()["events"]
     rows = _table_rows()
     assert len(rows) == len(events) == 57
-    for row, event in zip(rows, events):
+    for row, event in zip(rows, events, strict=True):
         event_id, time_us, request_id, kind, state, size, device, host, causes, detail = row
         detail_parts = [p for p in (event["phase"] or event["transfer_direction"], event["detail"]) if p]
         assert (event_id, int(time_us), request_id, kind, state or None, int(size), int(device), int(host)) == (
