@@ -50,19 +50,7 @@ def trace_events(record: dict) -> dict:
             })  # fmt: skip
         for cause in event["causes"]:
             cause_tid, cause_ts = where[cause]
-            flow_id = f"{cause}>{event['event_id']}"
-            out.append(
-                {
-                    "ph": "s",
-                    "pid": PID,
-                    "tid": cause_tid,
-                    "ts": cause_ts,
-                    "id": flow_id,
-                    "name": "cause",
-                    "cat": "kvsim",
-                }
-            )
-            out.append(
-                {"ph": "f", "bp": "e", "pid": PID, "tid": tid, "ts": ts, "id": flow_id, "name": "cause", "cat": "kvsim"}
-            )
+            flow = {"name": "cause", "cat": "kvsim", "pid": PID, "id": len(out)}  # the id is unique: an index
+            out.append({**flow, "ph": "s", "tid": cause_tid, "ts": cause_ts})
+            out.append({**flow, "ph": "f", "bp": "e", "tid": tid, "ts": ts})
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"record": record["id"], "clock": "virtual_us"}}

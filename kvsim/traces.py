@@ -11,7 +11,10 @@ Accepted inputs (documented in docs/kvsim.md):
 
 Block h's ids are the bytes of a generator seeded by h, so two requests share
 exactly the leading blocks their traces say they share. Outputs are
-`output_length - 1` synthetic byte ids followed by TURN_END.
+`output_length - 1` byte ids followed by TURN_END: the ids that follow in the
+first later request extending all of this request's blocks (its next turn), so
+that the whole-sequence state this request leaves is a prefix there; otherwise
+synthetic ones.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def _output(request_id: str, length: int) -> tuple[int, ...]:
 
 
 def mooncake(text: str, block_tokens: int = 512) -> list[Conversation]:
-    items = []
+    rows, blocks = [], {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -57,10 +60,42 @@ def mooncake(text: str, block_tokens: int = 512) -> list[Conversation]:
             raise ApiError(
                 f"{at}.hash_ids", f"{len(hashes)} blocks of {block_tokens} tokens do not cover input_length {length}"
             )
-        prompt = tuple(token for h in hashes for token in _block(f"block:{h}", block_tokens))[:length]
-        request_id = f"r{len(items)}"
-        items.append(Conversation(request_id, int(timestamp * 1000), prompt, _output(request_id, output), output))
+        for h in hashes:
+            if h not in blocks:
+                blocks[h] = _block(f"block:{h}", block_tokens)
+        prompt = tuple(token for h in hashes for token in blocks[h])[:length]
+        rows.append((int(timestamp * 1000), prompt, output, hashes))
+    items = []
+    continuations = _continuations(rows)
+    for index, (arrival, prompt, output, _) in enumerate(rows):
+        request_id = f"r{index}"
+        if index in continuations:
+            follower = rows[continuations[index]][1]
+            ids = (*follower[len(prompt) : len(prompt) + output - 1], TURN_END)
+        else:
+            ids = _output(request_id, output)
+        items.append(Conversation(request_id, arrival, prompt, ids, output))
     return items
+
+
+def _continuations(rows: list[tuple]) -> dict[int, int]:
+    """Request i -> the first later request whose blocks start with all of i's and whose prompt is
+    longer than i's whole sequence: i's output is then the ids that follow i's prompt there (a
+    conversation's next turn repeats the previous turn's answer), so its retained state is reusable."""
+    earliest: dict[int, int] = {}  # chained hash of a block prefix -> first request (seen so far) with it
+    found = {}
+    for index in range(len(rows) - 1, -1, -1):
+        _, prompt, output, hashes = rows[index]
+        keys, key = [], 0
+        for h in hashes:
+            key = hash((key, h))
+            keys.append(key)
+        follower = earliest.get(keys[-1]) if keys else None
+        if follower is not None and len(rows[follower][1]) >= len(prompt) + output:
+            found[index] = follower
+        for key in keys:
+            earliest[key] = index
+    return found
 
 
 def azure(text: str) -> list[Conversation]:

@@ -173,6 +173,14 @@ def test_mooncake_import_keeps_declared_shared_blocks():
     assert items[1].prompt_ids == items[3].prompt_ids[:14]
     assert items[2].prompt_ids == items[4].prompt_ids[:7]
     assert items[0].prompt_ids[:4] != items[2].prompt_ids[:4]
+    # r1's answer is what its next turn r3 repeats after r1's prompt, so r1's whole sequence begins r3's prompt.
+    assert items[1].output_ids == (*items[3].prompt_ids[14:15], 259)
+    assert items[2].output_ids == (*items[4].prompt_ids[7:10], 259)
+    assert items[0].output_ids[-1] == 259 and len(items[0].output_ids) == 3
+    model = AnalyticModel(layers=2, width=16, ffn=32, vocabulary=260, precision_bytes=4)
+    outcomes = _run(_conversation_system("serialized", 1), document_json(analytic_computations(model, items, "t")))
+    reuse = {r: (o["reuse_tier"], o["reuse_positions"]) for r, o in outcomes["outcomes"]["requests"].items()}
+    assert reuse == {"r0": (None, 0), "r1": (None, 0), "r2": (None, 0), "r3": ("device", 15), "r4": ("device", 10)}
 
 
 def test_azure_import_reads_the_three_columns():
