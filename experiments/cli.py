@@ -27,7 +27,15 @@ def _lab(command: str, argv: list[str]) -> int:
     run.add_argument("id")
     run.add_argument("--out", required=True, type=Path, help="directory for record.json, summary.json and plots")
     run.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    replayed = actions.add_parser("replay", help="simulate every arm of a record again and compare the bytes")
+    replayed.add_argument("record", type=Path, help="record.json written by `jgpt lab run`")
     args = parser.parse_args(argv)
+    if args.action == "replay":
+        from experiments.experiment_execution import replay
+
+        record = replay(args.record)
+        print(f"{record['id']}: {len(record['arms'])} arms replayed byte for byte")
+        return 0
     catalog = default_catalog()
     if args.action == "list":
         width = max(len(lab.id) for lab in catalog.experiments)

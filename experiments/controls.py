@@ -51,7 +51,7 @@ class Control:
 CONTROLS: dict[str, Control] = {
     control.name: control
     for control in (
-        Control("model.model_id", "ModelArtifact", str, "catalog id of the checkpoint that computes every request"),
+        Control("model.model_id", "ModelArtifact", str, "catalog id or artifact directory of the model; 'default' is the catalog's default"),
         Control("generation.max_new_tokens", "GenerationPolicy", int, "output-token budget per request, TURN_END included", minimum=1),
         Control("generation.selection", "GenerationPolicy", str, "token selection rule", choices=("greedy",)),
         Control("generation.stopping", "GenerationPolicy", str, "termination rule", choices=("turn_end_or_budget",)),

@@ -23,18 +23,19 @@ from inference.evidence import tensor_observations
 from inference.execution import ModelExecution, bucket
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.recording import record
-from jgpt.catalog import load_model
+from jgpt.catalog import load_model, read_catalog
 from jgpt.errors import ApiError
 from jgpt.model import forward
 from jgpt.tokenizer import Tokenizer
 from jgpt.walkthrough import walkthrough
 
+DEFAULT_MODEL = "default"
 TOP_CANDIDATES = 5
 INSPECTED_REQUESTS = 2  # the first request and the one with the longest sequence
 
 
 def record_workload(execution: ExecutionSpec, workload: Workload) -> Recording:
-    model_id = execution.value("model.model_id")
+    model_id = resolve_model_id(execution.value("model.model_id"))
     try:
         artifact = load_model(model_id)
     except ApiError as error:
@@ -81,6 +82,16 @@ def _prompt_ids(request: RequestArrival, recorded: dict[str, dict], tokenizer: T
     if not reply or reply[-1] != tokenizer.turn_end_id:
         reply.append(tokenizer.turn_end_id)  # the client closes a reply cut off by its budget
     return (*previous["prompt_ids"], *reply, *added)
+
+
+def resolve_model_id(model_id: str) -> str:
+    """A catalog id or artifact path as given; DEFAULT_MODEL names the catalog's default model."""
+    if model_id != DEFAULT_MODEL:
+        return model_id
+    default = read_catalog().default
+    if default is None:
+        raise ApiError("model.model_id", "'default' names the catalog's default model, and checkpoints/catalog.json has none")
+    return default.id
 
 
 @functools.partial(jax.jit, static_argnames=("architecture",))

@@ -235,3 +235,16 @@ def test_report_refuses_a_record_that_does_not_replay(runs, tmp_path):
     with pytest.raises(ApiError):
         write_report(copy / "record.json", tmp_path / "report.html")
     assert not (tmp_path / "report.html").exists()
+
+
+def test_replay_and_report_commands(runs, tmp_path):
+    directory = runs["decode-compute-vs-memory-bound"].directory
+    jgpt = lambda *args: subprocess.run([sys.executable, "-m", "jgpt", *args], capture_output=True, text=True)  # noqa: E731
+    replayed = jgpt("lab", "replay", str(directory / "record.json"))
+    assert replayed.returncode == 0 and "4 arms replayed byte for byte" in replayed.stdout
+    shutil.copytree(runs[REPORTED].directory, tmp_path / "run", dirs_exist_ok=True)
+    written = jgpt("report", str(tmp_path / "run" / "record.json"), "--out", str(tmp_path / "page.html"))
+    assert written.returncode == 0, written.stderr
+    assert (tmp_path / "page.html").read_bytes() == (runs[REPORTED].directory / "report.html").read_bytes()
+    missing = jgpt("report", str(tmp_path / "none.json"), "--out", str(tmp_path / "x.html"))
+    assert missing.returncode == 2 and "cannot read" in missing.stderr and not (tmp_path / "x.html").exists()

@@ -1,0 +1,51 @@
+"""The main job, end to end: answers from the default checkpoint, the default lab, its report.
+
+`python -m experiments demo [--out DIR]` (what `make demo` runs):
+1. generate answers with the catalog's default model for GenerationDefaults' built-in prompts;
+2. run the default lab (model -> recorded computations -> kvsim, every arm) and replay its record;
+3. write the self-contained HTML report and print where it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_LAB = "prefix-reuse-multi-turn"
+
+
+def main(command: str, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m experiments {command}", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="directory for the lab's record and report")
+    parser.add_argument("--lab", default=DEFAULT_LAB, help=f"lab to run (default: {DEFAULT_LAB})")
+    args = parser.parse_args(argv)
+
+    from experiments.experiment_design import default_catalog
+    from experiments.experiment_execution import replay, run_lab
+    from experiments.generation_defaults import generation_defaults
+    from experiments.recording import record_workload
+    from jgpt.artifact import TOKENIZER
+    from jgpt.catalog import resolve_model
+    from jgpt.tokenizer import Tokenizer
+
+    lab = default_catalog().lab(args.lab)
+    lab.refuse_if_planned()
+    defaults = generation_defaults()
+    recording = record_workload(defaults.execution, defaults.workload)
+    model = recording.model
+    print(f"== answers from {model['model_id']} (checkpoint {model['checkpoint_sha256'][:12]}) ==")
+    tokenizer_file = resolve_model(model["model_id"]) / TOKENIZER
+    tokenizer = Tokenizer.load(tokenizer_file) if tokenizer_file.is_file() else Tokenizer.bytes_only()
+    for request, recorded in zip(defaults.workload.requests, recording.document["requests"]):
+        answer = tokenizer.decode([i for i in recorded["output_ids"] if i != tokenizer.turn_end_id]).text
+        print(f"  {request.text!r:28} -> {answer!r}  [{recorded['outcome']['stop_reason']}]")
+    print(f"\n== lab {lab.id}: {lab.question} ==")
+    run = run_lab(lab, args.out / lab.id, defaults=defaults)
+    record = replay(run.directory / "record.json")
+    for arm in record["arms"]:
+        totals = arm["outcomes"]
+        print(f"  {arm['label']:40} ttft p50 {totals['latency_us']['ttft']['p50']} us, "
+              f"token hit rate {totals['token_hit_rate']}, compute busy {totals['compute_busy_us']} us")
+    print(f"\nrecord (replays byte for byte): {run.directory / 'record.json'}")
+    print(f"report: {(run.directory / 'report.html').resolve()}")
+    return 0
