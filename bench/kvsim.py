@@ -5,8 +5,8 @@ The workload is multi-turn conversations with shared system prompts
 budget is small enough that states are offloaded, reloaded and dropped. The
 target is 100,000 requests in under 30 s on one CPU core, with cost growing no
 worse than n log n. Generating the workload and writing the record are timed
-separately from the simulation (the record is written up to 10,000 requests;
-at 100,000 it is about a gigabyte of JSON).
+separately from the simulation (the record is serialized up to 10,000 requests;
+at 100,000 it is over a gigabyte of JSON).
 
     python bench/kvsim.py [--sizes 1000 10000 100000] [--policy serialized|continuous_batching]
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from kvsim import parse_system, record_json, simulate  # noqa: E402
+from kvsim import parse_system, record_chunks, simulate  # noqa: E402
 from kvsim.analytic import AnalyticModel, analytic_computations  # noqa: E402
 from kvsim.synthetic import conversations  # noqa: E402
 
@@ -67,8 +67,8 @@ def main() -> None:
         timings.append((size, elapsed, cpu))
         record = ""
         if size <= RECORD_LIMIT:
-            data = record_json(run)
-            record = f"{time.perf_counter() - simulated:>9.2f} {len(data) / 1e6:>10.1f}"
+            size_bytes = sum(map(len, record_chunks(run)))
+            record = f"{time.perf_counter() - simulated:>9.2f} {size_bytes / 1e6:>10.1f}"
         else:
             record = f"{'-':>9} {'-':>10}"
         t = run.outcomes["totals"]

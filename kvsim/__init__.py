@@ -6,10 +6,11 @@ API the labs use:
     run = simulate(system, computations, workload=None, interaction=None,
                    resource_graph=None, ontology_binding=None)   -> CacheRun
     record_json(run) -> bytes          # deterministic; replay compares bytes
-    record_value(run)["outcomes"]["totals"]                      # the summary numbers
+    record_chunks(run)                 # the same bytes in pieces, for records too large to hold
+    run.outcomes["totals"]             # the summary numbers; run_id(run) names the run
 """
 
-from kvsim.cache_run import CacheRun, read_record, record_json, record_value, rerun, simulate
+from kvsim.cache_run import CacheRun, read_record, record_chunks, record_json, record_value, rerun, run_id, simulate
 from kvsim.recorded import RecordedComputations, parse_document
 from kvsim.resource_graph import ResourceGraph, parse_resource_graph
 from kvsim.summary import summary_table
@@ -29,9 +30,11 @@ __all__ = [
     "parse_system",
     "parse_workload",
     "read_record",
+    "record_chunks",
     "record_json",
     "record_value",
     "rerun",
+    "run_id",
     "simulate",
     "summary_table",
 ]

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from jgpt.errors import ApiError
 from jgpt.ontology import OntologyBinding
 from kvsim import engine, fields
-from kvsim.recorded import RecordedComputations, document_json, parse_document
+from kvsim.recorded import RecordedComputations, parse_document, request_json
 from kvsim.resource_graph import ResourceGraph, parse_resource_graph, resource_graph_json
 from kvsim.system import KVResidencySystemConfig, parse_system, system_json
 from kvsim.workload import (
@@ -159,40 +161,73 @@ def _outcomes(result: engine.EngineResult, computations: RecordedComputations, w
     return {"requests": requests, "totals": totals}
 
 
-def record_value(run: CacheRun) -> dict:
-    """The CacheRun as JSON-ready values, in the ontology's field order."""
+@dataclass(frozen=True)
+class _Array:
+    """A JSON array written in batches as it is produced (records of 100,000 requests are gigabytes)."""
+
+    items: Callable[[], Iterable[Any]]
+
+
+def _inputs(run: CacheRun) -> dict:
+    """The parts of a record that a replay reads, in record order."""
     computations = run.computations
     provenance = dict(computations.execution["provenance"])
     provenance.setdefault("backend", computations.execution["backend"])
-    checkpoint = {**computations.model, "kv_bytes_per_position": computations.kv_bytes_per_position}
-    inputs = {
-        "declaration": run.declaration,
-        "checkpoint": checkpoint,
-        "provenance": provenance,
-        "computations": document_json(computations)["requests"],
-    }
-    # The id names the simulated question: everything a replay reads, nothing it produces.
-    run_id = f"kv-{hashlib.sha256(_dumps(inputs)).hexdigest()[:16]}"
     return {
-        "id": run_id,
-        **{k: inputs[k] for k in ("declaration", "checkpoint", "provenance")},
-        "events": _events_json(run.result.events),
-        "computations": inputs["computations"],
-        "measurements": [
-            {"event_id": f"e{e}", "kind": kind, "elapsed_us": elapsed, "bytes": size}
-            for e, kind, elapsed, size in run.measurements
-        ],
-        "outcomes": run.outcomes,
-        "states": {state_id: fate for state_id, fate in run.result.states},
-        "evidence": EVIDENCE,
+        "declaration": run.declaration,
+        "checkpoint": {**computations.model, "kv_bytes_per_position": computations.kv_bytes_per_position},
+        "provenance": provenance,
+        "computations": _Array(lambda: map(request_json, computations.requests)),
     }
 
 
-def _events_json(events: list[tuple]) -> list[dict]:
-    names = [f"e{i}" for i in range(len(events))]
-    return [
+def run_id(run: CacheRun) -> str:
+    """Names the simulated question: a hash of everything a replay reads, nothing it produces."""
+    digest = hashlib.sha256()
+    for chunk in _object(_inputs(run)):
+        digest.update(chunk)
+    return f"kv-{digest.hexdigest()[:16]}"
+
+
+def record_chunks(run: CacheRun) -> Iterator[bytes]:
+    """The record's canonical JSON bytes, in pieces, fields in the ontology's CacheRun order."""
+    inputs = _inputs(run)
+    events, measurements = run.result.events, run.measurements
+    yield from _object(
         {
-            "event_id": names[event_id],
+            "id": run_id(run),
+            "declaration": inputs["declaration"],
+            "checkpoint": inputs["checkpoint"],
+            "provenance": inputs["provenance"],
+            "events": _Array(lambda: _events_json(events)),
+            "computations": inputs["computations"],
+            "measurements": _Array(
+                lambda: (
+                    {"event_id": f"e{e}", "kind": kind, "elapsed_us": elapsed, "bytes": size}
+                    for e, kind, elapsed, size in measurements
+                )
+            ),
+            "outcomes": run.outcomes,
+            "states": dict(run.result.states),
+            "evidence": EVIDENCE,
+        }
+    )
+    yield b"\n"
+
+
+def record_json(run: CacheRun) -> bytes:
+    return b"".join(record_chunks(run))
+
+
+def record_value(run: CacheRun) -> dict:
+    """The record as JSON values (for tests and small runs; large ones stream `record_chunks`)."""
+    return json.loads(record_json(run))
+
+
+def _events_json(events: list[tuple]) -> Iterator[dict]:
+    for event_id, request_id, time_us, kind, state_id, size, device, host, detail, causes, phase, direction in events:
+        yield {
+            "event_id": f"e{event_id}",
             "request_id": request_id,
             "time_us": time_us,
             "kind": kind,
@@ -201,16 +236,32 @@ def _events_json(events: list[tuple]) -> list[dict]:
             "device_reserved_bytes": device,
             "host_retained_bytes": host,
             "detail": detail,
-            "causes": [names[c] for c in causes],
+            "causes": [f"e{c}" for c in causes],
             "phase": phase,
             "transfer_direction": direction,
         }
-        for event_id, request_id, time_us, kind, state_id, size, device, host, detail, causes, phase, direction in events
-    ]
 
 
-def record_json(run: CacheRun) -> bytes:
-    return _dumps(record_value(run)) + b"\n"
+def _object(fields: dict[str, Any]) -> Iterator[bytes]:
+    """Exactly the bytes `_dumps(fields)` would give, with _Array values streamed."""
+    separator = b"{"
+    for key, value in fields.items():
+        yield separator + _dumps(key) + b":"
+        separator = b","
+        if isinstance(value, _Array):
+            yield from _array(value.items())
+        else:
+            yield _dumps(value)
+    yield b"}" if separator == b"," else b"{}"
+
+
+def _array(items: Iterable[Any], batch: int = 4096) -> Iterator[bytes]:
+    yield b"["
+    items, separator = iter(items), b""
+    while chunk := list(islice(items, batch)):
+        yield separator + _dumps(chunk)[1:-1]
+        separator = b","
+    yield b"]"
 
 
 def _dumps(value: Any) -> bytes:

@@ -7,11 +7,12 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from jgpt.errors import ApiError
 from kvsim import analytic, traces
-from kvsim.cache_run import first_difference, read_record, record_json, record_value, rerun, simulate
+from kvsim.cache_run import first_difference, read_record, record_chunks, record_json, rerun, run_id, simulate
 from kvsim.inputs import load_input, read_bytes
 from kvsim.recorded import document_json
 from kvsim.summary import summary_table
@@ -67,13 +68,13 @@ def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
     return analytic.AnalyticModel(args.layers, args.width, args.ffn, args.vocabulary, args.precision_bytes)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> None:
     """Write next to the target, then rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(descriptor, "wb") as stream:
-            stream.write(data)
+            stream.writelines([data] if isinstance(data, bytes) else data)
         os.chmod(temporary, 0o644)  # mkstemp creates 0600; a record is meant to be shared
         os.replace(temporary, path)
     except BaseException:
@@ -89,10 +90,9 @@ def main(command: str, argv: list[str]) -> int:
     args = _parser(command).parse_args(argv)
     if args.action == "run":
         run = simulate(**load_input(args.input))
-        record = record_value(run)
-        print(summary_table(record))
+        print(summary_table({"id": run_id(run), "outcomes": run.outcomes}))
         if args.out:
-            write_atomically(args.out, record_json(run))
+            write_atomically(args.out, record_chunks(run))
             print(f"record written to {args.out}")
         return 0
     if args.action == "replay":
