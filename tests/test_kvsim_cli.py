@@ -2,6 +2,8 @@
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,12 @@ def test_synthesize_then_run(tmp_path, capsys):
     scenario["system"]["kv_cache"] = {"device_kv_bytes": 10**8, "host_kv_bytes": 10**8}
     assert jgpt(["kvsim", "run", str(_write(tmp_path / "input.json", scenario))]) == 0
     assert "40 requests" in capsys.readouterr().out
+
+
+def test_kvsim_imports_no_jax_numpy_or_matplotlib():
+    code = (
+        "import sys, kvsim, kvsim.commands, kvsim.perfetto, kvsim.traces\n"
+        "print(sorted(m for m in ('jax', 'numpy', 'matplotlib', 'inference') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
