@@ -11,12 +11,15 @@ from __future__ import annotations
 import base64
 import html
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from experiments.experiment_execution import replay, summary
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
+from experiments.plots import draw_plots
 from jgpt.tokenizer import write_atomically
 
 SECTIONS = (
@@ -55,7 +58,13 @@ def write_report(record_path: Path, out: Path) -> Path:
         "initial": inspectable.initial().to_json(),
         "map": default_inference_map().to_json(),
     }
-    page = _page(record, data, directory)
+    plots = directory / "plots"
+    with tempfile.TemporaryDirectory() as scratch:
+        if not all((plots / name).is_file() for name in _plot_names(record)):
+            plots = Path(scratch) / "plots"  # a record run without plots: draw them for the page only
+            shutil.copytree(directory, scratch, dirs_exist_ok=True, ignore=shutil.ignore_patterns("plots", "*.html"))
+            draw_plots(record, Path(scratch))
+        page = _page(record, data, plots)
     out = Path(out)
     write_atomically(out, page.encode())
     return out
@@ -66,9 +75,12 @@ def _image(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
 
 
-def _page(record: dict[str, Any], data: dict[str, Any], directory: Path) -> str:
+def _plot_names(record: dict[str, Any]) -> list[str]:
+    return ["arms.png", "inference-map.png", *(f"arm-{i}-timeline.png" for i in range(len(record["arms"])))]
+
+
+def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
     lab = record["lab"]
-    plots = directory / "plots"
     timelines = "".join(
         f'<details{" open" if i == 0 else ""}><summary>{html.escape(arm["label"])}</summary>'
         f'{_image(plots / f"arm-{i}-timeline.png", "kvsim timeline " + arm["label"])}</details>'

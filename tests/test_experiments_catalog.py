@@ -124,3 +124,14 @@ def test_defaults_assign_every_control_and_parse_as_a_kvsim_system():
     with pytest.raises(ApiError):
         type(defaults).from_json({"execution": [], "workload": {"kind": "requests", "requests": []}})
     assert isinstance(defaults.execution, ExecutionSpec)
+
+
+def test_listing_and_validating_labs_imports_no_jax():
+    import subprocess
+    import sys
+
+    code = ("import sys; from experiments.cli import main; main('lab', ['list']); "
+            "from experiments.generation_defaults import generation_defaults; generation_defaults(); "
+            "print('jax' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPOSITORY)
+    assert result.stdout.strip().splitlines()[-1] == "False"

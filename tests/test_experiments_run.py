@@ -248,3 +248,11 @@ def test_replay_and_report_commands(runs, tmp_path):
     assert (tmp_path / "page.html").read_bytes() == (runs[REPORTED].directory / "report.html").read_bytes()
     missing = jgpt("report", str(tmp_path / "none.json"), "--out", str(tmp_path / "x.html"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr and not (tmp_path / "x.html").exists()
+
+
+def test_report_of_a_record_run_without_plots_draws_them_for_the_page_only(runs, tmp_path):
+    directory = runs["admission-slots-latency"].directory
+    before = sorted(p.name for p in directory.iterdir())
+    page = write_report(directory / "record.json", tmp_path / "page.html")
+    assert sorted(p.name for p in directory.iterdir()) == before
+    assert page.read_text().count("data:image/png;base64,") == 2 + len(runs["admission-slots-latency"].record["arms"])
