@@ -195,3 +195,21 @@ def test_bad_traces_are_clear_errors():
         mooncake('{"timestamp": 0, "input_length": 9, "output_length": 1, "hash_ids": [1]}', block_tokens=4)
     with pytest.raises(ApiError, match="missing column GeneratedTokens"):
         azure("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n")
+
+
+def test_lookup_finds_the_longest_retained_proper_prefix():
+    from kvsim.kv_cache import Residency
+    from kvsim.recorded import token_key
+    from kvsim.system import KVCacheConfig
+
+    cache = Residency(KVCacheConfig(device_kv_bytes=10**6, host_kv_bytes=0), kv_bytes_per_position=10)
+    states = {ids: cache.retain(token_key(ids), "r") for ids in [(1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6), (9,)]}
+    found = lambda prompt: cache.lookup(token_key(prompt))  # noqa: E731
+    assert found((1, 2, 3, 4, 5, 6, 7)) is states[(1, 2, 3, 4, 5, 6)]
+    assert found((1, 2, 3, 4, 5)) is states[(1, 2, 3, 4)]
+    assert found((1, 2, 3, 4, 5, 6)) is states[(1, 2, 3, 4)]  # an equal sequence is not a proper prefix
+    assert found((1, 2, 3, 5)) is states[(1, 2)]
+    assert found((1,)) is None and found((2, 1)) is None and found((9,)) is None
+    cache.take(states[(1, 2, 3, 4)])
+    assert found((1, 2, 3, 4, 5)) is states[(1, 2)]
+    assert cache.device_retained == 10 * (2 + 6 + 1) and cache.device_lru_bytes == cache.device_retained

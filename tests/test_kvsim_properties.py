@@ -1,6 +1,7 @@
 """Property tests: random workloads and systems keep kvsim's invariants and replay exactly."""
 
 from collections import Counter
+from fractions import Fraction
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -142,3 +143,67 @@ def test_runs_are_deterministic_and_replay_byte_identical(scenario):
     data = record_json(_run(scenario))
     assert record_json(_run(scenario)) == data
     assert record_json(rerun(read_record(data))) == data
+
+
+def _ceil(value: Fraction) -> int:
+    return -(-value.numerator // value.denominator)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_lookups_durations_and_resources_follow_the_rules(scenario):
+    """An independent reading of docs/kvsim.md: longest proper prefix, exact durations, exclusive resources."""
+    system, document, _ = scenario
+    record = record_value(_run(scenario))
+    requests = {r["request_id"]: r for r in document["requests"]}
+    rate = lambda x: Fraction(str(x))  # noqa: E731  (the decimal the JSON writes)
+    flops_rate = rate(system["compute_service"]["compute_flops_per_us"])
+    bytes_rate = rate(system["compute_service"]["memory_bytes_per_us"])
+    link_rate, latency = rate(system["transfer"]["link_bytes_per_us"]), rate(system["transfer"]["link_latency_us"])
+
+    def sequence(state):
+        origin = requests[state["request_id"]]
+        return tuple(origin["prompt_ids"] + origin["output_ids"])[: state["positions"]]
+
+    live, offloaded, reused, steps = {}, set(), {}, Counter()
+    compute_free_at = link_free_at = 0
+    open_work, open_transfer = {}, {}
+    for event in record["events"]:
+        kind, request_id, now = event["kind"], event["request_id"], event["time_us"]
+        if kind == "retain":
+            live[event["state_id"]] = sequence(record["states"][event["state_id"]])
+        elif kind in ("lookup_hit", "lookup_miss"):
+            prompt = tuple(requests[request_id]["prompt_ids"])
+            matches = [(len(s), sid) for sid, s in live.items() if len(s) < len(prompt) and prompt[: len(s)] == s]
+            if kind == "lookup_miss":
+                assert not matches
+            else:
+                assert max(matches)[0] == len(live[event["state_id"]])
+                assert event["detail"] == ("host" if event["state_id"] in offloaded else "device")
+                reused[request_id] = len(live.pop(event["state_id"]))
+        elif kind == "drop":
+            live.pop(event["state_id"])
+        elif kind == "offload":
+            offloaded.add(event["state_id"])
+        elif kind == "compute_start":
+            assert now >= compute_free_at  # one service step at a time
+            open_work[request_id] = now
+        elif kind == "compute_end" and system["scheduling"]["policy"] == "serialized":
+            spec, step = requests[request_id], steps[request_id]
+            if step == 0:
+                costs, r = spec["prefill_costs"], reused.get(request_id, 0)
+                flops = costs["fixed_matmul_flops"] + sum(costs["position_matmul_flops"][r:])
+                memory = costs["fixed_memory_bytes"] + sum(costs["position_memory_bytes"][r:])
+            else:
+                decode = spec["decode_steps"][step - 1]
+                flops, memory = decode["matmul_flops"], decode["logical_memory_bytes"]
+            assert now - open_work.pop(request_id) == _ceil(max(flops / flops_rate, memory / bytes_rate))
+            compute_free_at, steps[request_id] = now, step + 1
+        elif kind == "compute_end":
+            compute_free_at = now
+        elif kind == "transfer_start":
+            assert now >= link_free_at  # one transfer at a time on the link
+            open_transfer[event["state_id"]] = now
+        elif kind == "transfer_end":
+            assert now - open_transfer.pop(event["state_id"]) == _ceil(latency + event["bytes"] / link_rate)
+            link_free_at = now
