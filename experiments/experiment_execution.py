@@ -182,6 +182,7 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
                 "label": arm["label"],
                 "completed": totals["completed"],
                 "cancelled": totals["cancelled"],
+                "rejected": totals["rejected"],
                 "ttft_p50_us": latency["ttft"]["p50"],
                 "ttft_p90_us": latency["ttft"]["p90"],
                 "e2e_p50_us": latency["e2e"]["p50"],
