@@ -69,6 +69,10 @@ class _CumulativeFlops:
     def __getitem__(self, i: int) -> int:
         return self.layers * (self.linear * i + self.quadratic * i * (i + 1) // 2)
 
+    def increments(self, n: int) -> list[int]:
+        """position_flops(p) for p < n."""
+        return [self.layers * (self.linear + self.quadratic * (p + 1)) for p in range(n)]
+
 
 class _CumulativeBytes:
     def __init__(self, per_position: int):
@@ -76,6 +80,9 @@ class _CumulativeBytes:
 
     def __getitem__(self, i: int) -> int:
         return self.per_position * i
+
+    def increments(self, n: int) -> list[int]:
+        return [self.per_position] * n
 
 
 @dataclass(frozen=True)

@@ -245,4 +245,7 @@ def request_json(request: RecordedRequest) -> dict:
 
 
 def _differences(cumulative: Sequence[int], n: int) -> list[int]:
-    return [cumulative[i + 1] - cumulative[i] for i in range(n)]
+    increments = getattr(cumulative, "increments", None)  # closed-form tables give theirs directly
+    if increments is not None:
+        return increments(n)
+    return [b - a for a, b in zip(cumulative[:n], cumulative[1 : n + 1], strict=True)]
