@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from jgpt.errors import ApiError
-from kvsim import parse_document, parse_interaction, parse_system, record_value, simulate
+from kvsim import parse_document, parse_interaction, parse_system, parse_workload, record_value, simulate
 from kvsim.analytic import AnalyticModel, analytic_computations
 from kvsim.recorded import document_json
 from kvsim.synthetic import conversations
@@ -213,3 +213,29 @@ def test_lookup_finds_the_longest_retained_proper_prefix():
     cache.take(states[(1, 2, 3, 4)])
     assert found((1, 2, 3, 4, 5)) is states[(1, 2)]
     assert cache.device_retained == 10 * (2 + 6 + 1) and cache.device_lru_bytes == cache.device_retained
+
+
+def test_submit_actions_declare_the_arrivals_and_replay():
+    from kvsim import read_record, record_json, rerun
+
+    actions = [{"kind": "submit", "at_us": t, "request_id": r} for r, t in (("C", 0), ("A", 5))]
+    run = simulate(
+        parse_system(EXAMPLE["system"]),
+        parse_document(EXAMPLE["computations"]),
+        interaction=parse_interaction({"actions": actions}),
+    )
+    record = record_value(run)
+    assert record["declaration"]["workload"] == {
+        "kind": "customer_interaction",
+        "requests": [{"request_id": "C", "arrival_us": 0}, {"request_id": "A", "arrival_us": 5}],
+    }
+    assert [e["request_id"] for e in record["events"] if e["kind"] == "arrival"] == ["C", "A"]
+    data = record_json(run)
+    assert record_json(rerun(read_record(data))) == data
+    with pytest.raises(ApiError, match="either as a workload or as submit actions"):
+        simulate(
+            parse_system(EXAMPLE["system"]),
+            parse_document(EXAMPLE["computations"]),
+            workload=parse_workload({"kind": "w", "requests": [{"request_id": "A", "arrival_us": 0}]}),
+            interaction=parse_interaction({"actions": actions}),
+        )
