@@ -409,6 +409,8 @@ class _Engine:
             "reuse_tier": request.reuse_tier,
             "selected_tokens": selected,
             "published_tokens": request.published,
+            "unused_budget": spec.max_new_tokens - selected,
+            "complete": status == "completed",
             "publish_log": request.publish_log,
         }
 
