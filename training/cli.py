@@ -12,7 +12,7 @@ from jgpt.errors import ApiError
 OVERRIDES = {
     "data": str, "out": str, "tokenizer": str, "vocab_size": int, "seed": int, "steps": int,
     "batch_size": int, "learning_rate": float, "warmup_steps": int, "context": int, "selection": str,
-    "eval_every": int, "checkpoint_every": int, "train_conversations": int,
+    "log_every": int, "eval_every": int, "checkpoint_every": int, "train_conversations": int,
 }  # fmt: skip
 ARCHITECTURE_OVERRIDES = ("layers", "heads", "width", "ffn")
 
@@ -59,6 +59,7 @@ def train_command(prog: str, argv: list[str]) -> int:
         "model": str(artifact.path),
         "checkpoint_sha256": artifact.checkpoint_sha256,
         "provenance": result.provenance.to_json() | {"source_sha256": "(see manifest.json)"},
+        "devices": result.devices,
         "metrics": str(result.run.metrics),
         "loss_curve": str(result.run.loss_curve),
     }

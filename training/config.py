@@ -27,7 +27,7 @@ LOCATION_FIELDS = ("out",)
 
 def default_architecture() -> dict[str, Any]:
     """ModelArchitecture fields; `vocabulary` comes from the tokenizer."""
-    return {"width": 128, "ffn": 512, "context": 128, "layers": 4, "heads": 4}
+    return {"width": 128, "ffn": 512, "context": 100, "layers": 4, "heads": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,7 @@ class TrainingConfig:
     beta1: float = 0.9
     beta2: float = 0.98
     clip_norm: float = 1.0
+    log_every: int = 10
     eval_every: int = 250
     checkpoint_every: int = 250
     selection: str = "best_development_loss"
@@ -63,7 +64,7 @@ class TrainingConfig:
         if self.tokenizer == "bpe" and self.data is None:
             raise ApiError("tokenizer", "bpe needs --data: the built-in conversations use byte tokens")
         ints = ("vocab_size", "train_conversations", "development_conversations", "steps", "batch_size",
-                "eval_every", "checkpoint_every")  # fmt: skip
+                "log_every", "eval_every", "checkpoint_every")  # fmt: skip
         for name in ints:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

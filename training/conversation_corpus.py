@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from training.skills import TASKS, Exchange, Split, drawn_in, store_and_recall_in
 
 SYSTEM_TEXT = "you are jgpt."
-MAX_TASKS = 3
+MAX_TASKS = 2
 # Framing adds a role marker and TURN_END to every turn.
 FRAMING_TOKENS_PER_TURN = 2
 

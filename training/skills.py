@@ -23,7 +23,7 @@ Split = Literal["train", "development"]
 
 LETTERS = string.ascii_lowercase
 # Counting over a narrow alphabet makes counts above one common.
-COUNT_LETTERS = "abcde"
+COUNT_LETTERS = "abc"
 STORE_NAMES = ("red", "blue", "gold", "jade")
 DEVELOPMENT_PERCENT = 10
 
@@ -48,22 +48,22 @@ def _word(rng: random.Random, alphabet: str, low: int, high: int) -> str:
 
 
 def reverse(rng: random.Random) -> Exchange:
-    word = _word(rng, LETTERS, 3, 6)
+    word = _word(rng, LETTERS, 3, 5)
     return Exchange("reverse", f"reverse {word}", word[::-1])
 
 
 def sort(rng: random.Random) -> Exchange:
-    word = _word(rng, LETTERS, 3, 6)
+    word = _word(rng, LETTERS, 3, 5)
     return Exchange("sort", f"sort {word}", "".join(sorted(word)))
 
 
 def add(rng: random.Random) -> Exchange:
-    a, b = rng.randrange(1000), rng.randrange(100)
+    a, b = rng.randrange(10, 100), rng.randrange(10, 100)
     return Exchange("add", f"add {a}+{b}", str(a + b))
 
 
 def count(rng: random.Random) -> Exchange:
-    word = _word(rng, COUNT_LETTERS, 3, 8)
+    word = _word(rng, COUNT_LETTERS, 3, 6)
     letter = rng.choice(COUNT_LETTERS)
     return Exchange("count", f"count {letter} in {word}", str(word.count(letter)))
 

@@ -29,7 +29,6 @@ from training.evaluation import DEVELOPMENT_BATCH, development_loss
 from training.provenance import TrainingProvenance, source_sha256
 from training.step import TrainState, make_development_step, make_train_step, start
 
-LOG_EVERY = 10
 # Mixed into the run seed so the data stream and the initialization draw independent keys.
 DATA_STREAM = 1
 
@@ -65,6 +64,7 @@ class TrainingResult:
     provenance: TrainingProvenance
     corpus: corpora.PreparedCorpus
     run: RunDirectory
+    devices: int
 
 
 def _check_run_directory(run: RunDirectory, config: TrainingConfig, resume: bool) -> None:
@@ -91,7 +91,7 @@ def _checkpoint_manager(run: RunDirectory) -> ocp.CheckpointManager:
 
 
 def _best_record(weights, loss: float, step: int) -> dict:
-    return {"weights": jax.device_get(weights), "development_loss": np.float64(loss), "step": np.int64(step)}
+    return {"weights": jax.device_get(weights), "development_loss": np.array(loss), "step": np.array(step)}
 
 
 def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True) -> TrainingResult:
@@ -142,7 +142,7 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
         state, step_metrics = train_step(state, data)
         step += 1
         record = {"step": step}
-        if step % LOG_EVERY == 0 or step == config.steps:
+        if step % config.log_every == 0 or step == config.steps:
             elapsed = time.perf_counter() - clock
             record |= {k: float(v) for k, v in step_metrics.items()}
             record |= {
@@ -182,4 +182,4 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
     )
     weights = jax.device_get(selected)
     metrics.plot(run.metrics, run.loss_curve)
-    return TrainingResult(weights, provenance, corpus, run)
+    return TrainingResult(weights, provenance, corpus, run, mesh.size)
