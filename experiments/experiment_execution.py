@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,6 @@ from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
 from experiments.workload import Workload
 from jgpt.errors import ApiError
-from jgpt.tokenizer import write_atomically
 from kvsim.cache_run import record_json, simulate
 from kvsim.recorded import parse_document
 from kvsim.system import parse_system
@@ -74,6 +75,9 @@ def run_lab(
     generation policy and workload), so labs sharing them record inference once.
     """
     lab.refuse_if_planned()
+    out = Path(out)
+    if out.exists() and not (out / RECORD).is_file() and any(out.iterdir()):
+        raise ApiError("out", f"{out} is a non-empty directory without a lab record; choose another")
     defaults = defaults or generation_defaults()
     workload = lab.workload or defaults.workload
     arms = [(arm.label, arm.execution.over(defaults.execution)) for arm in lab.arms()]
@@ -87,7 +91,6 @@ def run_lab(
             recordings[key] = record_workload(execution, workload)
         keys.append(key)
     distinct = list(dict.fromkeys(keys))
-    out = Path(out)
     files: dict[str, bytes] = {}
     recording_entries = []
     for n, key in enumerate(distinct):
@@ -108,7 +111,10 @@ def run_lab(
     arm_entries = []
     for i, ((label, execution), key) in enumerate(zip(arms, keys)):
         n = distinct.index(key)
-        run = _simulate(execution, recordings[key].document, workload, lab)
+        try:
+            run = _simulate(execution, recordings[key].document, workload, lab)
+        except ApiError as error:
+            raise ApiError(f"arm {label!r}: {error.field}", error.reason) from None
         name = f"cache-run-{i}.json"
         files[name] = record_json(run)
         arm_entries.append(
@@ -133,15 +139,26 @@ def run_lab(
     }
     files[RECORD] = _dumps(record)
     files["summary.json"] = _dumps(summary(record))
-    written = [_write(out / name, data) for name, data in files.items()]
-    if plots or report:  # the report embeds the plots
-        from experiments.plots import draw_plots
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Everything is written into a staging directory that replaces `out` only when complete.
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as staging:
+        stage = Path(staging)
+        for name, data in files.items():
+            (stage / name).write_bytes(data)
+        if plots or report:  # the report embeds the plots
+            from experiments.plots import draw_plots
 
-        written += draw_plots(record, out)
-    if report:
-        from experiments.report import write_report
+            draw_plots(record, stage)
+        if report:
+            from experiments.report import write_report
 
-        written.append(write_report(out / RECORD, out / "report.html"))
+            write_report(stage / RECORD, stage / "report.html")
+        if out.exists():
+            shutil.rmtree(out)
+        stage.chmod(0o755)
+        stage.rename(out)
+        stage.mkdir()  # for the context manager to remove
+    written = sorted(path for path in out.rglob("*") if path.is_file())
     return LabRun(record, out, tuple(written))
 
 
@@ -254,8 +271,3 @@ def _read(path: Path, field: str) -> bytes:
 
 def _dumps(value: Any) -> bytes:
     return (json.dumps(value, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()
-
-
-def _write(path: Path, data: bytes) -> Path:
-    write_atomically(path, data)
-    return path

@@ -256,3 +256,11 @@ def test_report_of_a_record_run_without_plots_draws_them_for_the_page_only(runs,
     page = write_report(directory / "record.json", tmp_path / "page.html")
     assert sorted(p.name for p in directory.iterdir()) == before
     assert page.read_text().count("data:image/png;base64,") == 2 + len(runs["admission-slots-latency"].record["arms"])
+
+
+def test_run_refuses_a_directory_that_is_not_a_lab_run(tmp_path, defaults):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ApiError) as caught:
+        run_lab(CATALOG.lab("admission-slots-latency"), tmp_path, defaults=defaults)
+    assert caught.value.field == "out"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
