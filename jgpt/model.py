@@ -4,7 +4,10 @@
 stacked weights (and of the K/V buffers), normalizes, and projects to logits. It is
 jit-compatible with the architecture as a static argument:
 
-    step = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"))
+    step = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"), donate_argnames=("cache",))
+
+Donating the cache lets XLA write the new keys and values into it in place; without
+donation every call copies the whole buffer first.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from jgpt.operations import (
     learned_positions,
     normalization,
     output_projection,
+    query_key_value,
     residual_addition,
+    write_slots,
 )
 from jgpt.weights import ModelWeights
 
@@ -38,8 +43,9 @@ class KVBuffers:
     def empty(cls, architecture: Architecture, batch: int, slots: int) -> KVBuffers:
         """Zeroed buffers in the architecture's compute dtype, for `slots` positions per row."""
         shape = (architecture.layers, batch, slots, architecture.kv_width)
-        zeros = jnp.zeros(shape, jnp.dtype(architecture.precision))
-        return cls(keys=zeros, values=zeros)
+        dtype = jnp.dtype(architecture.precision)
+        # Two distinct buffers, so that a jitted step may donate both.
+        return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype))
 
 
 @struct.dataclass
@@ -112,11 +118,21 @@ def forward(
 
     position_vectors = learned_positions(weights.position_embedding, positions) if a.position == "learned" else None
     x = embedding(weights.token_embedding, token_ids, position_vectors)  # [B, T, C]
+    # With a cache every slot is visible up to its own position; without one, the
+    # given tokens are the keys, at their own positions.
+    key_positions = positions if cache is None else jnp.arange(cache.keys.shape[2])[None, :]
 
-    def block(h, layer):
-        w, key_slots, value_slots = layer
+    def block(carry, layer):
+        h, buffers = carry
+        w, index = layer
         h1 = normalization(h, w["ln1_scale"], w.get("ln1_bias"), a)
-        mixed, keys, values, trace = attention(h1, w, positions, key_slots, value_slots, a, dtype)
+        q, k, v = query_key_value(h1, w, positions, a, dtype)
+        if buffers is None:
+            keys, values, new = k, v, (k, v)
+        else:
+            buffers = KVBuffers(write_slots(buffers.keys, index, k, positions), write_slots(buffers.values, index, v, positions))
+            keys, values, new = buffers.keys[index], buffers.values[index], None
+        mixed, attention_weights = attention(q, keys, values, positions, key_positions, w, a, dtype)
         h2 = residual_addition(h, mixed)
         h3 = normalization(h2, w["ln2_scale"], w.get("ln2_bias"), a)
         ff = feed_forward(h3, w, a, dtype)
@@ -125,13 +141,13 @@ def forward(
         if observe:
             by_stage = dict(ln1=h1, attention=mixed, residual1=h2, ln2=h3, feed_forward=ff, residual2=out)
             stages = {name: t.reshape(B, T, -1) for name, t in by_stage.items()}
-            stages |= {"query": trace["query"], "key": trace["key"], "attention_weights": trace["weights"]}
-        return out, (keys, values, stages)
+            stages |= {"query": q, "key": k.reshape(B, T, a.kv_heads, a.head_dim), "attention_weights": attention_weights}
+        return (out, buffers), (new, stages)
 
-    slots = (None, None) if cache is None else (cache.keys, cache.values)
-    h, (keys, values, stages) = jax.lax.scan(
-        block, x.reshape(B * T, a.width), (weights.block(), *slots), unroll=unroll
-    )
+    layers = (weights.block(), jnp.arange(a.layers))
+    (h, cache), (new, stages) = jax.lax.scan(block, (x.reshape(B * T, a.width), cache), layers, unroll=unroll)
+    if new is not None:
+        cache = KVBuffers(keys=new[0], values=new[1])
     h = normalization(h, weights.ln_final_scale, weights.ln_final_bias, a)
     logits = output_projection(h, weights.lm_head, weights.lm_bias, dtype).reshape(B, T, a.vocabulary)
     chex.assert_type(logits, jnp.float32)
@@ -150,4 +166,4 @@ def forward(
             Observation("OutputProjection", "logits", None, logits),
         ]
         observations = Observations(positions=positions, records=tuple(records))
-    return ForwardOutput(logits=logits, cache=KVBuffers(keys=keys, values=values), observations=observations)
+    return ForwardOutput(logits=logits, cache=cache, observations=observations)

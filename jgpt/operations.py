@@ -78,33 +78,12 @@ def feed_forward(x: jax.Array, w: dict[str, jax.Array], architecture: Architectu
     return dense(hidden, w["ff_down"], w.get("ff_down_bias"), dtype)
 
 
-def _write_slots(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
-    """Write new[b, t] into buffer[b, positions[b, t]]; positions past the buffer are dropped.
+def query_key_value(
+    x: jax.Array, w: dict[str, jax.Array], positions: jax.Array, architecture: Architecture, dtype
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Project [N, C] to queries [B, T, H, D], keys and values [B, T, K*D] (compute dtype).
 
-    buffer: [B, S, K]; new: [B, T, K]; positions: [B, T].
-    """
-    write_row = lambda row, values, slots: row.at[slots].set(values.astype(row.dtype), mode="drop")
-    return jax.vmap(write_row)(buffer, new, positions)
-
-
-def attention(
-    x: jax.Array,
-    w: dict[str, jax.Array],
-    positions: jax.Array,
-    key_slots: jax.Array | None,
-    value_slots: jax.Array | None,
-    architecture: Architecture,
-    dtype,
-) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]:
-    """Causal softmax attention over absolute positions, reading and extending the K/V slots.
-
-    x: [N, C] with N = B*T; positions: [B, T]. With slots ([B, S, K*D] where slot =
-    absolute position) the new keys and values are written into them and a query at
-    position p sees slots s <= p, so unwritten slots past a row's length stay
-    invisible. Without slots the keys are exactly the new tokens'.
-    Returns (output [N, C], keys [B, S, K*D], values [B, S, K*D], trace) where trace
-    holds the position-encoded `query` [B, T, H, D] and `key` [B, T, K, D] of the new
-    tokens and the attention `weights` [B, T, H, S], for observation.
+    Rotary positions, where declared, rotate the queries and keys here.
     """
     a = architecture
     B, T = positions.shape
@@ -115,26 +94,50 @@ def attention(
     if a.position == "rope":
         q = rotary_positions(q, positions, a.rope_theta)
         k = rotary_positions(k, positions, a.rope_theta)
-    trace = {"query": q, "key": k}
-    k = k.reshape(B, T, K * D)
-    if key_slots is None:
-        keys, values = k.astype(dtype), v.astype(dtype)
-        key_positions = positions  # [B, S=T]
-    else:
-        keys, values = _write_slots(key_slots, k, positions), _write_slots(value_slots, v, positions)
-        key_positions = jnp.arange(keys.shape[1])[None, :]  # [1, S]
-    S = keys.shape[1]
+    return q.astype(dtype), k.reshape(B, T, K * D).astype(dtype), v.astype(dtype)
+
+
+def write_slots(buffer: jax.Array, layer: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
+    """buffer[layer, b, slots[b, t]] = new[b, t]; slots past the buffer are dropped.
+
+    buffer: [L, B, S, K*D]; new: [B, T, K*D]; slots: [B, T]. A scatter into the whole
+    stacked buffer, which XLA performs in place when the buffer is donated.
+    """
+    rows = jnp.broadcast_to(jnp.arange(buffer.shape[1])[:, None], slots.shape)
+    return buffer.at[layer, rows, slots].set(new.astype(buffer.dtype), mode="drop")
+
+
+def attention(
+    q: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    query_positions: jax.Array,
+    key_positions: jax.Array,
+    w: dict[str, jax.Array],
+    architecture: Architecture,
+    dtype,
+) -> tuple[jax.Array, jax.Array]:
+    """Causal softmax attention: a query at position p mixes the values of keys at positions <= p.
+
+    q: [B, T, H, D]; keys, values: [B, S, K*D]; query_positions: [B, T];
+    key_positions: [B or 1, S]. Keys at later positions (including unwritten cache
+    slots) are invisible. Returns (output [B*T, C], weights [B, T, H, S]).
+    """
+    a = architecture
+    B, T, H, D = q.shape
+    K, S = a.kv_heads, keys.shape[1]
     # Query heads are grouped over the key/value heads they share: [B, T, K, G, D].
-    q = q.reshape(B, T, K, H // K, D).astype(dtype)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.reshape(B, S, K, D), preferred_element_type=F32)
+    q = q.reshape(B, T, K, H // K, D)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.reshape(B, S, K, D).astype(dtype), preferred_element_type=F32)
     scores = scores / jnp.sqrt(jnp.asarray(D, F32))
-    visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S]
+    visible = key_positions[:, None, :] <= query_positions[:, :, None]  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, jnp.finfo(F32).min)
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
-    mixed = jnp.einsum("bkgts,bskd->btkgd", weights.astype(dtype), values.reshape(B, S, K, D), preferred_element_type=F32)
+    mixed = jnp.einsum(
+        "bkgts,bskd->btkgd", weights.astype(dtype), values.reshape(B, S, K, D).astype(dtype), preferred_element_type=F32
+    )
     out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
-    trace["weights"] = weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
-    return out, keys, values, trace
+    return out, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
 
 
 def output_projection(x: jax.Array, lm_head: jax.Array, lm_bias: jax.Array | None, dtype) -> jax.Array:
