@@ -1,8 +1,9 @@
 """The forward pass: a pure function of weights, architecture and token ids.
 
 `forward` embeds the tokens, scans one decoder block over the layer axis of the
-stacked weights (and of the K/V buffers), normalizes, and projects to logits. It is
-jit-compatible with the architecture as a static argument:
+stacked weights (carrying the K/V buffers, which each layer writes into), normalizes,
+and projects to logits. It is jit-compatible with the architecture as a static
+argument:
 
     step = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"), donate_argnames=("cache",))
 
