@@ -96,6 +96,7 @@ def forward(
     cache: KVBuffers | None = None,
     observe: bool = False,
     unroll: int | bool = 1,
+    layer_weights: tuple[dict[str, jax.Array], ...] | None = None,
 ) -> ForwardOutput:
     """Logits for token_ids [B, T] at absolute positions [B, T] (default 0..T-1 in every row).
 
@@ -103,6 +104,8 @@ def forward(
     keys and values are written into their slots and every query attends causally to
     slots <= its position; the returned cache holds the write. Without one the block
     attends among the given tokens only and returns their keys and values (S = T).
+    `layer_weights` (from `split_layers(weights)`) runs the blocks over those per-layer
+    arrays instead of scanning the stacked block tensors of `weights`; same result.
     """
     a = architecture
     chex.assert_rank(token_ids, 2)
@@ -145,8 +148,17 @@ def forward(
             stages |= {"query": q, "key": k.reshape(B, T, a.kv_heads, a.head_dim), "attention_weights": attention_weights}
         return (out, buffers), (new, stages)
 
-    layers = (weights.block(), jnp.arange(a.layers))
-    (h, cache), (new, stages) = jax.lax.scan(block, (x.reshape(B * T, a.width), cache), layers, unroll=unroll)
+    if layer_weights is None:
+        layers = (weights.block(), jnp.arange(a.layers))
+        (h, cache), (new, stages) = jax.lax.scan(block, (x.reshape(B * T, a.width), cache), layers, unroll=unroll)
+    else:
+        # The blocks as straight-line code over separately stored layers: no step slices a layer out of a
+        # stacked tensor, which on XLA CPU copies that layer's weights at every decode step.
+        carry, outputs = (x.reshape(B * T, a.width), cache), []
+        for index, w in enumerate(layer_weights):
+            carry, output = block(carry, (w, index))
+            outputs.append(output)
+        (h, cache), (new, stages) = carry, jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *outputs)
     if new is not None:
         cache = KVBuffers(keys=new[0], values=new[1])
     h = normalization(h, weights.ln_final_scale, weights.ln_final_bias, a)
@@ -168,3 +180,13 @@ def forward(
         ]
         observations = Observations(positions=positions, records=tuple(records))
     return ForwardOutput(logits=logits, cache=cache, observations=observations)
+
+
+def split_layers(weights: ModelWeights) -> tuple[dict[str, jax.Array], ...]:
+    """The block tensors as separate arrays, one dict per layer, for `forward(layer_weights=...)`.
+
+    Call it once, outside jit: it copies the block weights into per-layer buffers.
+    """
+    block = weights.block()
+    layers = next(iter(block.values())).shape[0]
+    return tuple({name: tensor[i] for name, tensor in block.items()} for i in range(layers))
