@@ -121,6 +121,7 @@ def run_lab(
             {
                 "label": label,
                 "execution": execution.to_json(),
+                "system": run.declaration["system"],
                 "recording": n,
                 "cache_run": _file_entry(name, files[name]) | {"id": json.loads(files[name])["id"]},
                 "outcomes": run.outcomes["totals"],
@@ -181,6 +182,8 @@ def replay(record_path: Path) -> dict[str, Any]:
         run = _simulate(execution, documents[arm["recording"]], workload, lab)
         if record_json(run) != recorded:
             raise ApiError(f"record.arms[{i}].cache_run", f"replaying arm {arm['label']!r} gave different bytes")
+        if run.declaration["system"] != arm["system"]:
+            raise ApiError(f"record.arms[{i}].system", "is not the system its controls resolve to")
         if run.outcomes["totals"] != arm["outcomes"]:
             raise ApiError(f"record.arms[{i}].outcomes", "differ from the replayed cache run")
     if _dumps(record) != data:
