@@ -21,9 +21,14 @@ from jgpt.architecture import Architecture
 F32 = jnp.float32
 
 
+def _matmul_precision(dtype) -> jax.lax.Precision | None:
+    """Full float32 products for the float32 baseline (GPUs and TPUs otherwise round operands)."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == F32 else None
+
+
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None, dtype) -> jax.Array:
     """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`."""
-    y = jnp.dot(x.astype(dtype), w.astype(dtype), preferred_element_type=F32)
+    y = jnp.dot(x.astype(dtype), w.astype(dtype), precision=_matmul_precision(dtype), preferred_element_type=F32)
     return y if b is None else y + b
 
 
@@ -128,13 +133,20 @@ def attention(
     K, S = a.kv_heads, keys.shape[1]
     # Query heads are grouped over the key/value heads they share: [B, T, K, G, D].
     q = q.reshape(B, T, K, H // K, D)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.reshape(B, S, K, D).astype(dtype), preferred_element_type=F32)
+    precision = _matmul_precision(dtype)
+    scores = jnp.einsum(
+        "btkgd,bskd->bkgts", q, keys.reshape(B, S, K, D).astype(dtype), precision=precision, preferred_element_type=F32
+    )
     scores = scores / jnp.sqrt(jnp.asarray(D, F32))
     visible = key_positions[:, None, :] <= query_positions[:, :, None]  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, jnp.finfo(F32).min)
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
     mixed = jnp.einsum(
-        "bkgts,bskd->btkgd", weights.astype(dtype), values.reshape(B, S, K, D).astype(dtype), preferred_element_type=F32
+        "bkgts,bskd->btkgd",
+        weights.astype(dtype),
+        values.reshape(B, S, K, D).astype(dtype),
+        precision=precision,
+        preferred_element_type=F32,
     )
     out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
     return out, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
