@@ -57,6 +57,7 @@ def write_report(record_path: Path, out: Path) -> Path:
                         "computations": inspectable.computations},
         "initial": inspectable.initial().to_json(),
         "map": default_inference_map().to_json(),
+        "events": _events_of(record, directory, inspected),
     }
     plots = directory / "plots"
     with tempfile.TemporaryDirectory() as scratch:
@@ -73,6 +74,12 @@ def write_report(record_path: Path, out: Path) -> Path:
 def _image(path: Path, alt: str) -> str:
     encoded = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
+
+
+def _events_of(record: dict[str, Any], directory: Path, request_ids: set[str]) -> list[list[dict[str, Any]]]:
+    """Per arm, the kvsim events of the inspected requests, with their causes."""
+    runs = (json.loads((directory / arm["cache_run"]["path"]).read_bytes()) for arm in record["arms"])
+    return [[event for event in run["events"] if event["request_id"] in request_ids] for run in runs]
 
 
 def _plot_names(record: dict[str, Any]) -> list[str]:
@@ -92,7 +99,7 @@ def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     bodies = {
         "arms": '<div id="arms-table" class="scroll"></div>' + _image(plots / "arms.png", "arms compared"),
-        "kvsim": timelines,
+        "kvsim": '<div id="events-panel"></div>' + timelines,
         "map": _image(plots / "inference-map.png", "inference map") + '<div id="map-list"></div>',
         "contract": f"<dl>{contract}</dl><h3>Sources</h3><ul>{sources}</ul>",
     }
@@ -237,6 +244,17 @@ function renderComputations(r) {
     cols.map(c => '<td>' + esc(fmt(w[c])) + '</td>').join('') + '</tr>').join('') + '</table></div>';
   document.querySelectorAll('#computations-panel tr[data-work]').forEach(el => el.onclick = () => trySelect({computation_index: +el.dataset.work, surface: 'resources'}));
 }
+function renderEvents(r) {
+  const armPicker = $('arm-picker'), arm = armPicker ? +armPicker.value : 0;
+  const events = D.events[arm].filter(e => e.request_id === r.request_id);
+  const cols = ['event_id', 'time_us', 'kind', 'phase', 'state_id', 'bytes', 'device_reserved_bytes', 'host_retained_bytes', 'transfer_direction', 'detail', 'causes'];
+  $('events-panel').innerHTML = '<p>kvsim events of ' + esc(r.request_id) + ' in arm <select id="arm-picker">' +
+    D.summary.arms.map((a, i) => '<option value="' + i + '"' + (i === arm ? ' selected' : '') + '>' + esc(a.label) + '</option>').join('') +
+    '</select> (virtual microseconds; causes name the events that made each happen)</p><div class="scroll" style="max-height:320px;overflow-y:auto"><table id="events"><tr>' +
+    cols.map(c => '<th>' + esc(c) + '</th>').join('') + '</tr>' + events.map(e => '<tr>' + cols.map(c => '<td' + (c === 'kind' || c === 'detail' ? ' class="l"' : '') + '>' +
+    esc(Array.isArray(e[c]) ? e[c].join(' ') : fmt(e[c])) + '</td>').join('') + '</tr>').join('') + '</table></div>';
+  $('arm-picker').onchange = () => renderEvents(r);
+}
 function renderMap() {
   const byId = Object.fromEntries(D.map.nodes.map(n => [n.id, n]));
   $('map-list').innerHTML = '<details><summary>' + D.map.nodes.length + ' nodes, ' + D.map.relationships.length + ' relationships (data)</summary><ul>' +
@@ -245,7 +263,7 @@ function renderMap() {
 function render() {
   const r = requestOf(state.run_id);
   $('state').textContent = 'InspectionState ' + JSON.stringify(state);
-  renderArchitecture(); renderTokens(r); renderPrediction(r); renderAttention(r); renderComputations(r);
+  renderArchitecture(); renderTokens(r); renderPrediction(r); renderAttention(r); renderComputations(r); renderEvents(r);
 }
 function fromHash() {
   const changes = {};

@@ -221,6 +221,8 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     heads = inspected["requests"][0]["attention"][0]["shape"][1]
     assert len(re.findall(r'<canvas class="heatmap" data-head="\d+"', dom)) == heads
     assert re.search(r"<p>after position 4 \(", dom)
+    events = re.search(r'<table id="events">(.*?)</table>', dom).group(1)
+    assert "<td class=\"l\">arrival</td>" in events and "<td class=\"l\">compute_end</td>" in events
     refused = _chromium(tmp_path, "--dump-dom", page.as_uri() + "#position=100000")
     assert re.search(r'role="alert">selection refused: position must be 0\.\.\d+</div>', refused)
     shot = tmp_path / "report.png"
