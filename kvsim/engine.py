@@ -1,9 +1,9 @@
 """The discrete-event engine: RequestScheduling, ComputeService and StateTransfer on one clock.
 
-Virtual time is an integer number of microseconds. Happenings wait in a heap
-ordered by (time, sequence number), so equal times keep the order in which they
-were scheduled: arrivals and customer actions first, in array order, then work
-and transfers in the order they started. Every recorded event names the events
+Virtual time is an integer number of microseconds. Happenings are taken in
+(time, sequence number) order, so equal times keep the order in which they were
+scheduled: arrivals and customer actions first, in array order, then work and
+transfers in the order they started. Every recorded event names the events
 that made it happen (`causes`); nothing is inferred from adjacency.
 
 The mutable state below lives only for one call of `run`; what leaves it is
@@ -113,13 +113,19 @@ class _Engine:
     # -- main loop -------------------------------------------------------
 
     def run(self, requests: list[_Request], actions: list) -> None:
-        for request in requests:
-            self.schedule(request.arrival, _ARRIVE, request)
-        for action in actions:
-            self.schedule(action.at_us, _ACTION, action)
-        heap = self.heap
-        while heap:
-            self.now, _, what, payload = heapq.heappop(heap)
+        # Arrivals and actions are known up front: sorted once, they stay out of the heap, which then
+        # holds only the (at most two) pending completions. Both share one sequence numbering.
+        declared = [(r.arrival, i, _ARRIVE, r) for i, r in enumerate(requests)]
+        declared += [(a.at_us, len(declared) + j, _ACTION, a) for j, a in enumerate(actions)]
+        declared.sort()  # by (time, sequence); sequence numbers are unique, so payloads are never compared
+        self.sequence = len(declared)
+        heap, position = self.heap, 0
+        while position < len(declared) or heap:
+            if heap and (position == len(declared) or heap[0] < declared[position]):
+                self.now, _, what, payload = heapq.heappop(heap)
+            else:
+                self.now, _, what, payload = declared[position]
+                position += 1
             if what == _COMPUTE_END:
                 self.on_compute_end(payload)
             elif what == _ARRIVE:
