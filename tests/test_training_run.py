@@ -138,6 +138,32 @@ def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(un
     assert all(0 <= s["exact_match"] <= 1 for s in report["skills"].values())
 
 
+def test_exact_match_agrees_with_a_naive_full_recompute_greedy_loop(uninterrupted):
+    from inference.execution import ModelExecution
+
+    from jgpt.model import forward
+    from jgpt.tokenizer import Tokenizer
+    from training.corpus import held_out_conversations
+    from training.evaluation import exact_match
+
+    artifact = load_artifact(uninterrupted[0] / "model")
+    tokenizer = Tokenizer.load(artifact.tokenizer_path)
+    held_out = conversation_corpus.split_conversations(5, "development", 4, 101)
+    exercises = held_out_conversations(tokenizer, held_out, 101).exercises
+    naive: dict[str, list[bool]] = {}
+    for exercise in exercises:
+        expected = [*tokenizer.encode_text(exercise.answer), tokenizer.turn_end_id]
+        ids = list(exercise.prompt)
+        for _ in expected:
+            logits = forward(artifact.weights, artifact.architecture, np.asarray([ids], np.int32)).logits
+            ids.append(int(np.argmax(logits[0, -1])))
+        naive.setdefault(exercise.skill, []).append(ids[len(exercise.prompt) :] == expected)
+    report = exact_match(ModelExecution.from_artifact(artifact, tokenizer), tokenizer, exercises)
+    assert {skill: r["exact_match"] for skill, r in report.items()} == {
+        skill: sum(marks) / len(marks) for skill, marks in naive.items()
+    }
+
+
 def bad_input_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     empty = tmp_path / "empty.txt"
     empty.write_text("")

@@ -50,5 +50,7 @@ def evaluate_model(
         "development_bits_per_byte": bits,
     }
     if corpus.exercises:
-        report["skills"] = exact_match(artifact.weights, architecture, tokenizer, corpus.exercises)
+        from inference.execution import ModelExecution
+
+        report["skills"] = exact_match(ModelExecution.from_artifact(artifact, tokenizer), tokenizer, corpus.exercises)
     return report
