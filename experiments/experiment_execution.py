@@ -207,6 +207,7 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
                 "ttft_p90_us": latency["ttft"]["p90"],
                 "e2e_p50_us": latency["e2e"]["p50"],
                 "e2e_p90_us": latency["e2e"]["p90"],
+                "tpot_p50_us": latency["tpot"]["p50"],
                 "queueing_p90_us": latency["queueing"]["p90"],
                 "token_hit_rate": totals["token_hit_rate"],
                 "saved_matmul_flops": totals["saved_matmul_flops"],

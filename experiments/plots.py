@@ -19,10 +19,10 @@ PHASE_COLORS = {"prefill": "#2563eb", "decode": "#16a34a"}
 COMPARED = (
     ("ttft_p50_us", "time to first token p50 (us)"),
     ("e2e_p90_us", "end-to-end p90 (us)"),
+    ("tpot_p50_us", "time per output token p50 (us)"),
     ("token_hit_rate", "reused / prompt positions"),
     ("bytes_host_to_device", "bytes restored from host"),
     ("compute_busy_us", "compute busy (us)"),
-    ("end_us", "last event (us)"),
 )
 
 
