@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture, architecture_from_json
 from jgpt.errors import ApiError
-from jgpt.model import KVBuffers, forward
+from jgpt.model import KVBuffers, forward, split_layers
 from jgpt.ontology import is_admitted
 from jgpt.walkthrough import walkthrough
 from jgpt.weights import BLOCK_NAMES, ModelWeights, check_weights, initialize, parameter_count
@@ -258,3 +258,15 @@ def test_walkthrough_stages_are_owned_by_admitted_concepts_and_inspect_real_obse
     # Residual additions keep both branches explicit.
     assert all(len(s.inputs) == 2 for s in stages if s.owner == "ResidualAddition")
     assert walkthrough(architecture).to_json()["stages"][0]["owner"] == owners[0]
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_split_layers_gives_the_scanned_result(name):
+    architecture = ARCHITECTURES[name]
+    ids = random_ids((2, 7), architecture.vocabulary, seed=4)
+    cache = KVBuffers.empty(architecture, 2, 10)
+    scanned = FORWARD(weights_of(name), architecture, ids, cache=cache, observe=True)
+    split = FORWARD(weights_of(name), architecture, ids, cache=cache, observe=True, layer_weights=split_layers(weights_of(name)))
+    for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(split)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert [(r.stage, r.layer) for r in scanned.observations.records] == [(r.stage, r.layer) for r in split.observations.records]
