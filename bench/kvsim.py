@@ -9,6 +9,7 @@ separately from the simulation (the record is serialized up to 10,000 requests;
 at 100,000 it is over a gigabyte of JSON).
 
     python bench/kvsim.py [--sizes 1000 10000 100000] [--policy serialized|continuous_batching]
+    python bench/kvsim.py --why-batch    # both policies on a workload that saturates serialized service
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != 
 
 from kvsim import parse_system, record_chunks, simulate  # noqa: E402
 from kvsim.analytic import AnalyticModel, analytic_computations  # noqa: E402
-from kvsim.synthetic import conversations  # noqa: E402
+from kvsim.synthetic import ConversationMix, conversations  # noqa: E402
 
 MODEL = AnalyticModel(layers=4, width=128, ffn=512, vocabulary=260, precision_bytes=4)
 TARGET_S = 30.0
@@ -44,11 +45,35 @@ def system(policy: str) -> dict:
     }
 
 
+def why_batch() -> None:
+    """Conversations arriving fast enough to saturate serialized service, under both policies."""
+    items = conversations(2_000, seed=0, mix=ConversationMix(mean_gap_us=60, think_us=(500, 2_000)))
+    computations = analytic_computations(MODEL, items, "why batch")
+    print("2,000 requests, a conversation every 60 us on average; virtual microseconds")
+    print(
+        f"{'policy':<20} {'busy':>6} {'end':>8} {'TTFT p50':>9} {'p99':>7} {'per token p50':>14} {'e2e p50':>8} {'p99':>7}"
+    )
+    for policy in ("serialized", "continuous_batching"):
+        config = system(policy)
+        config["scheduling"]["max_active_requests"] = 16
+        config["kv_cache"] = {"device_kv_bytes": 64 * 2**20, "host_kv_bytes": 256 * 2**20}
+        totals = simulate(parse_system(config), computations).outcomes["totals"]
+        latency = totals["latency_us"]
+        print(
+            f"{policy:<20} {totals['compute_busy_fraction']:>6.1%} {totals['end_us']:>8} "
+            f"{latency['ttft']['p50']:>9} {latency['ttft']['p99']:>7} {latency['tpot']['p50']:>14} "
+            f"{latency['e2e']['p50']:>8} {latency['e2e']['p99']:>7}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--policy", default="serialized", choices=["serialized", "continuous_batching"])
+    parser.add_argument("--why-batch", action="store_true", help="instead: both policies on a saturating workload")
     args = parser.parse_args()
+    if args.why_batch:
+        return why_batch()
     config = parse_system(system(args.policy))
     print(f"kvsim bench: policy {args.policy}, model {MODEL}")
     print(
