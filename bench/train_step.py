@@ -6,7 +6,7 @@ embeddings) with global-norm clipping, on the same batch shape of random byte
 tokens. Each side runs warm-up steps, then timed steps; the figure is tokens
 per second over the median step time.
 
-    python bench/train_step.py [--steps 20] [--only small|large]
+    python bench/train_step.py [--steps 20] [--only small|large] [--scan] [--torch-compile]
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--only", choices=sorted(SHAPES))
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile of the peer")
+    parser.add_argument("--scan", action="store_true", help="also time jgpt with a rolled layer scan (unroll=1)")
     args = parser.parse_args()
     print(f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} device(s); "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads")  # fmt: skip
@@ -164,6 +165,8 @@ def main() -> None:
         if args.torch_compile:
             peers["torch compile"] = torch_step(shape, compiled=True)
         results = {"jgpt": median_step_seconds(jgpt_step(shape, unroll=True), args.warmup, args.steps)}
+        if args.scan:
+            results["jgpt scan"] = median_step_seconds(jgpt_step(shape, unroll=1), args.warmup, args.steps)
         results |= {name: median_step_seconds(step, args.warmup, args.steps) for name, step in peers.items()}
         for name, seconds in results.items():
             print(f"  {name:<14} {seconds * 1e3:8.1f} ms/step  {tokens / seconds:10,.0f} tokens/s")

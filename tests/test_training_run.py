@@ -123,6 +123,7 @@ def test_provenance_is_complete_and_its_data_hash_reproduces_from_the_generator(
         k: v for k, v in now.items() if k.startswith("training/")
     }
     assert "training/step.py" in provenance["source_sha256"] and "jgpt/model.py" in provenance["source_sha256"]
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(uninterrupted, capsys):

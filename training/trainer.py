@@ -149,6 +149,8 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
                 "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.steps,
                                                           config.final_learning_rate_fraction)(step - 1)),
                 "tokens_per_second": tokens_per_step * (step - clock_step) / elapsed,
+                # CPU seconds this process has used: on a shared machine, a fairer cost than wall time.
+                "process_cpu_seconds": time.process_time(),
             }  # fmt: skip
             clock, clock_step = time.perf_counter(), step
             bar.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_second']:,.0f}")
