@@ -1,8 +1,9 @@
 """Import a GPT-2 or Llama model a user already has in Hugging Face format.
 
-Reads a local directory holding `config.json` and `model.safetensors` (and, if
-present, `tokenizer.json`) with the safetensors numpy reader, so neither torch nor
-transformers is needed, and nothing is downloaded. Hugging Face stores GPT-2
+Reads a local directory holding `config.json`, `model.safetensors` (or the shards
+named by `model.safetensors.index.json`) and, if present, `tokenizer.json`, with the
+safetensors numpy reader, so neither torch nor transformers is needed, and nothing
+is downloaded. Hugging Face stores GPT-2
 projections as `[in, out]` (its Conv1D) and Llama projections as `[out, in]`
 (nn.Linear); both become ModelWeights' `[in, out]` with the layer axis stacked.
 A head tied to the embedding is copied; GPT-2's missing lm bias becomes zeros.
@@ -96,7 +97,7 @@ class _Tensors:
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._tensors:
-            raise ApiError("model.safetensors", f"has no tensor {name!r}")
+            raise ApiError("safetensors", f"the model files hold no tensor {name!r}")
         return np.asarray(self._tensors[name], dtype=np.float32)
 
     def stacked(self, layers: int, name: Callable[[int], str], transpose: bool = False) -> np.ndarray:
@@ -162,15 +163,32 @@ _FAMILIES = {
 _MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
+def _weight_files(directory: Path) -> list[Path]:
+    """model.safetensors, or the shards its index names (as save_pretrained writes large models)."""
+    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as error:
+            raise ApiError(index.name, f"is not a safetensors index: {error}") from None
+        missing = [name for name in shards if not (directory / name).is_file()]
+        if missing:
+            raise ApiError(index.name, f"names {missing[0]}, which {directory} does not hold")
+        return [directory / name for name in shards]
+    raise ApiError("directory", f"{directory} has no model.safetensors (nor model.safetensors.index.json)")
+
+
 def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, InitializationProvenance]:
     """Architecture, weights and import provenance of a local Hugging Face model directory."""
     from safetensors.numpy import load_file
 
     directory = Path(directory)
-    config_path, weights_path = directory / "config.json", directory / "model.safetensors"
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise ApiError("directory", f"{directory} has no {path.name}")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ApiError("directory", f"{directory} has no config.json")
+    weight_files = _weight_files(directory)
     try:
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as error:
@@ -180,15 +198,15 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
         raise ApiError("config.json:model_type", f"{config.get('model_type')!r} is not one of {', '.join(_MODEL_TYPES)}")
     read_architecture, read_weights, prefix = _FAMILIES[family]
     architecture = read_architecture(config)
-    try:
-        tensors = load_file(weights_path)
-    except Exception as error:  # safetensors raises its own error types for damaged files
-        raise ApiError("model.safetensors", f"cannot be read: {error}") from None
+    tensors = {}
+    for path in weight_files:
+        try:
+            tensors |= load_file(path)
+        except Exception as error:  # safetensors raises its own error types for damaged files
+            raise ApiError(path.name, f"cannot be read: {error}") from None
     weights = ModelWeights.from_dict(read_weights(architecture, _Tensors(tensors, prefix)))
-    source_sha256 = hashlib.sha256(weights_path.read_bytes()).hexdigest()
-    provenance = InitializationProvenance(
-        initializer=f"huggingface:{family}:model.safetensors:sha256:{source_sha256}", kind="import", seed=None
-    )
+    sources = ",".join(f"{path.name}:sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}" for path in weight_files)
+    provenance = InitializationProvenance(initializer=f"huggingface:{family}:{sources}", kind="import", seed=None)
     return architecture, weights, provenance
 
 

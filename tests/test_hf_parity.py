@@ -130,6 +130,21 @@ def test_unsupported_configurations_are_refused_naming_the_setting(tmp_path):
     assert error.value.field == "directory"
 
 
+def test_sharded_checkpoints_import_to_the_same_weights(tmp_path):
+    model = save_perturbed("llama-gqa-theta", tmp_path / "single")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    _, single, _ = convert(tmp_path / "single")
+    _, sharded, provenance = convert(tmp_path / "sharded")
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+        np.testing.assert_array_equal(a, b)
+    assert provenance.initializer.count(":sha256:") > 1
+    next((tmp_path / "sharded").glob("model-*.safetensors")).unlink()
+    with pytest.raises(ApiError) as error:
+        convert(tmp_path / "sharded")
+    assert error.value.field == "model.safetensors.index.json"
+
+
 def test_import_hf_command_reports_bad_input_in_one_line(tmp_path, capsys):
     assert jgpt(["import-hf", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
