@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -196,7 +195,7 @@ def draw(inference_map: InferenceMap, path: Path) -> Path:
         node = by_id[node_id]
         ax.text(
             x * column, y, node.owner, ha="left", va="center", fontsize=8, zorder=3,
-            bbox=dict(boxstyle="round,pad=0.3", fc=_VIEW_COLORS[node.view], ec="#374151", lw=0.6),
+            bbox={"boxstyle": "round,pad=0.3", "fc": _VIEW_COLORS[node.view], "ec": "#374151", "lw": 0.6},
         )
     handles = [plt.Rectangle((0, 0), 1, 1, fc=color, ec="#374151") for color in _VIEW_COLORS.values()]
     ax.legend(handles, list(_VIEW_COLORS), loc="upper right", fontsize=7, title="view", title_fontsize=7)

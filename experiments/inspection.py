@@ -68,7 +68,7 @@ class Inspectable:
             changes.setdefault("computation_index", 0)
         unknown = set(changes) - {f.name for f in dataclasses.fields(InspectionState)}
         if unknown:
-            raise ApiError(sorted(unknown)[0], "is not an InspectionState field")
+            raise ApiError(min(unknown), "is not an InspectionState field")
         return self.check(dataclasses.replace(state, **changes))
 
     def check(self, state: InspectionState) -> InspectionState:

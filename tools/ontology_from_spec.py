@@ -29,9 +29,7 @@ def _items(text: str) -> list[str]:
     are joined by ', ', and when they start with capitals a comma before a
     lowercase word belongs to the item ("payloads, owned by InferenceResponse").
     """
-    text = text.strip()
-    if text.endswith("."):
-        text = text[:-1]
+    text = text.strip().removesuffix(".")
     if "., " in text:
         parts = text.split("., ")
     elif text[:1].isupper():
