@@ -24,13 +24,15 @@ from inference.policy import check_prompt
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState, StateIdentity
-from jgpt.model import forward
+from jgpt.model import forward, split_layers
 from jgpt.tokenizer import TURN_END_ID
 from jgpt.weights import ModelWeights
 
 MIN_BUCKET = 16
-# Layers unrolled inside each step: on XLA CPU this is markedly faster than a scan (bench/decode.py).
-DEFAULT_UNROLL = True
+# How the layers run inside a step: straight-line code over per-layer weight arrays ("split"), or a
+# scan over the stacked tensors with this unroll. On XLA CPU "split" is much faster (bench/decode.py).
+SPLIT = "split"
+DEFAULT_UNROLL = SPLIT
 
 
 def bucket(n: int, limit: int) -> int:
@@ -45,6 +47,7 @@ def advance(
     window_ids: jax.Array,  # int32 [B, W]: row b's new ids first, padding after
     counts: jax.Array,  # int32 [B]: new ids per row, 0 <= counts <= W
     unroll: int | bool,
+    layer_weights: tuple[dict[str, jax.Array], ...] | None = None,
 ) -> tuple[jax.Array, KVState]:
     """Logits [B, V] of each row's last new id, and the state extended by the new ids.
 
@@ -54,7 +57,9 @@ def advance(
     """
     W = window_ids.shape[1]
     positions = state.lengths[:, None] + jnp.arange(W, dtype=jnp.int32)  # [B, W]
-    out = forward(weights, architecture, window_ids, positions=positions, cache=state.buffers, unroll=unroll)
+    out = forward(
+        weights, architecture, window_ids, positions=positions, cache=state.buffers, unroll=unroll, layer_weights=layer_weights
+    )
     last = jnp.maximum(counts - 1, 0)
     logits = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0]  # [B, V]
     write = lambda row, ids, slots: row.at[slots].set(ids, mode="drop")
@@ -71,8 +76,8 @@ _advance = jax.jit(advance, static_argnames=("architecture", "unroll"))
 
 
 @functools.partial(jax.jit, static_argnames=("architecture", "unroll"))
-def _full_prefix_logits(weights, architecture, token_ids, unroll):
-    return forward(weights, architecture, token_ids, unroll=unroll).logits
+def _full_prefix_logits(weights, architecture, token_ids, unroll, layer_weights):
+    return forward(weights, architecture, token_ids, unroll=unroll, layer_weights=layer_weights).logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +88,10 @@ class ModelExecution:
     architecture: Architecture
     identity: StateIdentity
     turn_end_id: int = TURN_END_ID
-    unroll: int | bool = DEFAULT_UNROLL
+    unroll: int | bool | str = DEFAULT_UNROLL  # SPLIT, or the layer scan's unroll
 
     @classmethod
-    def from_artifact(cls, artifact, tokenizer, unroll: int | bool = DEFAULT_UNROLL) -> ModelExecution:
+    def from_artifact(cls, artifact, tokenizer, unroll: int | bool | str = DEFAULT_UNROLL) -> ModelExecution:
         """Bind a loaded ModelArtifact; its states carry the checkpoint's and the tokenizer's identity."""
         identity = StateIdentity(
             checkpoint_sha256=artifact.checkpoint_sha256,
@@ -94,6 +99,14 @@ class ModelExecution:
             precision=artifact.architecture.precision,
         )
         return cls(artifact.weights, artifact.architecture, identity, tokenizer.turn_end_id, unroll)
+
+    @functools.cached_property
+    def layer_weights(self) -> tuple[dict[str, jax.Array], ...] | None:
+        return split_layers(self.weights) if self.unroll == SPLIT else None
+
+    @property
+    def scan_unroll(self) -> int | bool:
+        return 1 if self.unroll == SPLIT else self.unroll
 
     @functools.cached_property
     def costs(self) -> WorkCosts:
@@ -145,7 +158,7 @@ class ModelExecution:
     def advance(self, state: KVState, window_ids, counts) -> tuple[jax.Array, KVState]:
         """The jitted work: `counts[b]` ids of `window_ids[b]` processed after row b's prefix."""
         window_ids, counts = jnp.asarray(window_ids, jnp.int32), jnp.asarray(counts, jnp.int32)
-        return _advance(self.weights, self.architecture, state, window_ids, counts, self.unroll)
+        return _advance(self.weights, self.architecture, state, window_ids, counts, self.scan_unroll, self.layer_weights)
 
     def decode(self, state: KVState, token_ids: Sequence[int]) -> tuple[jax.Array, KVState]:
         """Process one id per row after the row's prefix: logits [B, V] and the continued state."""
@@ -168,7 +181,7 @@ class ModelExecution:
         ids = np.zeros((len(sequences), bucket(longest, self.architecture.context)), np.int32)
         for b, sequence in enumerate(sequences):
             ids[b, : len(sequence)] = sequence
-        logits = _full_prefix_logits(self.weights, self.architecture, jnp.asarray(ids), self.unroll)
+        logits = _full_prefix_logits(self.weights, self.architecture, jnp.asarray(ids), self.scan_unroll, self.layer_weights)
         return np.asarray(logits)[:, :longest]
 
 

@@ -51,7 +51,7 @@ def stop_codes(xp, selected_id, selected, budget, prefix_length, context, turn_e
 @functools.partial(
     jax.jit, static_argnames=("architecture", "steps", "turn_end_id", "keep_logits", "unroll"), donate_argnames="state"
 )
-def _decode_loop(weights, architecture, state, first_logits, budget, *, steps, turn_end_id, keep_logits, unroll):
+def _decode_loop(weights, layer_weights, architecture, state, first_logits, budget, *, steps, turn_end_id, keep_logits, unroll):
     """Select and process ids until every row stops. Returns (output ids [B, steps], selected [B],
     stop codes [B], logits [B, steps, V] or None, final state)."""
     B = first_logits.shape[0]
@@ -69,7 +69,7 @@ def _decode_loop(weights, architecture, state, first_logits, budget, *, steps, t
     def step(carry):
         state, last, selected, stop, outputs, logits_seen = carry
         active = (stop == 0).astype(jnp.int32)
-        logits, state = advance(weights, architecture, state, last[:, None], active, unroll)
+        logits, state = advance(weights, architecture, state, last[:, None], active, unroll, layer_weights)
         chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         rows = jnp.arange(B)
         column = jnp.where(active == 1, selected, steps)  # out of range: dropped for stopped rows
@@ -175,8 +175,9 @@ def generate(
 
 def _run_loop(execution, state, window_ids, counts, budgets, keep_logits, observe_step, run_id, requests):
     loop = functools.partial(
-        _decode_loop, execution.weights, execution.architecture, steps=bucket(int(budgets.max()), 1 << 30),
-        turn_end_id=execution.turn_end_id, keep_logits=keep_logits, unroll=execution.unroll,
+        _decode_loop, execution.weights, execution.layer_weights, execution.architecture,
+        steps=bucket(int(budgets.max()), 1 << 30), turn_end_id=execution.turn_end_id, keep_logits=keep_logits,
+        unroll=execution.scan_unroll,
     )  # fmt: skip
     budgets = jnp.asarray(budgets)
     # Compile both programs first (a budget of one ends the loop at once), so times exclude compilation.
@@ -242,7 +243,7 @@ def _observe(execution, state, window, counts, run_id, requests, step):
     positions = state.lengths[:, None] + jnp.arange(window.shape[1], dtype=jnp.int32)
     out = _observed_forward(
         execution.weights, execution.architecture, window, positions=positions, cache=state.buffers, observe=True,
-        unroll=execution.unroll,
+        unroll=execution.scan_unroll, layer_weights=execution.layer_weights,
     )  # fmt: skip
     return {
         b: tensor_observations(
