@@ -78,7 +78,7 @@ def _record(argv: list[str]) -> int:
 
     execution, tokenizer = _load(args.model)
     requests = read_workload(document, tokenizer)
-    computations = record(execution, requests, reference=not args.no_reference, kind=document["kind"])
+    computations = record(execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"])
     write_document(computations, args.out)
     works = sum(len(r["computations"]) for r in computations["requests"])
     print(f"recorded {len(requests)} requests, {works} works -> {args.out}", file=sys.stderr)

@@ -61,11 +61,15 @@ def record(
     execution: ModelExecution,
     requests: Sequence[InferenceRequest],
     *,
+    tokenizer: Tokenizer | None = None,
     reference: bool = True,
     timing: str = "step",
     kind: str = "requests",
 ) -> dict[str, Any]:
-    """Run every request (one at a time, in order) and return the recorded computation document."""
+    """Run every request (one at a time, in order) and return the recorded computation document.
+
+    With the tokenizer, each request also records `output_token_bytes`: the text bytes of each output id.
+    """
     a = execution.architecture
     for request in requests:  # refuse a bad workload before running any of it
         check_prompt(request.prompt_ids, a.vocabulary, a.context, f"request {request.request_id!r}: prompt_ids")
@@ -78,7 +82,10 @@ def record(
         (response,) = generation.responses
         final = generation.state
         retained += [final.replace(lengths=jnp.asarray([len(request.prompt_ids)], jnp.int32)), final]
-        documents.append(_request_document(execution, request, response))
+        document = _request_document(execution, request, response)
+        if tokenizer is not None:
+            document["output_token_bytes"] = [len(tokenizer.pieces[t]) for t in response.output_ids]
+        documents.append(document)
     identity = execution.identity
     return {
         "format": FORMAT,

@@ -50,7 +50,7 @@ def document(artifact_dir):
     from inference.commands import _load
 
     execution, tokenizer = _load(str(artifact_dir))
-    return record(execution, read_workload(WORKLOAD, tokenizer))
+    return record(execution, read_workload(WORKLOAD, tokenizer), tokenizer=tokenizer)
 
 
 def analytic_matmul_flops(a, start: int, stop: int) -> int:
@@ -224,3 +224,14 @@ def generate_ids(artifact_dir, prompt, budget):
     execution, _ = _load(str(artifact_dir))
     (response,) = generate(execution, [InferenceRequest("x", prompt, GenerationPolicy(budget))]).responses
     return [t for t in response.output_ids if t != execution.turn_end_id]
+
+
+def test_kvsim_reads_the_document(document):
+    from kvsim.recorded import parse_document
+
+    parsed = parse_document(json.loads(json.dumps(document)))
+    assert [r.request_id for r in parsed.requests] == ["a", "b", "c"]
+    for request, recorded in zip(document["requests"], parsed.requests):
+        reused = request["computations"][0]["reused_positions"]
+        assert recorded.prefill_cost(reused)[0] == request["computations"][0]["matmul_flops"]
+        assert recorded.output_token_bytes == tuple(1 if t < 256 else 0 for t in request["output_ids"])
