@@ -44,7 +44,7 @@ class TrainingConfig:
     # Training window in tokens; at most architecture.context. None means architecture.context.
     context: int | None = None
     seed: int = 0
-    steps: int = 3000
+    steps: int = 3500
     batch_size: int = 32
     learning_rate: float = 3e-3
     warmup_steps: int = 100
@@ -53,7 +53,7 @@ class TrainingConfig:
     beta1: float = 0.9
     beta2: float = 0.98
     clip_norm: float = 1.0
-    log_every: int = 10
+    log_every: int = 50
     eval_every: int = 250
     checkpoint_every: int = 250
     selection: str = "best_development_loss"

@@ -48,12 +48,12 @@ def _word(rng: random.Random, alphabet: str, low: int, high: int) -> str:
 
 
 def reverse(rng: random.Random) -> Exchange:
-    word = _word(rng, LETTERS, 3, 5)
+    word = _word(rng, LETTERS, 3, 4)
     return Exchange("reverse", f"reverse {word}", word[::-1])
 
 
 def sort(rng: random.Random) -> Exchange:
-    word = _word(rng, LETTERS, 3, 5)
+    word = _word(rng, LETTERS, 3, 4)
     return Exchange("sort", f"sort {word}", "".join(sorted(word)))
 
 
@@ -63,7 +63,7 @@ def add(rng: random.Random) -> Exchange:
 
 
 def count(rng: random.Random) -> Exchange:
-    word = _word(rng, COUNT_LETTERS, 3, 6)
+    word = _word(rng, COUNT_LETTERS, 3, 5)
     letter = rng.choice(COUNT_LETTERS)
     return Exchange("count", f"count {letter} in {word}", str(word.count(letter)))
 
@@ -80,7 +80,7 @@ SKILLS = (*TASKS, "recall")
 def store_and_recall(rng: random.Random) -> tuple[Exchange, Exchange]:
     """A value stored in an early turn and asked for in the last one: recall across turns."""
     name = rng.choice(STORE_NAMES)
-    value = _word(rng, LETTERS, 3, 5)
+    value = _word(rng, LETTERS, 3, 4)
     return Exchange(None, f"store {name} {value}", "ok"), Exchange("recall", f"get {name}", value)
 
 
