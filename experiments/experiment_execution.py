@@ -219,7 +219,8 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
             }
         )
     lab = record["lab"]
-    return {"lab": lab["id"], "question": lab["question"], "record": record["id"], "arms": rows}
+    models = [{k: m[k] for k in ("model_id", "checkpoint_sha256")} for m in record["bindings"]["models"]]
+    return {"lab": lab["id"], "question": lab["question"], "record": record["id"], "models": models, "arms": rows}
 
 
 def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab: ExperimentDesign):
