@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference.evidence import DECODE, PREFILL, CacheComputation, GenerationWork, TensorObservation, tensor_observations
+from inference.evidence import DECODE, PREFILL, CacheComputation, GenerationWork, tensor_observations
 from inference.execution import ModelExecution, advance, bucket
 from inference.policy import STOP_BUDGET, STOP_CONTEXT, STOP_TURN_END, InferenceRequest
-from inference.response import RunOutcome, TokenSelection
+from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
 from jgpt.model import forward
@@ -84,21 +84,6 @@ def _decode_loop(weights, layer_weights, architecture, state, first_logits, budg
     carry = (state, first, one, stop, outputs, logits_seen)
     state, _, selected, stop, outputs, logits_seen = jax.lax.while_loop(running, step, carry)
     return outputs, selected, stop, logits_seen, state
-
-
-@dataclasses.dataclass(frozen=True)
-class InferenceResponse:
-    """What one request produced, with the evidence of every work it executed."""
-
-    request_id: str
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]  # every selected id, TURN_END included
-    published_ids: tuple[int, ...]  # every selected id except TURN_END
-    outcome: RunOutcome
-    selections: tuple[TokenSelection, ...]
-    computations: tuple[CacheComputation, ...]
-    work: GenerationWork
-    observations: tuple[TensorObservation, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

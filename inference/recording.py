@@ -18,8 +18,9 @@ import jax.numpy as jnp
 
 from inference.backend import ExecutionBackend, ExecutionProvenance
 from inference.execution import ModelExecution
-from inference.generation import InferenceResponse, generate
+from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest, check_prompt
+from inference.response import InferenceResponse
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
 from jgpt.tokenizer import Tokenizer, Turn, turns_from_json, write_atomically

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from inference.evidence import CacheComputation, GenerationWork, TensorObservation
 from inference.policy import GREEDY, STOP_TURN_END
 
 
@@ -51,3 +52,18 @@ class RunOutcome:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceResponse:
+    """What one request produced, with the evidence of every work it executed."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]  # every selected id, TURN_END included
+    published_ids: tuple[int, ...]  # every selected id except TURN_END
+    outcome: RunOutcome
+    selections: tuple[TokenSelection, ...]
+    computations: tuple[CacheComputation, ...]
+    work: GenerationWork
+    observations: tuple[TensorObservation, ...] = ()
