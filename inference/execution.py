@@ -29,6 +29,7 @@ from jgpt.tokenizer import TURN_END_ID
 from jgpt.weights import ModelWeights
 
 MIN_BUCKET = 16
+CAPACITY_STEP = 64
 # How the layers run inside a step: straight-line code over per-layer weight arrays ("split"), or a
 # scan over the stacked tensors with this unroll. On XLA CPU "split" is much faster (bench/decode.py).
 SPLIT = "split"
@@ -38,6 +39,14 @@ DEFAULT_UNROLL = SPLIT
 def bucket(n: int, limit: int) -> int:
     """The smallest power of two >= n (at least MIN_BUCKET), but never more than `limit`."""
     return min(limit, max(MIN_BUCKET, 1 << max(0, n - 1).bit_length()))
+
+
+def capacity_bucket(n: int, limit: int) -> int:
+    """Cache slots for n positions: powers of two up to CAPACITY_STEP, then multiples of it (at most `limit`).
+
+    Finer than powers of two because every decode step attends over all slots of the buffer.
+    """
+    return bucket(n, limit) if n <= CAPACITY_STEP else min(limit, -(-n // CAPACITY_STEP) * CAPACITY_STEP)
 
 
 def advance(
@@ -134,13 +143,13 @@ class ModelExecution:
         longest = max(map(len, prompts))
         capacity = max(capacity, longest)
         if state is None:
-            state, reused = self.empty_state(len(prompts), bucket(capacity, a.context)), [0] * len(prompts)
+            state, reused = self.empty_state(len(prompts), capacity_bucket(capacity, a.context)), [0] * len(prompts)
         else:
             self.check_state(state)
             if state.batch != len(prompts):
                 raise ApiError("state", f"holds {state.batch} rows for {len(prompts)} prompts")
             reused = [_reusable(prefix, prompt) for prefix, prompt in zip(state.prefixes(), prompts)]
-            state = state.with_capacity(bucket(capacity, a.context))
+            state = state.with_capacity(capacity_bucket(capacity, a.context))
             state = state.replace(lengths=jnp.asarray(reused, jnp.int32))
         counts = [len(p) - r for p, r in zip(prompts, reused)]
         window_ids = np.zeros((len(prompts), bucket(max(counts), a.context)), np.int32)
@@ -172,7 +181,7 @@ class ModelExecution:
         longest = int(jnp.max(state.lengths))
         if longest >= a.context:
             raise ApiError("state", f"already holds {longest} positions, the model's whole context")
-        state = state.with_capacity(bucket(longest + 1, a.context))
+        state = state.with_capacity(capacity_bucket(longest + 1, a.context))
         return self.advance(state, np.asarray(token_ids)[:, None], np.ones(state.batch))
 
     def full_prefix_logits(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:

@@ -118,9 +118,10 @@ def generate(
         raise ApiError("timing", f"unknown value {timing!r}; choose loop or step")
     if observe_step is not None or on_select is not None:
         timing = "step"
-    a = execution.architecture
     prompts = [r.prompt_ids for r in requests]
     budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
+    if observe_step is not None and not 0 <= observe_step < budgets.max():
+        raise ApiError("observe", f"step {observe_step} is outside 0..{budgets.max() - 1}, the steps the budget allows")
     # Slots for every position a row can process: its prompt and all selections but the last.
     capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
     work_state, window_ids, counts, reused = execution.window(prompts, state, capacity)

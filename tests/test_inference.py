@@ -9,8 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from inference.execution import ModelExecution, decode, prefill
+from inference.execution import CAPACITY_STEP, ModelExecution, bucket, capacity_bucket, decode, prefill
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
@@ -210,3 +212,16 @@ def test_decode_refuses_unknown_ids_and_a_full_context(gpt):
         gpt.decode(state, [5])
     with pytest.raises(ApiError, match="max_new_tokens"):
         GenerationPolicy(0)
+    with pytest.raises(ApiError, match="observe"):
+        generate(gpt, requests([3]), observe_step=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 4096), limit=st.integers(1, 4096))
+def test_buckets_hold_what_fits_and_take_few_values(n, limit):
+    for size in (bucket(n, limit), capacity_bucket(n, limit)):
+        assert size <= limit and (size >= n or size == limit)
+    assert bucket(n, limit) == limit or bucket(n, limit) & (bucket(n, limit) - 1) == 0
+    capacity = capacity_bucket(n, limit)
+    assert capacity in (limit, bucket(n, limit)) or capacity % CAPACITY_STEP == 0
+    assert capacity < n + CAPACITY_STEP
