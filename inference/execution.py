@@ -69,8 +69,11 @@ def advance(
     out = forward(
         weights, architecture, window_ids, positions=positions, cache=state.buffers, unroll=unroll, layer_weights=layer_weights
     )
-    last = jnp.maximum(counts - 1, 0)
-    logits = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0]  # [B, V]
+    if W == 1:  # a decode step
+        logits = out.logits[:, 0]  # [B, V]
+    else:
+        last = jnp.maximum(counts - 1, 0)
+        logits = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0]
     write = lambda row, ids, slots: row.at[slots].set(ids, mode="drop")
     state = state.replace(
         keys=out.cache.keys,
@@ -134,10 +137,12 @@ class ModelExecution:
     def window(self, prompts: Sequence[Sequence[int]], state: KVState | None, capacity: int = 0):
         """The state to extend (reusing each row's exact prefix) and the window of new ids per row.
 
-        Returns (state, window_ids [B, W], counts [B], reused [B]) as host values; the
-        state is a new value sized to hold `capacity` positions (at least the prompts).
+        Returns (state, window_ids [B, W], counts [B], reused [B]); the state is a new
+        value sized to hold `capacity` positions (at least the prompts).
         """
         a = self.architecture
+        if not prompts:
+            raise ApiError("prompt_ids", "no prompt given")
         for b, prompt in enumerate(prompts):
             check_prompt(prompt, a.vocabulary, a.context, f"prompt_ids[{b}]" if len(prompts) > 1 else "prompt_ids")
         longest = max(map(len, prompts))
@@ -195,15 +200,18 @@ class ModelExecution:
 
 
 def prefill(weights, architecture, token_ids, *, identity: StateIdentity, state: KVState | None = None):
-    """`prefill(weights, architecture, token_ids) -> (logits, KVState)` for one prompt or a batch of them."""
-    prompts = [token_ids] if token_ids and isinstance(token_ids[0], (int, np.integer)) else token_ids
-    return ModelExecution(weights, architecture, identity).prefill(prompts, state)
+    """`prefill(weights, architecture, token_ids) -> (logits, KVState)` for one prompt or a batch of them.
+
+    The functional form scans the stacked layers; bind a ModelExecution for repeated, faster use.
+    """
+    single = len(token_ids) == 0 or isinstance(token_ids[0], (int, np.integer))
+    return ModelExecution(weights, architecture, identity, unroll=1).prefill([token_ids] if single else token_ids, state)
 
 
 def decode(weights, architecture, state: KVState, token_id):
     """`decode(weights, architecture, KVState, token_id) -> (logits, KVState)`; one id, or one per row."""
     token_ids = [token_id] if isinstance(token_id, (int, np.integer)) else list(token_id)
-    return ModelExecution(weights, architecture, state.identity).decode(state, token_ids)
+    return ModelExecution(weights, architecture, state.identity, unroll=1).decode(state, token_ids)
 
 
 def _reusable(prefix: tuple[int, ...], prompt: Sequence[int]) -> int:

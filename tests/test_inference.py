@@ -214,6 +214,8 @@ def test_decode_refuses_unknown_ids_and_a_full_context(gpt):
         GenerationPolicy(0)
     with pytest.raises(ApiError, match="observe"):
         generate(gpt, requests([3]), observe_step=3)
+    with pytest.raises(ApiError, match="empty"):
+        prefill(gpt.weights, gpt.architecture, [], identity=IDENTITY)
 
 
 @settings(max_examples=200, deadline=None)
