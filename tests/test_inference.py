@@ -74,6 +74,8 @@ def test_cached_decode_matches_full_prefix_recompute_at_every_step(execution, ba
             assert error <= TOLERANCE
             assert computation.reference_max_abs_error <= TOLERANCE
             assert selection.selected_id == int(np.argmax(selection.raw_logits))
+            assert np.isclose(selection.probabilities.sum(), 1.0, atol=1e-5)
+            assert int(np.argmax(selection.probabilities)) == selection.selected_id
             sequence.append(selection.selected_id)
         assert response.outcome.selected_tokens == request.generation.max_new_tokens
 
