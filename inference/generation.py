@@ -125,11 +125,15 @@ def generate(
     # Slots for every position a row can process: its prompt and all selections but the last.
     capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
     work_state, window_ids, counts, reused = execution.window(prompts, state, capacity)
-    keep_logits = reference or scores
-
-    run = functools.partial(_run_steps, on_select=on_select) if timing == "step" else _run_loop
-    ran = run(execution, work_state, window_ids, counts, budgets, keep_logits, observe_step, run_id, requests)
-    outputs, stop, logits, seconds, final_state, observed = ran
+    plan = _Plan(work_state, window_ids, counts, budgets, keep_logits=reference or scores)
+    if timing == "step":
+        observe = None
+        if observe_step is not None:
+            observe = functools.partial(_observe, execution, run_id=run_id, requests=requests, step=observe_step)
+        ran = _run_steps(execution, plan, observe_step, observe, on_select)
+    else:
+        ran = _run_loop(execution, plan)
+    outputs, logits = ran.output_ids, ran.logits
 
     references = None
     if reference:
@@ -142,7 +146,7 @@ def generate(
         if references is not None:
             last_prompt = len(prompts[b]) - 1
             errors = [float(np.max(np.abs(references[b, last_prompt + k] - logits[b][k]))) for k in range(n)]
-        computations = _computations(execution, request, outputs[b], reused[b], seconds[b], errors, timing)
+        computations = _computations(execution, request, outputs[b], reused[b], ran.seconds[b], errors, timing)
         selections = tuple(
             TokenSelection(selected_id=t) if not scores else _scored(t, logits[b][k]) for k, t in enumerate(outputs[b])
         )
@@ -151,27 +155,48 @@ def generate(
             InferenceResponse(
                 request_id=request.request_id, prompt_ids=tuple(request.prompt_ids), output_ids=output_ids,
                 published_ids=tuple(t for t in output_ids if t != execution.turn_end_id),
-                outcome=RunOutcome.of(output_ids, int(budgets[b]), stop[b], execution.turn_end_id),
+                outcome=RunOutcome.of(output_ids, int(budgets[b]), ran.stop_reasons[b], execution.turn_end_id),
                 selections=selections, computations=computations, work=GenerationWork.total(computations),
-                observations=observed.get(b, ()),
+                observations=ran.observations.get(b, ()),
             )
         )  # fmt: skip
-    return Generation(tuple(responses), final_state)
+    return Generation(tuple(responses), ran.state)
 
 
-def _run_loop(execution, state, window_ids, counts, budgets, keep_logits, observe_step, run_id, requests):
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a run executes: the state to extend, each row's window of new prompt ids, and the budgets."""
+
+    state: KVState
+    window_ids: np.ndarray  # [B, W]
+    counts: np.ndarray  # [B] new ids per row
+    budgets: np.ndarray  # [B]
+    keep_logits: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    output_ids: list[list[int]]  # per row
+    stop_reasons: list[str]
+    logits: list | None  # per row, [selected, V], when kept
+    seconds: list[list[float]]  # per row, per work
+    state: KVState
+    observations: dict  # row -> TensorObservations
+
+
+def _run_loop(execution: ModelExecution, plan: _Plan) -> _Run:
     loop = functools.partial(
         _decode_loop, execution.weights, execution.layer_weights, execution.architecture,
-        steps=bucket(int(budgets.max()), 1 << 30), turn_end_id=execution.turn_end_id, keep_logits=keep_logits,
-        unroll=execution.scan_unroll,
+        steps=bucket(int(plan.budgets.max()), 1 << 30), turn_end_id=execution.turn_end_id,
+        keep_logits=plan.keep_logits, unroll=execution.scan_unroll,
     )  # fmt: skip
-    budgets = jnp.asarray(budgets)
+    budgets = jnp.asarray(plan.budgets)
     # Compile both programs first (a budget of one ends the loop at once), so times exclude compilation.
-    warm_logits, warm_state = execution.advance(state, window_ids, counts)
+    warm_logits, warm_state = execution.advance(plan.state, plan.window_ids, plan.counts)
     jax.block_until_ready(loop(warm_state, warm_logits, jnp.ones_like(budgets)))
 
     started = time.perf_counter()
-    first_logits, state = execution.advance(state, window_ids, counts)
+    first_logits, state = execution.advance(plan.state, plan.window_ids, plan.counts)
     first_logits.block_until_ready()
     prefill_seconds = time.perf_counter() - started
     started = time.perf_counter()
@@ -179,23 +204,27 @@ def _run_loop(execution, state, window_ids, counts, budgets, keep_logits, observ
     per_step = (time.perf_counter() - started) / max(1, int(selected.max()) - 1)
     outputs, selected, stop, logits = jax.device_get((outputs, selected, stop, logits))
     rows = range(len(budgets))
-    ids = [[int(t) for t in outputs[b, : selected[b]]] for b in rows]
-    seconds = [[prefill_seconds] + [per_step] * (int(selected[b]) - 1) for b in rows]
-    logits = None if logits is None else [logits[b, : selected[b]] for b in rows]
-    return ids, [STOP_REASONS[c] for c in stop], logits, seconds, state, {}
+    return _Run(
+        output_ids=[[int(t) for t in outputs[b, : selected[b]]] for b in rows],
+        stop_reasons=[STOP_REASONS[c] for c in stop],
+        logits=None if logits is None else [logits[b, : selected[b]] for b in rows],
+        seconds=[[prefill_seconds] + [per_step] * (int(selected[b]) - 1) for b in rows],
+        state=state,
+        observations={},
+    )
 
 
-def _run_steps(execution, state, window_ids, counts, budgets, keep_logits, observe_step, run_id, requests, on_select):
+def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on_select) -> _Run:
     """The loop's steps, one jitted work per call, each timed from dispatch to ready (compiled beforehand)."""
-    B = len(budgets)
-    prefix_length = np.asarray(state.lengths) + counts
+    B = len(plan.budgets)
+    state, window, active = plan.state, plan.window_ids, plan.counts
+    prefix_length = np.asarray(state.lengths) + active
     ids, logits, seconds = ([[] for _ in range(B)] for _ in range(3))
     stop = np.zeros(B, np.int64)
-    observed, compiled = {}, set()
-    window, active = window_ids, counts
+    observations, compiled = {}, set()
     for step in itertools.count():
         if step == observe_step:
-            observed = _observe(execution, state, window, active, run_id, requests, step)
+            observations = observe(state, window, active)
         if window.shape not in compiled:
             jax.block_until_ready(execution.advance(state, window, active))
             compiled.add(window.shape)
@@ -211,19 +240,20 @@ def _run_steps(execution, state, window_ids, counts, budgets, keep_logits, obser
             if on_select is not None:
                 on_select(int(b), int(chosen[b]))
         selected = np.asarray([len(r) for r in ids])
-        new_stop = stop_codes(np, chosen, selected, budgets, prefix_length, execution.architecture.context, execution.turn_end_id)
+        a = execution.architecture
+        new_stop = stop_codes(np, chosen, selected, plan.budgets, prefix_length, a.context, execution.turn_end_id)
         stop = np.where(active > 0, new_stop, stop)
         if np.all(stop != 0):
             break
         active = (stop == 0).astype(np.int32)
         window = np.asarray([r[-1] for r in ids], np.int32)[:, None]
-    return ids, [STOP_REASONS[c] for c in stop], logits if keep_logits else None, seconds, state, observed
+    return _Run(ids, [STOP_REASONS[c] for c in stop], logits if plan.keep_logits else None, seconds, state, observations)
 
 
 _observed_forward = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"))
 
 
-def _observe(execution, state, window, counts, run_id, requests, step):
+def _observe(execution, state, window, counts, *, run_id, requests, step):
     """Run one work again with observation on, from the state before it; each active row's tensors."""
     window = jnp.asarray(window, jnp.int32)
     positions = state.lengths[:, None] + jnp.arange(window.shape[1], dtype=jnp.int32)
