@@ -34,6 +34,7 @@ import numpy as np
 
 from jgpt.architecture import Architecture, architecture_from_json
 from jgpt.errors import ApiError
+from jgpt.identity import file_sha256, sha256_json
 from jgpt.weights import ModelWeights, abstract_weights, check_weights, parameter_count
 
 FORMAT = "jgpt-artifact-v1"
@@ -54,16 +55,6 @@ def checkpoint_sha256(weights: ModelWeights) -> str:
     return digest.hexdigest()
 
 
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +170,7 @@ def save_artifact(
             "tokenizer_format": None if tokenizer is None else TOKENIZER_FORMAT,
             "assets": [asset.to_json() for asset in _assets(staging)],
         }
-        manifest["manifest_sha256"] = hashlib.sha256(canonical_json(manifest)).hexdigest()
+        manifest["manifest_sha256"] = sha256_json(manifest)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it private; an artifact is meant to be shared
         if path.exists():
@@ -201,7 +192,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise ApiError("manifest_sha256", f"{path / MANIFEST} is not a JSON object")
     claimed = manifest.pop("manifest_sha256", None)
-    actual = hashlib.sha256(canonical_json(manifest)).hexdigest()
+    actual = sha256_json(manifest)
     if claimed != actual:
         raise ApiError("manifest_sha256", f"{path / MANIFEST} was changed: content hashes to {actual}, it claims {claimed}")
     if manifest.get("format") != FORMAT:

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,7 @@ import tokenizers
 
 from jgpt.encoding import Encoding, Span, control_span, text_spans
 from jgpt.errors import ApiError
+from jgpt.identity import sha256_json, write_atomically
 
 ROLES = ("system", "user", "assistant")
 BYTE_COUNT = 256
@@ -354,12 +354,6 @@ def normalize(text: str, field_name: str) -> str:
     return normalized
 
 
-def sha256_json(value: Any) -> str:
-    """SHA-256 of the canonical JSON (sorted keys, no spaces, ASCII with \\u escapes),
-    the same form jgpt.artifact hashes manifests in."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
-
 
 def turns_from_json(value: Any, field_name: str = "turns") -> tuple[Turn, ...]:
     """Turns from a parsed JSON list of {"role", "text"} objects."""
@@ -382,18 +376,6 @@ def turns_from_json(value: Any, field_name: str = "turns") -> tuple[Turn, ...]:
             raise ApiError(f"{where}.{error.field}", error.reason) from None
     return tuple(turns)
 
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file next to path, then rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def _json_type(value: Any) -> str:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 
 from jgpt.errors import ApiError
+from jgpt.identity import write_atomically
 from kvsim import analytic, traces
 from kvsim.cache_run import first_difference, read_record, record_chunks, record_json, rerun, run_id, simulate
 from kvsim.inputs import load_input, read_bytes
@@ -67,19 +65,6 @@ def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
             raise ApiError(f"--{name.replace('_', '-')}", "must be positive")
     return analytic.AnalyticModel(args.layers, args.width, args.ffn, args.vocabulary, args.precision_bytes)
 
-
-def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> None:
-    """Write next to the target, then rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.writelines([data] if isinstance(data, bytes) else data)
-        os.chmod(temporary, 0o644)  # mkstemp creates 0600; a record is meant to be shared
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def _json_bytes(value) -> bytes:

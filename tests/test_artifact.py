@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -14,10 +13,11 @@ import numpy as np
 import pytest
 
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.artifact import canonical_json, checkpoint_sha256, load_artifact, save_artifact
+from jgpt.artifact import checkpoint_sha256, load_artifact, save_artifact
 from jgpt.catalog import DEFAULT_CATALOG, load_model, read_catalog, resolve_model
 from jgpt.cli import main as jgpt
 from jgpt.errors import ApiError
+from jgpt.identity import sha256_json
 from jgpt.tokenizer import Tokenizer
 from jgpt.weights import initialize, parameter_count
 
@@ -49,7 +49,7 @@ def rewrite_manifest(path: Path, **changes) -> None:
     manifest = json.loads((path / "manifest.json").read_text())
     manifest.pop("manifest_sha256")
     manifest.update(changes)
-    manifest["manifest_sha256"] = hashlib.sha256(canonical_json(manifest)).hexdigest()
+    manifest["manifest_sha256"] = sha256_json(manifest)
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 

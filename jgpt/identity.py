@@ -1,0 +1,56 @@
+"""Identities and safe writes shared by every layer: canonical JSON, SHA-256, atomic files.
+
+Manifests, encodings, run configurations and records are identified by the SHA-256
+of one canonical JSON form, so two writers never disagree about an identity. Cheap to
+import (no jax): kvsim and the command line use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no spaces, ASCII with \\u escapes, no NaN: one byte string per value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def sha256_json(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def source_hashes(packages: Iterable[str]) -> dict[str, str]:
+    """SHA-256 of every Python file under the given top-level packages, by repository path."""
+    files = sorted(path for package in packages for path in (REPOSITORY / package).rglob("*.py"))
+    return {path.relative_to(REPOSITORY).as_posix(): file_sha256(path) for path in files}
+
+
+def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write next to the target, then rename: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.writelines([data] if isinstance(data, bytes) else data)
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
