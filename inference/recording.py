@@ -23,7 +23,8 @@ from inference.policy import GenerationPolicy, InferenceRequest, check_prompt
 from inference.response import InferenceResponse
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
-from jgpt.tokenizer import Tokenizer, Turn, turns_from_json, write_atomically
+from jgpt.identity import write_atomically
+from jgpt.tokenizer import Tokenizer, Turn, turns_from_json
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1
