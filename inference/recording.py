@@ -22,8 +22,8 @@ from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest, check_prompt
 from inference.response import InferenceResponse
 from jgpt.errors import ApiError
-from jgpt.kv_state import KVState
 from jgpt.identity import write_atomically
+from jgpt.kv_state import KVState
 from jgpt.tokenizer import Tokenizer, Turn, turns_from_json
 
 FORMAT = "jgpt-recorded-computations"
