@@ -31,6 +31,7 @@ _AXES = {
     "logits": ("position", "vocabulary"),
 }
 
+
 @dataclasses.dataclass(frozen=True)
 class CacheComputation:
     """One executed forward work of one request, with its analytic counts and measured time."""
