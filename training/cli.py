@@ -69,7 +69,7 @@ def train_command(prog: str, argv: list[str]) -> int:
 
 def eval_command(prog: str, argv: list[str]) -> int:
     parser = _Parser(prog=prog, description="Development loss and held-out exact match of a model.")
-    parser.add_argument("--model", default="default", help="catalog id or artifact directory (default: the catalog default)")
+    parser.add_argument("--model", help="catalog id or artifact directory (default: the catalog's default model)")
     parser.add_argument("--data", help="UTF-8 text file: evaluate on its development part instead of the conversations")
     parser.add_argument("--development-fraction", type=float, default=0.1)
     parser.add_argument("--conversations", type=int, default=500, help="held-out conversations to generate")

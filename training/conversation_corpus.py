@@ -1,7 +1,7 @@
 """The built-in corpus: deterministic multi-turn conversations over learnable skills.
 
-A conversation opens with the same system turn, stores a named value, asks two
-skill exercises and ends by recalling the stored value, so every
+A conversation opens with the same system turn, stores a named value, asks one
+or two skill exercises and ends by recalling the stored value, so every
 conversation shares a prefix with every other and each assistant turn extends
 the prefix of the one before: the reuse pattern a KV cache exploits.
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from training.skills import TASKS, Exchange, Split, drawn_in, store_and_recall_in
 
 SYSTEM_TEXT = "you are jgpt."
-TASKS_PER_CONVERSATION = 2
+MAX_TASKS = 2
 # Framing adds a role marker and TURN_END to every turn.
 FRAMING_TOKENS_PER_TURN = 2
 
@@ -77,7 +77,7 @@ def conversation(rng: random.Random, split: Split, max_tokens: int) -> Conversat
     """One conversation whose framed byte length fits `max_tokens`; exercises are dropped to fit."""
     store, recall = store_and_recall_in(split, rng)
     names = sorted(TASKS)
-    tasks = [drawn_in(split, TASKS[rng.choice(names)], rng) for _ in range(TASKS_PER_CONVERSATION)]
+    tasks = [drawn_in(split, TASKS[rng.choice(names)], rng) for _ in range(rng.randint(1, MAX_TASKS))]
     while True:
         candidate = Conversation(SYSTEM_TEXT, (store, *tasks, recall))
         if candidate.byte_length() <= max_tokens or not tasks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from jgpt.catalog import load_model
+from jgpt.catalog import load_model, read_catalog
 from jgpt.errors import ApiError
 from jgpt.tokenizer import Tokenizer
 from training import conversation_corpus, sharding
@@ -14,13 +14,18 @@ from training.step import make_development_step
 
 
 def evaluate_model(
-    model: str, *, data: str | None, development_fraction: float, conversations: int, seed: int | None
+    model: str | None, *, data: str | None, development_fraction: float, conversations: int, seed: int | None
 ) -> dict:
     """Development loss and bits per byte; for conversations also exact match per skill."""
     if not 0 < development_fraction < 1:
         raise ApiError("development_fraction", f"must be in (0, 1), got {development_fraction}")
     if conversations <= 0:
         raise ApiError("conversations", f"must be a positive integer, got {conversations}")
+    if model is None:
+        default = read_catalog().default
+        if default is None:
+            raise ApiError("model", "the catalog has no default model; name one with --model")
+        model = default.id
     artifact = load_model(model)
     if artifact.tokenizer_path is None:
         raise ApiError("model", f"{model} has no tokenizer to encode evaluation data with")
