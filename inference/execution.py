@@ -29,7 +29,7 @@ from jgpt.tokenizer import TURN_END_ID
 from jgpt.weights import ModelWeights
 
 MIN_BUCKET = 16
-CAPACITY_STEP = 64
+CAPACITY_STEP = 32
 # How the layers run inside a step: straight-line code over per-layer weight arrays ("split"), or a
 # scan over the stacked tensors with this unroll. On XLA CPU "split" is much faster (bench/decode.py).
 SPLIT = "split"
