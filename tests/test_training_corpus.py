@@ -29,6 +29,8 @@ def expected_answer(request: str, stored: dict[str, str]) -> str:
     """An independent reading of each request, from its text alone."""
     if m := re.fullmatch(r"reverse ([a-z]+)", request):
         return m[1][::-1]
+    if m := re.fullmatch(r"sort ([a-z]+)", request):
+        return "".join(sorted(m[1]))
     if m := re.fullmatch(r"add (\d+)\+(\d+)", request):
         return str(int(m[1]) + int(m[2]))
     if m := re.fullmatch(r"count ([a-z]) in ([a-z]+)", request):
@@ -48,7 +50,7 @@ def test_every_answer_is_right_and_every_skill_occurs(corpus):
         for exchange in conversation.exchanges:
             assert exchange.answer == expected_answer(exchange.request, stored)
             skills.add(exchange.skill)
-    assert skills == {None, "reverse", "add", "count", "recall"}
+    assert skills == {None, "reverse", "sort", "add", "count", "recall"}
 
 
 def test_splits_share_no_request_and_every_conversation_shares_the_system_prefix(corpus):

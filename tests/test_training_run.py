@@ -134,7 +134,7 @@ def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(un
     provenance = load_artifact(out / "model").provenance
     assert report["development_loss"] == pytest.approx(provenance["development_loss"], rel=1e-6)
     assert report["development_bits_per_byte"] > 0
-    assert set(report["skills"]) == {"reverse", "add", "count", "recall"}
+    assert set(report["skills"]) == {"reverse", "sort", "add", "count", "recall"}
     assert report["skills"]["recall"]["exercises"] == TINY["development_conversations"]
     assert all(0 <= s["exact_match"] <= 1 for s in report["skills"].values())
 

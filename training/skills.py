@@ -52,6 +52,11 @@ def reverse(rng: random.Random) -> Exchange:
     return Exchange("reverse", f"reverse {word}", word[::-1])
 
 
+def sort(rng: random.Random) -> Exchange:
+    word = _word(rng, LETTERS, 3, 4)
+    return Exchange("sort", f"sort {word}", "".join(sorted(word)))
+
+
 def add(rng: random.Random) -> Exchange:
     a, b = rng.randrange(10, 100), rng.randrange(10)
     return Exchange("add", f"add {a}+{b}", str(a + b))
@@ -65,6 +70,7 @@ def count(rng: random.Random) -> Exchange:
 
 TASKS: dict[str, Callable[[random.Random], Exchange]] = {
     "reverse": reverse,
+    "sort": sort,
     "add": add,
     "count": count,
 }
