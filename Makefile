@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean chromium
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jgpt needs Python 3.11 or newer")'
@@ -21,7 +21,12 @@ $(VENV)/.test: pyproject.toml $(VENV)/.runtime
 demo: $(VENV)/.runtime
 	$(BIN)/python -m jgpt.demo
 
-test: $(VENV)/.test
+# The report test renders the HTML report in headless Chromium (Debian's package).
+chromium:
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the report test"; \
+	  $$([ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq chromium >/dev/null'; }
+
+test: $(VENV)/.test chromium
 	$(BIN)/python -m pytest -q -n 2
 
 bench: $(VENV)/.test
