@@ -52,7 +52,7 @@ def train_command(prog: str, argv: list[str]) -> int:
 
     result = train(config, resume=args.resume, progress=not args.quiet)
     artifact = save_artifact(
-        result.run.model, config.model_architecture, result.weights, result.provenance, result.corpus.tokenizer,
+        result.run.model.absolute(), config.model_architecture, result.weights, result.provenance, result.corpus.tokenizer,
         overwrite=True,
     )  # fmt: skip
     summary = {
