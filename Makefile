@@ -19,7 +19,7 @@ $(VENV)/.test: pyproject.toml $(VENV)/.runtime
 	touch $@
 
 demo: $(VENV)/.runtime
-	$(BIN)/python -m jgpt.demo
+	$(BIN)/python -m experiments demo
 
 # The report test renders the HTML report in headless Chromium (Debian's package).
 chromium:

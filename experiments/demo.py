@@ -1,7 +1,8 @@
 """The main job, end to end: answers from the default checkpoint, the default lab, its report.
 
 `python -m experiments demo [--out DIR]` (what `make demo` runs):
-1. generate answers with the catalog's default model for GenerationDefaults' built-in prompts;
+1. show how the first built-in prompt becomes token ids, then generate answers with the
+   catalog's default model for GenerationDefaults' built-in prompts;
 2. run the default lab (model -> recorded computations -> kvsim, every arm) and replay its record;
 3. write the self-contained HTML report and print where it is.
 """
@@ -26,6 +27,7 @@ def main(command: str, argv: list[str]) -> int:
     from experiments.recording import record_workload
     from jgpt.artifact import TOKENIZER
     from jgpt.catalog import resolve_model
+    from jgpt.commands.tokenize import render
     from jgpt.tokenizer import Tokenizer
 
     lab = default_catalog().lab(args.lab)
@@ -36,6 +38,9 @@ def main(command: str, argv: list[str]) -> int:
     print(f"== answers from {model['model_id']} (checkpoint {model['checkpoint_sha256'][:12]}) ==")
     tokenizer_file = resolve_model(model["model_id"]) / TOKENIZER
     tokenizer = Tokenizer.load(tokenizer_file) if tokenizer_file.is_file() else Tokenizer.bytes_only()
+    first = defaults.workload.requests[0]
+    print(f"the prompt of {first.request_id!r}, framed into token ids (every id explained by its span):")
+    print(render(tokenizer.encode_turns(first.turns, open_turn="assistant"), tokenizer) + "\n")
     for request, recorded in zip(defaults.workload.requests, recording.document["requests"]):
         answer = tokenizer.decode([i for i in recorded["output_ids"] if i != tokenizer.turn_end_id]).text
         print(f"  {request.text!r:28} -> {answer!r}  [{recorded['outcome']['stop_reason']}]")

@@ -20,7 +20,7 @@ from experiments.experiment_execution import replay, summary
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
 from experiments.plots import draw_plots
-from jgpt.tokenizer import write_atomically
+from jgpt.identity import write_atomically
 
 SECTIONS = (
     ("overview", "Question and bindings"),

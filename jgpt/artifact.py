@@ -143,7 +143,7 @@ def save_artifact(
     file, or None for a model without one. `provenance` is an InitializationProvenance,
     a TrainingProvenance, or its JSON object.
     """
-    path = Path(path)
+    path = Path(path).absolute()  # orbax accepts absolute paths only
     check_weights(weights, architecture)
     if path.exists() and not overwrite:
         raise ApiError("out", f"{path} already exists")
@@ -215,7 +215,7 @@ def _verify_assets(path: Path, manifest: Mapping[str, Any]) -> tuple[ModelAsset,
 
 def load_artifact(path: str | os.PathLike) -> ModelArtifact:
     """Read an artifact, verifying manifest, assets, tokenizer and the canonical weights identity."""
-    path = Path(path)
+    path = Path(path).absolute()
     manifest = _read_manifest(path)
     assets = _verify_assets(path, manifest)
     tokenizer_sha256 = manifest["tokenizer_sha256"]

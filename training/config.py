@@ -9,7 +9,6 @@ with the same hash prepare the same checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from jgpt.architecture import Architecture, architecture_from_json
 from jgpt.errors import ApiError
+from jgpt.identity import sha256_json
 
 SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
@@ -119,7 +119,7 @@ class TrainingConfig:
     @property
     def preparation_run_sha256(self) -> str:
         preparation = {k: v for k, v in self.to_json().items() if k not in LOCATION_FIELDS}
-        return hashlib.sha256(canonical_json(preparation)).hexdigest()
+        return sha256_json(preparation)
 
     def replace(self, **changes: Any) -> TrainingConfig:
         return from_json({**self.to_json(), **changes})
@@ -132,9 +132,6 @@ def _is_number(value: Any) -> bool:
 def _plain(value: Any) -> Any:
     return dict(value) if isinstance(value, Mapping) else value
 
-
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def from_json(document: Any) -> TrainingConfig:

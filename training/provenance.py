@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from pathlib import Path
 from typing import Any
 
-import jgpt
-import training
+from jgpt.identity import source_hashes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +33,4 @@ class TrainingProvenance:
 
 def source_sha256() -> dict[str, str]:
     """SHA-256 of every Python file of the training package and of the model core it trains."""
-    files = [*Path(training.__file__).parent.glob("*.py"), *Path(jgpt.__file__).parent.glob("*.py")]
-    root = Path(training.__file__).parent.parent
-    return {
-        path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(files)
-    }
+    return source_hashes(("training", "jgpt"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +20,14 @@ import orbax.checkpoint as ocp
 from tqdm import tqdm
 
 from jgpt.errors import ApiError
+from jgpt.identity import canonical_json, write_atomically
 from jgpt.weights import ModelWeights, initialize
 from training import corpus as corpora
 from training import metrics, optimizer, sharding
-from training.config import TrainingConfig, canonical_json, from_json
+from training.config import TrainingConfig, from_json
 from training.evaluation import DEVELOPMENT_BATCH, development_loss
 from training.provenance import TrainingProvenance, source_sha256
-from training.step import TrainState, make_development_step, make_train_step, start
+from training.step import make_development_step, make_train_step, start
 
 # Mixed into the run seed so the data stream and the initialization draw independent keys.
 DATA_STREAM = 1
@@ -80,9 +80,7 @@ def _check_run_directory(run: RunDirectory, config: TrainingConfig, resume: bool
 
 
 def _write_json(path: Path, value) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_bytes(canonical_json(value))
-    os.replace(temporary, path)
+    write_atomically(path, canonical_json(value))
 
 
 def _checkpoint_manager(run: RunDirectory) -> ocp.CheckpointManager:
