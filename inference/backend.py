@@ -30,8 +30,8 @@ class ExecutionBackend:
         device = jax.devices()[0]
         return cls(
             compute_device=f"{device.platform}: {device.device_kind} ({jax.device_count()} device(s))",
-            device_state_storage=f"XLA {device.platform} buffers, preallocated [layers, batch, slots, kv_width], "
-            "updated in place inside the jitted loop",
+            device_state_storage=f"XLA {device.platform} buffers, preallocated "
+            "[layers, batch, kv_heads, slots, head_dim], updated in place inside the jitted loop",
             host_state_storage="none: states stay in device buffers between requests",
             library=f"jax {jax.__version__}, jaxlib {jaxlib.__version__}",
             precision=precision,

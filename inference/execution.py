@@ -127,7 +127,7 @@ class ModelExecution:
 
     def empty_state(self, batch: int, capacity: int) -> KVState:
         a = self.architecture
-        return KVState.empty(self.identity, a.layers, batch, capacity, a.kv_width)
+        return KVState.empty(self.identity, a.layers, batch, capacity, a.kv_heads, a.head_dim)
 
     def check_state(self, state: KVState) -> None:
         if not isinstance(state, KVState):

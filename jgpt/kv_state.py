@@ -1,8 +1,10 @@
 """KVState: the immutable keys and values of a processed prefix, bound to its identity.
 
-A KVState is a pytree. Its array leaves are the model's K/V buffers
-(`[layers, B, S, kv_width]`, slot = absolute position), the token ids that produced
-them (`[B, S]`) and each row's prefix length (`[B]`); slots at or beyond a row's
+A KVState is a pytree. Its array leaves are the model's K/V buffers, stored
+head-major (`[layers, B, kv_heads, S, head_dim]`, slot = absolute position: the
+order attention reads them in; `channels()` gives the design's
+`[layers, B, S, kv_width]` view), the token ids that produced them (`[B, S]`) and
+each row's prefix length (`[B]`); slots at or beyond a row's
 length hold nothing meaningful and the model never lets a query see them. Its
 static fields are the identity the spec binds a state to: the checkpoint, the
 tokenizer and the precision. Because identities are static, a state passes
@@ -37,8 +39,8 @@ class StateIdentity:
 
 @struct.dataclass
 class KVState:
-    keys: jax.Array  # [layers, B, S, kv_width]
-    values: jax.Array  # [layers, B, S, kv_width]
+    keys: jax.Array  # [layers, B, kv_heads, S, head_dim]
+    values: jax.Array  # [layers, B, kv_heads, S, head_dim]
     token_ids: jax.Array  # int32 [B, S]; row b is meaningful in [0, lengths[b])
     lengths: jax.Array  # int32 [B]: processed positions per row
     checkpoint_sha256: str = struct.field(pytree_node=False)
@@ -46,8 +48,10 @@ class KVState:
     precision: str = struct.field(pytree_node=False)
 
     @classmethod
-    def empty(cls, identity: StateIdentity, layers: int, batch: int, capacity: int, kv_width: int) -> KVState:
-        shape = (layers, batch, capacity, kv_width)
+    def empty(
+        cls, identity: StateIdentity, layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int
+    ) -> KVState:
+        shape = (layers, batch, kv_heads, capacity, head_dim)
         dtype = jnp.dtype(identity.precision)
         return cls(
             keys=jnp.zeros(shape, dtype),
@@ -64,6 +68,12 @@ class KVState:
     @property
     def buffers(self) -> KVBuffers:
         return KVBuffers(keys=self.keys, values=self.values)
+
+    def channels(self) -> tuple[jax.Array, jax.Array]:
+        """Keys and values by layer, row, slot and channel: each [layers, B, S, kv_width],
+        channel = head * head_dim + d (the model's key and value projection order)."""
+        by_channel = lambda x: jnp.moveaxis(x, 2, 3).reshape(*x.shape[:2], x.shape[3], -1)
+        return by_channel(self.keys), by_channel(self.values)
 
     @property
     def batch(self) -> int:
@@ -93,7 +103,7 @@ class KVState:
         if extra <= 0:
             return self
         grow = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])
-        return self.replace(keys=grow(self.keys, 2), values=grow(self.values, 2), token_ids=grow(self.token_ids, 1))
+        return self.replace(keys=grow(self.keys, 3), values=grow(self.values, 3), token_ids=grow(self.token_ids, 1))
 
     def require_identity(self, identity: StateIdentity) -> None:
         """Refuse a state made by another checkpoint, tokenizer or precision, naming the field."""

@@ -35,7 +35,13 @@ from jgpt.weights import ModelWeights
 
 @struct.dataclass
 class KVBuffers:
-    """Keys and values by layer and slot, slot = absolute position: each [layers, B, S, kv_width]."""
+    """Keys and values by layer, row, head and slot (slot = absolute position): [layers, B, kv_heads, S, head_dim].
+
+    Head-major, so that every head's keys and values are one [S, head_dim] matrix that
+    attention's products read as stored. With the heads inside the channels
+    ([layers, B, S, kv_width]) XLA on CPU copied every layer's keys and values into
+    that order at every decode step.
+    """
 
     keys: jax.Array
     values: jax.Array
@@ -43,8 +49,9 @@ class KVBuffers:
     @classmethod
     def empty(cls, architecture: Architecture, batch: int, slots: int) -> KVBuffers:
         """Zeroed buffers in the architecture's compute dtype, for `slots` positions per row."""
-        shape = (architecture.layers, batch, slots, architecture.kv_width)
-        dtype = jnp.dtype(architecture.precision)
+        a = architecture
+        shape = (a.layers, batch, a.kv_heads, slots, a.head_dim)
+        dtype = jnp.dtype(a.precision)
         # Two distinct buffers, so that a jitted step may donate both.
         return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype))
 
@@ -100,7 +107,7 @@ def forward(
 ) -> ForwardOutput:
     """Logits for token_ids [B, T] at absolute positions [B, T] (default 0..T-1 in every row).
 
-    With `cache` (buffers [layers, B, S, kv_width], slot = absolute position) the new
+    With `cache` (buffers [layers, B, kv_heads, S, head_dim], slot = absolute position) the new
     keys and values are written into their slots and every query attends causally to
     slots <= its position; the returned cache holds the write. Without one the block
     attends among the given tokens only and returns their keys and values (S = T).
@@ -118,13 +125,13 @@ def forward(
     dtype = jnp.dtype(a.precision)
     if cache is not None:
         chex.assert_equal_shape([cache.keys, cache.values])
-        chex.assert_shape(cache.keys, (a.layers, B, None, a.kv_width))
+        chex.assert_shape(cache.keys, (a.layers, B, a.kv_heads, None, a.head_dim))
 
     position_vectors = learned_positions(weights.position_embedding, positions) if a.position == "learned" else None
     x = embedding(weights.token_embedding, token_ids, position_vectors)  # [B, T, C]
     # With a cache every slot is visible up to its own position; without one, the
     # given tokens are the keys, at their own positions.
-    key_positions = positions if cache is None else jnp.arange(cache.keys.shape[2])[None, :]
+    key_positions = positions if cache is None else jnp.arange(cache.keys.shape[3])[None, :]
 
     def block(carry, layer):
         h, buffers = carry
@@ -145,7 +152,7 @@ def forward(
         if observe:
             by_stage = dict(ln1=h1, attention=mixed, residual1=h2, ln2=h3, feed_forward=ff, residual2=out)
             stages = {name: t.reshape(B, T, -1) for name, t in by_stage.items()}
-            stages |= {"query": q, "key": k.reshape(B, T, a.kv_heads, a.head_dim), "attention_weights": attention_weights}
+            stages |= {"query": q, "key": k.transpose(0, 2, 1, 3), "attention_weights": attention_weights}
         return (out, buffers), (new, stages)
 
     if layer_weights is None:

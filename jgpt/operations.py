@@ -4,7 +4,8 @@ Embedding, PositionEncoding, Normalization, Attention, ResidualAddition, FeedFor
 and OutputProjection are the spec's operation identities; `model.forward` composes
 them. Token activations stay two-dimensional, `[N, C]` with N = B*T, around dense
 projections (one large matmul per projection is what XLA on CPU runs fastest);
-attention alone reshapes to heads.
+attention alone reshapes to heads, and keys and values are head-major `[B, K, T, D]`
+like the cache they are written into.
 
 Precision: `dtype` is the compute dtype of matmul operands. Products accumulate
 in float32 and the residual stream, normalization statistics, softmax and logits
@@ -86,7 +87,7 @@ def feed_forward(x: jax.Array, w: dict[str, jax.Array], architecture: Architectu
 def query_key_value(
     x: jax.Array, w: dict[str, jax.Array], positions: jax.Array, architecture: Architecture, dtype
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Project [N, C] to queries [B, T, H, D], keys and values [B, T, K*D] (compute dtype).
+    """Project [N, C] to queries [B, T, H, D] and head-major keys and values [B, K, T, D] (compute dtype).
 
     Rotary positions, where declared, rotate the queries and keys here.
     """
@@ -95,21 +96,24 @@ def query_key_value(
     H, K, D = a.heads, a.kv_heads, a.head_dim
     q = dense(x, w["query"], w.get("query_bias"), dtype).reshape(B, T, H, D)
     k = dense(x, w["key"], w.get("key_bias"), dtype).reshape(B, T, K, D)
-    v = dense(x, w["value"], w.get("value_bias"), dtype).reshape(B, T, K * D)
+    v = dense(x, w["value"], w.get("value_bias"), dtype).reshape(B, T, K, D)
     if a.position == "rope":
         q = rotary_positions(q, positions, a.rope_theta)
         k = rotary_positions(k, positions, a.rope_theta)
-    return q.astype(dtype), k.reshape(B, T, K * D).astype(dtype), v.astype(dtype)
+    head_major = lambda t: t.transpose(0, 2, 1, 3).astype(dtype)
+    return q.astype(dtype), head_major(k), head_major(v)
 
 
 def write_slots(buffer: jax.Array, layer: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
-    """buffer[layer, b, slots[b, t]] = new[b, t]; slots past the buffer are dropped.
+    """buffer[layer, b, :, slots[b, t]] = new[b, :, t]; slots past the buffer are dropped.
 
-    buffer: [L, B, S, K*D]; new: [B, T, K*D]; slots: [B, T]. A scatter into the whole
+    buffer: [L, B, K, S, D]; new: [B, K, T, D]; slots: [B, T]. A scatter into the whole
     stacked buffer, which XLA performs in place when the buffer is donated.
     """
-    rows = jnp.broadcast_to(jnp.arange(buffer.shape[1])[:, None], slots.shape)
-    return buffer.at[layer, rows, slots].set(new.astype(buffer.dtype), mode="drop")
+    B, K, T, _ = new.shape
+    rows = jnp.arange(B)[:, None, None]  # [B, 1, 1]
+    heads = jnp.arange(K)[None, :, None]  # [1, K, 1]
+    return buffer.at[layer, rows, heads, slots[:, None, :]].set(new.astype(buffer.dtype), mode="drop")
 
 
 def attention(
@@ -124,30 +128,31 @@ def attention(
 ) -> tuple[jax.Array, jax.Array]:
     """Causal softmax attention: a query at position p mixes the values of keys at positions <= p.
 
-    q: [B, T, H, D]; keys, values: [B, S, K*D]; query_positions: [B, T];
+    q: [B, T, H, D]; keys, values: [B, K, S, D] (head-major); query_positions: [B, T];
     key_positions: [B or 1, S]. Keys at later positions (including unwritten cache
     slots) are invisible. Returns (output [B*T, C], weights [B, T, H, S]).
     """
     a = architecture
     B, T, H, D = q.shape
-    K, S = a.kv_heads, keys.shape[1]
-    # Query heads are grouped over the key/value heads they share: [B, T, K, G, D].
-    q = q.reshape(B, T, K, H // K, D)
+    K, S = a.kv_heads, keys.shape[2]
+    G = H // K
     precision = _matmul_precision(dtype)
-    scores = jnp.einsum(
-        "btkgd,bskd->bkgts", q, keys.reshape(B, S, K, D).astype(dtype), precision=precision, preferred_element_type=F32
-    )
-    scores = scores / jnp.sqrt(jnp.asarray(D, F32))
+    # Each key/value head's group of query heads, as one matrix of G*T rows: [B, K, G*T, D].
+    q = q.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
+    over_heads = (((3,), (3,)), ((0, 1), (0, 1)))
+    # The cache is the first operand, contracted over its last axis: the product XLA on CPU runs on the
+    # buffer as stored. (As the second operand it copies every layer's keys to [B, K, D, S] first.)
+    scores = jax.lax.dot_general(keys.astype(dtype), q, over_heads, precision=precision, preferred_element_type=F32)
+    scores = scores.reshape(B, K, S, G, T).transpose(0, 1, 3, 4, 2) / jnp.sqrt(jnp.asarray(D, F32))  # [B, K, G, T, S]
     visible = key_positions[:, None, :] <= query_positions[:, :, None]  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, jnp.finfo(F32).min)
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
-    mixed = jnp.einsum(
-        "bkgts,bskd->btkgd",
-        weights.astype(dtype),
-        values.reshape(B, S, K, D).astype(dtype),
-        precision=precision,
-        preferred_element_type=F32,
-    )
+    over_slots = (((3,), (2,)), ((0, 1), (0, 1)))
+    mixed = jax.lax.dot_general(
+        weights.reshape(B, K, G * T, S).astype(dtype), values.astype(dtype), over_slots,
+        precision=precision, preferred_element_type=F32,
+    )  # [B, K, G*T, D]
+    mixed = mixed.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
     out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
     return out, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
 

@@ -110,13 +110,29 @@ def test_a_snapshot_continued_twice_stays_valid_and_both_continuations_are_exact
 
 
 def test_kv_state_is_a_pytree_whose_identity_is_static():
-    state = KVState.empty(IDENTITY, layers=2, batch=1, capacity=16, kv_width=8)
+    state = KVState.empty(IDENTITY, layers=2, batch=1, capacity=16, kv_heads=2, head_dim=4)
     leaves, tree = jax.tree.flatten(state)
     assert len(leaves) == 4
     rebuilt = jax.tree.unflatten(tree, leaves)
     assert rebuilt.identity == IDENTITY
     moved = jax.jit(lambda s: s.replace(lengths=s.lengths + 1))(state)
     assert moved.identity == IDENTITY and int(moved.lengths[0]) == 1 and int(state.lengths[0]) == 0
+
+
+def test_kv_state_channels_are_the_key_and_value_projections_by_position(gpt):
+    """`channels()` reads the head-major buffers back as [layers, B, S, kv_width] in projection order:
+    layer 0's keys and values are ln1(token + position vectors) times the key and value weights."""
+    prompt = PROMPTS[0]
+    _, state = gpt.prefill([prompt])
+    keys, values = state.channels()
+    a, w = gpt.architecture, gpt.weights
+    assert keys.shape == values.shape == (a.layers, 1, state.capacity, a.kv_width)
+    x = np.asarray(w.token_embedding)[prompt] + np.asarray(w.position_embedding)[: len(prompt)]
+    x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + a.epsilon)
+    h = x * np.asarray(w.ln1_scale[0]) + np.asarray(w.ln1_bias[0])
+    for got, name in ((keys, "key"), (values, "value")):
+        expected = h @ np.asarray(getattr(w, name)[0]) + np.asarray(getattr(w, f"{name}_bias")[0])
+        np.testing.assert_allclose(got[0, 0, : len(prompt)], expected, atol=1e-5, rtol=0)
 
 
 def test_prefix_reuse_processes_only_new_positions_and_matches_a_fresh_run(execution):

@@ -139,7 +139,8 @@ class ForwardBoundaryTest(chex.TestCase):
             out = run(weights_of(name), token_ids=random_ids((3, 5), architecture.vocabulary))
             chex.assert_shape(out.logits, (3, 5, architecture.vocabulary))
             chex.assert_type(out.logits, jnp.float32)
-            chex.assert_shape([out.cache.keys, out.cache.values], (architecture.layers, 3, 5, architecture.kv_width))
+            a = architecture
+            chex.assert_shape([out.cache.keys, out.cache.values], (a.layers, 3, a.kv_heads, 5, a.head_dim))
             chex.assert_tree_all_finite(out.logits)
             self.assertIsNone(out.observations)
 
@@ -188,7 +189,7 @@ def test_prefill_then_continuation_through_the_cache_equals_one_full_pass(name, 
     ids = random_ids((B, T), architecture.vocabulary, seed=5)
     full = FORWARD(weights_of(name), architecture, ids, unroll=unroll).logits
     # Garbage in the unwritten slots must stay invisible.
-    garbage = jnp.full((architecture.layers, B, S, architecture.kv_width), 1e3, jnp.float32)
+    garbage = jnp.full((architecture.layers, B, architecture.kv_heads, S, architecture.head_dim), 1e3, jnp.float32)
     cache = KVBuffers(keys=garbage, values=-garbage)
     split = 9
     prefix = FORWARD(weights_of(name), architecture, ids[:, :split], cache=cache, unroll=unroll)
@@ -202,7 +203,7 @@ def test_prefill_then_continuation_through_the_cache_equals_one_full_pass(name, 
         step = FORWARD(weights_of(name), architecture, ids[:, p : p + 1], positions=jnp.full((B, 1), p, jnp.int32), cache=cache)
         np.testing.assert_allclose(step.logits[:, 0], full[:, p], atol=1e-5, rtol=0)
         cache = step.cache
-    np.testing.assert_allclose(cache.keys[:, :, : split + 3], rest.cache.keys[:, :, : split + 3], atol=1e-6)
+    np.testing.assert_allclose(cache.keys[:, :, :, : split + 3], rest.cache.keys[:, :, :, : split + 3], atol=1e-6)
 
 
 def test_rows_at_different_positions_share_one_cached_call():
