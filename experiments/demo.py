@@ -35,12 +35,12 @@ def main(command: str, argv: list[str]) -> int:
     defaults = generation_defaults()
     recording = record_workload(defaults.execution, defaults.workload)
     model = recording.model
-    print(f"== answers from {model['model_id']} (checkpoint {model['checkpoint_sha256'][:12]}) ==")
     tokenizer_file = resolve_model(model["model_id"]) / TOKENIZER
     tokenizer = Tokenizer.load(tokenizer_file) if tokenizer_file.is_file() else Tokenizer.bytes_only()
     first = defaults.workload.requests[0]
-    print(f"the prompt of {first.request_id!r}, framed into token ids (every id explained by its span):")
+    print(f"== the prompt of {first.request_id!r}, framed into token ids (every id explained by its span) ==")
     print(render(tokenizer.encode_turns(first.turns, open_turn="assistant"), tokenizer) + "\n")
+    print(f"== answers from {model['model_id']} (checkpoint {model['checkpoint_sha256'][:12]}) ==")
     for request, recorded in zip(defaults.workload.requests, recording.document["requests"]):
         answer = tokenizer.decode([i for i in recorded["output_ids"] if i != tokenizer.turn_end_id]).text
         print(f"  {request.text!r:28} -> {answer!r}  [{recorded['outcome']['stop_reason']}]")

@@ -59,15 +59,6 @@ def test_train_then_tokenize_with_the_trained_file(tmp_path, capsys):
     assert any(span["reason"] == "bpe merge" for span in document["spans"])
 
 
-def test_demo_prints_the_spans_of_the_sample_conversation(capsys):
-    from jgpt import demo
-
-    assert demo.main() == 0
-    out = capsys.readouterr().out
-    assert '"👋"' in out and "utf-8 sequence" in out and "bpe merge" in out
-    assert out.count("decoded: <|system|>Be concise.<|turn_end|><|user|>héllo 👋") == 2
-
-
 def test_help_lists_training():
     result = jgpt("tokenize", "--help")
     assert result.returncode == 0 and b"--train CORPUS.txt" in result.stdout and b"--vocab-size" in result.stdout
