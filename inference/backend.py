@@ -6,10 +6,10 @@ import dataclasses
 import hashlib
 import platform
 import subprocess
-from pathlib import Path
 from typing import Any
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+from jgpt.identity import REPOSITORY, source_hashes
+
 # The code whose behaviour a recorded computation depends on.
 SOURCE_PACKAGES = ("jgpt", "inference")
 
@@ -51,8 +51,7 @@ class ExecutionProvenance:
 
     @classmethod
     def current(cls, backend: ExecutionBackend) -> ExecutionProvenance:
-        files = sorted(p for package in SOURCE_PACKAGES for p in (REPOSITORY / package).rglob("*.py"))
-        sources = {str(p.relative_to(REPOSITORY)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+        sources = source_hashes(SOURCE_PACKAGES)
         digest = hashlib.sha256("".join(f"{path}\0{sha}\n" for path, sha in sources.items()).encode())
         return cls(
             python=platform.python_version(),
