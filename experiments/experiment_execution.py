@@ -31,6 +31,7 @@ from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
 from experiments.workload import Workload
 from jgpt.errors import ApiError
+from jgpt.identity import read_bytes
 from kvsim.cache_run import record_json, simulate
 from kvsim.recorded import parse_document
 from kvsim.system import parse_system
@@ -166,7 +167,7 @@ def run_lab(
 def replay(record_path: Path) -> dict[str, Any]:
     """Simulate every arm of a record again from its own files; ApiError on the first byte that differs."""
     record_path = Path(record_path)
-    data = _read(record_path, "record")
+    data = read_bytes(record_path, "record")
     record = json.loads(data)
     if record.get("format") != FORMAT or record.get("version") != VERSION:
         raise ApiError("record.format", f"not a {FORMAT} version {VERSION} record")
@@ -261,17 +262,10 @@ def _file_entry(name: str, data: bytes) -> dict[str, Any]:
 
 
 def _verified(directory: Path, entry: Mapping[str, Any], field: str) -> bytes:
-    data = _read(directory / entry["path"], field)
+    data = read_bytes(directory / entry["path"], field)
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ApiError(field, f"{entry['path']} does not have the SHA-256 the record names")
     return data
-
-
-def _read(path: Path, field: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
 
 
 def _dumps(value: Any) -> bytes:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from jgpt.errors import ApiError
+from jgpt.identity import read_bytes
 
 SUMMARIES = {
     "generate": "greedy generation with a jitted KV-cached loop, streaming text or full evidence as JSON",
@@ -67,10 +67,9 @@ def _record(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, metavar="COMPUTATIONS.json", help="where to write the document")
     parser.add_argument("--no-reference", action="store_true", help="skip the full-prefix recompute of every work")
     args = parser.parse_args(argv)
+    data = read_bytes(args.workload, "workload")
     try:
-        document = json.loads(Path(args.workload).read_text())
-    except OSError as error:
-        raise ApiError("workload", f"cannot read {args.workload}: {error.strerror}") from None
+        document = json.loads(data)
     except json.JSONDecodeError as error:
         raise ApiError("workload", f"{args.workload} is not JSON: {error}") from None
 

@@ -1,4 +1,4 @@
-"""Identities and safe writes shared by every layer: canonical JSON, SHA-256, atomic files.
+"""Identities and safe file I/O shared by every layer: canonical JSON, SHA-256, reads, atomic writes.
 
 Manifests, encodings, run configurations and records are identified by the SHA-256
 of one canonical JSON form, so two writers never disagree about an identity. Cheap to
@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from jgpt.errors import ApiError
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -39,6 +41,14 @@ def source_hashes(packages: Iterable[str]) -> dict[str, str]:
     """SHA-256 of every Python file under the given top-level packages, by repository path."""
     files = sorted(path for package in packages for path in (REPOSITORY / package).rglob("*.py"))
     return {path.relative_to(REPOSITORY).as_posix(): file_sha256(path) for path in files}
+
+
+def read_bytes(path: str | os.PathLike, field: str) -> bytes:
+    """A file's bytes; a missing or unreadable file is an ApiError naming `field` and the path."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
 
 
 def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> None:

@@ -35,7 +35,7 @@ import tokenizers
 
 from jgpt.encoding import Encoding, Span, control_span, text_spans
 from jgpt.errors import ApiError
-from jgpt.identity import sha256_json, write_atomically
+from jgpt.identity import read_bytes, sha256_json, write_atomically
 
 ROLES = ("system", "user", "assistant")
 BYTE_COUNT = 256
@@ -167,11 +167,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike, context_limit: int | None = None) -> Tokenizer:
-        try:
-            document = Path(path).read_bytes()
-        except OSError as error:
-            raise ApiError("tokenizer", f"cannot read {path}: {error.strerror}") from None
-        return cls._from_document(document, context_limit, source=str(path))
+        return cls._from_document(read_bytes(path, "tokenizer"), context_limit, source=str(path))
 
     @classmethod
     def _from_document(cls, document: bytes, context_limit: int | None, source: str = "tokenizer") -> Tokenizer:

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from jgpt.errors import ApiError
-from jgpt.identity import write_atomically
+from jgpt.identity import read_bytes, write_atomically
 from kvsim import analytic, traces
 from kvsim.cache_run import first_difference, read_record, record_chunks, record_json, rerun, run_id, simulate
-from kvsim.inputs import load_input, read_bytes
+from kvsim.inputs import load_input
 from kvsim.recorded import document_json
 from kvsim.summary import summary_table
 from kvsim.synthetic import conversations

@@ -16,20 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jgpt.errors import ApiError
+from jgpt.identity import read_bytes
 from kvsim import fields
 from kvsim.cache_run import load_json
 from kvsim.recorded import parse_document
 from kvsim.resource_graph import parse_resource_graph
 from kvsim.system import parse_system
 from kvsim.workload import parse_interaction, parse_workload
-
-
-def read_bytes(path: Path, field: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
 
 
 def load_input(path: Path) -> dict:

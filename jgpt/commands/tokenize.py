@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from jgpt.encoding import BPE_MERGE, Encoding
 from jgpt.errors import ApiError
+from jgpt.identity import read_bytes
 from jgpt.tokenizer import ROLES, Tokenizer, Turn, turns_from_json
 
 EXAMPLES = """\
@@ -79,10 +79,7 @@ def train(args: argparse.Namespace) -> int:
 
 def read_text(path: str, field: str) -> str:
     """A UTF-8 text file; anything else is an ApiError naming the file and the byte."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
+    data = read_bytes(path, field)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
