@@ -88,10 +88,10 @@ def resolve_model_id(model_id: str) -> str:
     """A catalog id or artifact path as given; DEFAULT_MODEL names the catalog's default model."""
     if model_id != DEFAULT_MODEL:
         return model_id
-    default = read_catalog().default
-    if default is None:
-        raise ApiError("model.model_id", "'default' names the catalog's default model, and checkpoints/catalog.json has none")
-    return default.id
+    try:
+        return read_catalog().default_id()
+    except ApiError as error:
+        raise ApiError("model.model_id", f"'default' names the catalog's default model: {error.reason}") from None
 
 
 @functools.partial(jax.jit, static_argnames=("architecture",))

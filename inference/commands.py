@@ -90,12 +90,7 @@ def _load(model: str | None):
     from jgpt.catalog import load_model, read_catalog
     from jgpt.tokenizer import Tokenizer
 
-    if model is None:
-        default = read_catalog().default
-        if default is None:
-            raise ApiError("model", "the catalog has no default model yet; pass --model ID|PATH")
-        model = default.id
-    artifact = load_model(model)
+    artifact = load_model(read_catalog().default_id() if model is None else model)
     tokenizer = Tokenizer.bytes_only() if artifact.tokenizer_path is None else Tokenizer.load(artifact.tokenizer_path)
     return ModelExecution.from_artifact(artifact, tokenizer), tokenizer
 

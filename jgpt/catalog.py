@@ -79,6 +79,12 @@ class ModelCatalog:
     def default(self) -> ModelDescriptor | None:
         return next((m for m in self.models if m.role == DEFAULT_ROLE), None)
 
+    def default_id(self) -> str:
+        """The id of the model with role "default"; without one, an ApiError saying how to name a model."""
+        if self.default is None:
+            raise ApiError("model", f"{self.path} has no default model yet; name one with --model ID|PATH")
+        return self.default.id
+
     def find(self, model_id: str) -> ModelDescriptor:
         for model in self.models:
             if model.id == model_id:

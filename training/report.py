@@ -22,10 +22,7 @@ def evaluate_model(
     if conversations <= 0:
         raise ApiError("conversations", f"must be a positive integer, got {conversations}")
     if model is None:
-        default = read_catalog().default
-        if default is None:
-            raise ApiError("model", "the catalog has no default model; name one with --model")
-        model = default.id
+        model = read_catalog().default_id()
     artifact = load_model(model)
     if artifact.tokenizer_path is None:
         raise ApiError("model", f"{model} has no tokenizer to encode evaluation data with")
