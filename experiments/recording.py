@@ -40,7 +40,7 @@ def record_workload(execution: ExecutionSpec, workload: Workload) -> Recording:
         artifact = load_model(model_id)
     except ApiError as error:
         raise ApiError("model.model_id", f"{model_id!r}: {error}") from None
-    tokenizer = Tokenizer.bytes_only() if artifact.tokenizer_path is None else Tokenizer.load(artifact.tokenizer_path)
+    tokenizer = artifact.tokenizer()
     model = ModelExecution.from_artifact(artifact, tokenizer)
     generation = {name.split(".")[1]: execution.value(name) for name in execution.assignments if name.startswith("generation.")}
     policy = GenerationPolicy.from_json(generation, "generation")

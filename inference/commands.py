@@ -88,10 +88,9 @@ def _load(model: str | None):
     """The ModelExecution and Tokenizer of a catalog id or artifact path (default: the catalog default)."""
     from inference.execution import ModelExecution
     from jgpt.catalog import load_model, read_catalog
-    from jgpt.tokenizer import Tokenizer
 
     artifact = load_model(read_catalog().default_id() if model is None else model)
-    tokenizer = Tokenizer.bytes_only() if artifact.tokenizer_path is None else Tokenizer.load(artifact.tokenizer_path)
+    tokenizer = artifact.tokenizer()
     return ModelExecution.from_artifact(artifact, tokenizer), tokenizer
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from jgpt.architecture import Architecture, architecture_from_json
 from jgpt.errors import ApiError
 from jgpt.identity import file_sha256, sha256_json
+from jgpt.tokenizer import Tokenizer
 from jgpt.weights import ModelWeights, abstract_weights, check_weights, parameter_count
 
 FORMAT = "jgpt-artifact-v1"
@@ -84,6 +85,10 @@ class ModelArtifact:
     @property
     def tokenizer_path(self) -> Path | None:
         return None if self.tokenizer_sha256 is None else self.path / TOKENIZER
+
+    def tokenizer(self) -> Tokenizer:
+        """The artifact's tokenizer; a model saved without one reads pure bytes."""
+        return Tokenizer.bytes_only() if self.tokenizer_path is None else Tokenizer.load(self.tokenizer_path)
 
     @property
     def parameters(self) -> int:
