@@ -6,6 +6,12 @@ embeddings) with global-norm clipping, on the same batch shape of random byte
 tokens. Each side runs warm-up steps, then timed steps; the figure is tokens
 per second over the median step time.
 
+It also prints the step's floor: the matrix-multiply FLOPs of one step (forward
+and backward, attention scores as computed) divided by the fastest f32 matmul
+rate either library reaches on this machine for the step's own shapes. No train
+step can beat its floor, so `torch time / floor` bounds the ratio any
+implementation could show against the PyTorch peer here.
+
     python bench/train_step.py [--steps 20] [--only small|large] [--scan] [--torch-compile]
 """
 
@@ -55,6 +61,38 @@ SHAPES = {
     "large": Shape("large", layers=6, heads=6, width=384, context=256, batch=12),
 }
 CONFIG = TrainingConfig(steps=10_000, warmup_steps=100)
+
+
+def matmul_shapes(shape: Shape) -> list[tuple[int, int, int, int]]:
+    """(count, M, K, N) of every f32 matmul in one forward pass, attention per (row, head)."""
+    n, c, t = shape.batch * shape.context, shape.width, shape.context
+    per_layer = [(1, n, c, 3 * c), (1, n, c, c), (1, n, c, 4 * c), (1, n, 4 * c, c)]
+    attention = [(shape.batch * shape.heads, t, c // shape.heads, t), (shape.batch * shape.heads, t, t, c // shape.heads)]
+    return [(count * shape.layers, m, k, n_) for count, m, k, n_ in per_layer + attention] + [(1, n, c, VOCABULARY)]
+
+
+def step_flops(shape: Shape) -> float:
+    """Matmul FLOPs of one train step: each forward product has two backward products of equal size."""
+    return 3 * sum(2 * count * m * k * n for count, m, k, n in matmul_shapes(shape))
+
+
+def peak_matmul_flops_per_second(shape: Shape, repeats: int = 20) -> float:
+    """The fastest rate, over jax and torch and the three product forms of training, of the step's dense shapes."""
+    rng = np.random.default_rng(0)
+    best = 0.0
+    for _, m, k, n in matmul_shapes(shape)[:4]:
+        a, b, g = (rng.standard_normal(dims, dtype=np.float32) for dims in ((m, k), (k, n), (m, n)))
+        forms = {  # forward y = a @ b, input gradient g @ b.T, weight gradient a.T @ g
+            "jax": [(jax.jit(lambda x, y: x @ y), a, b), (jax.jit(lambda x, y: x @ y.T), g, b), (jax.jit(lambda x, y: x.T @ y), a, g)],
+            "torch": [(torch.mm, a, b), (lambda x, y: x @ y.T, g, b), (lambda x, y: x.T @ y, a, g)],
+        }  # fmt: skip
+        for library, products in forms.items():
+            convert = jnp.asarray if library == "jax" else torch.from_numpy
+            for product, x, y in products:
+                x, y = convert(x), convert(y)
+                seconds = median_step_seconds(lambda: jax.block_until_ready(product(x, y)), 2, repeats)
+                best = max(best, 2 * m * k * n / seconds)
+    return best
 
 
 def median_step_seconds(step, warmup: int, steps: int) -> float:
@@ -172,6 +210,10 @@ def main() -> None:
             print(f"  {name:<14} {seconds * 1e3:8.1f} ms/step  {tokens / seconds:10,.0f} tokens/s")
         for name in peers:
             print(f"  ratio jgpt / {name}: {results[name] / results['jgpt']:.2f}x")
+        flops, peak = step_flops(shape), peak_matmul_flops_per_second(shape)
+        floor = flops / peak
+        print(f"  floor: {flops / 1e9:.2f} GFLOP of matmuls at the best measured {peak / 1e9:.0f} GFLOP/s = "
+              f"{floor * 1e3:.1f} ms/step; no step can beat torch eager by more than {results['torch eager'] / floor:.2f}x here")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,8 +26,12 @@ LOCATION_FIELDS = ("out",)
 
 
 def default_architecture() -> dict[str, Any]:
-    """ModelArchitecture fields; `vocabulary` comes from the tokenizer."""
-    return {"width": 128, "ffn": 512, "context": 100, "layers": 4, "heads": 4}
+    """Architecture fields; `vocabulary` comes from the tokenizer.
+
+    Rotary positions: on the built-in skills the same model with learned absolute
+    positions needed about twice the steps to reach the same development loss.
+    """
+    return {"width": 128, "ffn": 512, "context": 128, "layers": 4, "heads": 4, "position": "rope"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +48,7 @@ class TrainingConfig:
     # Training window in tokens; at most architecture.context. None means architecture.context.
     context: int | None = None
     seed: int = 0
-    steps: int = 3000
+    steps: int = 3300
     batch_size: int = 32
     learning_rate: float = 3e-3
     warmup_steps: int = 100

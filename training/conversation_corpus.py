@@ -1,7 +1,7 @@
 """The built-in corpus: deterministic multi-turn conversations over learnable skills.
 
-A conversation opens with the same system turn, stores a named value, asks one
-or two skill exercises and ends by recalling the stored value, so every
+A conversation opens with the same system turn, stores a named value, asks as many
+skill exercises as fit its token budget and ends by recalling the stored value, so every
 conversation shares a prefix with every other and each assistant turn extends
 the prefix of the one before: the reuse pattern a KV cache exploits.
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from training.skills import TASKS, Exchange, Split, drawn_in, store_and_recall_in
 
 SYSTEM_TEXT = "you are jgpt."
-MAX_TASKS = 2
+# Enough for any window a CPU run trains on; the token budget usually ends a conversation first.
+MAX_TASKS = 8
 # Framing adds a role marker and TURN_END to every turn.
 FRAMING_TOKENS_PER_TURN = 2
 
@@ -74,15 +75,20 @@ def jsonl_document(splits: dict[str, tuple[Conversation, ...]]) -> bytes:
 
 
 def conversation(rng: random.Random, split: Split, max_tokens: int) -> Conversation:
-    """One conversation whose framed byte length fits `max_tokens`; exercises are dropped to fit."""
+    """One conversation that fills up to `max_tokens`: exercises are added while the next one fits.
+
+    Filling the window puts as many scored answers in a training row as it can hold,
+    instead of padding; the stored value is asked for after all of them.
+    """
     store, recall = store_and_recall_in(split, rng)
     names = sorted(TASKS)
-    tasks = [drawn_in(split, TASKS[rng.choice(names)], rng) for _ in range(rng.randint(1, MAX_TASKS))]
-    while True:
-        candidate = Conversation(SYSTEM_TEXT, (store, *tasks, recall))
-        if candidate.byte_length() <= max_tokens or not tasks:
-            return candidate
-        tasks.pop()
+    tasks: list[Exchange] = []
+    while len(tasks) < MAX_TASKS:
+        task = drawn_in(split, TASKS[rng.choice(names)], rng)
+        if Conversation(SYSTEM_TEXT, (store, *tasks, task, recall)).byte_length() > max_tokens:
+            break
+        tasks.append(task)
+    return Conversation(SYSTEM_TEXT, (store, *tasks, recall))
 
 
 def split_conversations(seed: int, split: Split, count: int, max_tokens: int) -> tuple[Conversation, ...]:
