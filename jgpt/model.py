@@ -132,7 +132,6 @@ def forward(
     # With a cache every slot is visible up to its own position; without one, the
     # given tokens are the keys, at their own positions.
     key_positions = positions if cache is None else jnp.arange(cache.keys.shape[3])[None, :]
-    visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S]
 
     def block(carry, layer):
         h, buffers = carry
@@ -144,7 +143,7 @@ def forward(
         else:
             buffers = KVBuffers(write_slots(buffers.keys, index, k, positions), write_slots(buffers.values, index, v, positions))
             keys, values, new = buffers.keys[index], buffers.values[index], None
-        mixed, attention_weights = attention(q, keys, values, visible, w, a, dtype, cached=buffers is not None)
+        mixed, attention_weights = attention(q, keys, values, positions, key_positions, w, a, dtype)
         h2 = residual_addition(h, mixed)
         h3 = normalization(h2, w["ln2_scale"], w.get("ln2_bias"), a)
         ff = feed_forward(h3, w, a, dtype)

@@ -120,19 +120,17 @@ def attention(
     q: jax.Array,
     keys: jax.Array,
     values: jax.Array,
-    visible: jax.Array,
+    query_positions: jax.Array,
+    key_positions: jax.Array,
     w: dict[str, jax.Array],
     architecture: Architecture,
     dtype,
-    *,
-    cached: bool,
 ) -> tuple[jax.Array, jax.Array]:
-    """Softmax attention of each query over the keys `visible` to it.
+    """Causal softmax attention: a query at position p mixes the values of keys at positions <= p.
 
-    q: [B, T, H, D]; keys, values: [B, K, S, D] (head-major); visible: bool [B, T, S], True
-    where a query may see a key (causal, and within its own segment). `cached` says the
-    keys are a cache buffer rather than this call's own keys: it picks the operand order
-    of the scores product, not the result. Returns (output [B*T, C], weights [B, T, H, S]).
+    q: [B, T, H, D]; keys, values: [B, K, S, D] (head-major); query_positions: [B, T];
+    key_positions: [B or 1, S]. Keys at later positions (including unwritten cache
+    slots) are invisible. Returns (output [B*T, C], weights [B, T, H, S]).
     """
     a = architecture
     B, T, H, D = q.shape
@@ -142,17 +140,11 @@ def attention(
     # Each key/value head's group of query heads, as one matrix of G*T rows: [B, K, G*T, D].
     q = q.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
     over_heads = (((3,), (3,)), ((0, 1), (0, 1)))
-    keys = keys.astype(dtype)
-    if cached:
-        # The cache as the first operand, contracted over its last axis, is the product XLA on CPU runs on
-        # the buffer as stored; as the second operand it copies every layer's keys to [B, K, D, S] first.
-        scores = jax.lax.dot_general(keys, q, over_heads, precision=precision, preferred_element_type=F32)
-        scores = scores.reshape(B, K, S, G, T).transpose(0, 1, 3, 4, 2)  # [B, K, G, T, S]
-    else:
-        # Fresh keys: queries first gives the scores in softmax order, with no transpose to differentiate.
-        scores = jax.lax.dot_general(q, keys, over_heads, precision=precision, preferred_element_type=F32)
-        scores = scores.reshape(B, K, G, T, S)
-    scores = scores / jnp.sqrt(jnp.asarray(D, F32))
+    # The cache is the first operand, contracted over its last axis: the product XLA on CPU runs on the
+    # buffer as stored. (As the second operand it copies every layer's keys to [B, K, D, S] first.)
+    scores = jax.lax.dot_general(keys.astype(dtype), q, over_heads, precision=precision, preferred_element_type=F32)
+    scores = scores.reshape(B, K, S, G, T).transpose(0, 1, 3, 4, 2) / jnp.sqrt(jnp.asarray(D, F32))  # [B, K, G, T, S]
+    visible = key_positions[:, None, :] <= query_positions[:, :, None]  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, jnp.finfo(F32).min)
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
     over_slots = (((3,), (2,)), ((0, 1), (0, 1)))
