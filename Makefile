@@ -3,6 +3,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Huge-page mallocs for XLA's per-step temporaries (see HUGE_PAGES in jgpt/cli.py).
+export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: demo test bench clean chromium
 

@@ -48,7 +48,7 @@ class TrainingConfig:
     # Training window in tokens; at most architecture.context. None means architecture.context.
     context: int | None = None
     seed: int = 0
-    steps: int = 2300
+    steps: int = 3000
     batch_size: int = 32
     learning_rate: float = 3e-3
     warmup_steps: int = 100
