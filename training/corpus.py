@@ -58,7 +58,8 @@ def encode_conversation(tokenizer: Tokenizer, conversation: Conversation) -> tup
 
 def exercises_of(tokenizer: Tokenizer, conversation: Conversation) -> list[HeldOutExercise]:
     ids, _ = encode_conversation(tokenizer, conversation)
-    found, cursor = [], len(tokenizer.encode_text(conversation.system)) + 2
+    found = []
+    cursor = 0 if conversation.system is None else len(tokenizer.encode_text(conversation.system)) + 2
     for exchange in conversation.exchanges:
         cursor += len(tokenizer.encode_text(exchange.request)) + 3  # user marker, TURN_END, assistant marker
         if exchange.skill is not None:
