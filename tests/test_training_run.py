@@ -135,7 +135,11 @@ def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(un
     assert report["development_loss"] == pytest.approx(provenance["development_loss"], rel=1e-6)
     assert report["development_bits_per_byte"] > 0
     assert set(report["skills"]) == {"reverse", "sort", "add", "count", "recall"}
-    assert report["skills"]["recall"]["exercises"] == TINY["development_conversations"]
+    held_out = conversation_corpus.split_conversations(
+        TINY["seed"], "development", TINY["development_conversations"], TINY["architecture"]["context"] + 1
+    )
+    scored = lambda skill: sum(e.skill == skill for c in held_out for e in c.exchanges)
+    assert {skill: s["exercises"] for skill, s in report["skills"].items()} == {skill: scored(skill) for skill in report["skills"]}
     assert all(0 <= s["exact_match"] <= 1 for s in report["skills"].values())
 
 
