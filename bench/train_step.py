@@ -13,6 +13,9 @@ step can beat its floor, so `torch time / floor` bounds the ratio any
 implementation could show against the PyTorch peer here.
 
     python bench/train_step.py [--steps 20] [--only small|large] [--scan] [--torch-compile]
+
+`make bench` runs it with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, as `jgpt train` runs
+(see docs/training.md, Speed); both sides of the comparison get the same allocator.
 """
 
 from __future__ import annotations
