@@ -66,12 +66,18 @@ SHAPES = {
 CONFIG = TrainingConfig(steps=10_000, warmup_steps=100)
 
 
+def dense_shapes(shape: Shape) -> list[tuple[int, int, int]]:
+    """(M, K, N) of one layer's projections: queries/keys/values, attention output, MLP up, MLP down."""
+    n, c = shape.batch * shape.context, shape.width
+    return [(n, c, 3 * c), (n, c, c), (n, c, 4 * c), (n, 4 * c, c)]
+
+
 def matmul_shapes(shape: Shape) -> list[tuple[int, int, int, int]]:
     """(count, M, K, N) of every f32 matmul in one forward pass, attention per (row, head)."""
-    n, c, t = shape.batch * shape.context, shape.width, shape.context
-    per_layer = [(1, n, c, 3 * c), (1, n, c, c), (1, n, c, 4 * c), (1, n, 4 * c, c)]
-    attention = [(shape.batch * shape.heads, t, c // shape.heads, t), (shape.batch * shape.heads, t, t, c // shape.heads)]
-    return [(count * shape.layers, m, k, n_) for count, m, k, n_ in per_layer + attention] + [(1, n, c, VOCABULARY)]
+    t, d, rows = shape.context, shape.width // shape.heads, shape.batch * shape.heads
+    per_layer = [(1, *dims) for dims in dense_shapes(shape)] + [(rows, t, d, t), (rows, t, t, d)]
+    head = (1, shape.batch * shape.context, shape.width, VOCABULARY)
+    return [(count * shape.layers, m, k, n) for count, m, k, n in per_layer] + [head]
 
 
 def step_flops(shape: Shape) -> float:
@@ -83,7 +89,7 @@ def peak_matmul_flops_per_second(shape: Shape, repeats: int = 20) -> float:
     """The fastest rate, over jax and torch and the three product forms of training, of the step's dense shapes."""
     rng = np.random.default_rng(0)
     best = 0.0
-    for _, m, k, n in matmul_shapes(shape)[:4]:
+    for m, k, n in dense_shapes(shape):
         a, b, g = (rng.standard_normal(dims, dtype=np.float32) for dims in ((m, k), (k, n), (m, n)))
         forms = {  # forward y = a @ b, input gradient g @ b.T, weight gradient a.T @ g
             "jax": [(jax.jit(lambda x, y: x @ y), a, b), (jax.jit(lambda x, y: x @ y.T), g, b), (jax.jit(lambda x, y: x.T @ y), a, g)],
