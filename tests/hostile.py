@@ -1,0 +1,182 @@
+"""Hostile input for any jgpt command: run it in-process and check it refused cleanly.
+
+`assert_refused(argv, inputs=..., watch=...)` runs `jgpt.cli.main(argv)` with stdout and
+stderr captured and asserts what issue 13 promises of every refusal: exit 2, exactly one
+error line (after argparse's usage block, if argparse refused), no traceback, every input
+file byte-identical, and nothing new in the watched directories (no half-written output,
+no temporary file).
+
+The hypothesis strategies build the input: `hostile_json()` (wrong types, deep nesting,
+non-finite or oversized numbers, random bytes), `mutated_json(document)` (a valid
+document with one value replaced by something hostile, or a key deleted), and
+`hostile_outputs(root, input)` (a directory, a missing parent, a file as parent, the
+input itself, a link to the input).
+
+`JGPT_FUZZ_EXAMPLES` sets the examples per entry point (`FUZZ`; default 200, the CI
+size; a nightly run uses e.g. JGPT_FUZZ_EXAMPLES=5000).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from jgpt import cli
+
+FUZZ = settings(max_examples=int(os.environ.get("JGPT_FUZZ_EXAMPLES", "200")), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def run_jgpt(argv: list[str]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `jgpt ARGV` run in this process; an escaping exception fails the test."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main([str(arg) for arg in argv])
+        except SystemExit as exit_:  # argparse
+            code = exit_.code if isinstance(exit_.code, int) else 2
+        except Exception:
+            raise AssertionError(f"jgpt {' '.join(map(str, argv))} raised:\n{traceback.format_exc()}") from None
+    return code, out.getvalue(), err.getvalue()
+
+
+def error_line(stderr: str) -> list[str]:
+    """The lines of stderr after argparse's usage block (which argparse prints before its one error line)."""
+    lines = stderr.splitlines()
+    if lines and lines[0].startswith("usage:"):
+        lines = [line for line in lines if ": error: " in line]
+    return lines
+
+
+def snapshot(directories: Iterable[str | os.PathLike]) -> dict[str, frozenset[str]]:
+    """Every path under each directory, so a test can tell that nothing was left behind."""
+    return {str(d): frozenset(str(p.relative_to(d)) for p in Path(d).rglob("*")) if Path(d).is_dir() else frozenset()
+            for d in directories}
+
+
+def contents(inputs: Iterable[str | os.PathLike]) -> dict[str, bytes | None]:
+    return {str(p): Path(p).read_bytes() if Path(p).is_file() else None for p in inputs}
+
+
+def assert_refused(argv: list, *, inputs: Iterable[str | os.PathLike] = (),
+                   watch: Iterable[str | os.PathLike] = (), field: str | None = None) -> str:
+    """Run `jgpt ARGV` and assert a clean refusal; returns the one error line.
+
+    `inputs`: files that must be byte-identical afterwards. `watch`: directories that must
+    hold the same paths afterwards (the output's directory). `field`: text the error line must name.
+    """
+    inputs, watch = list(inputs), list(watch)
+    before, listed = contents(inputs), snapshot(watch)
+    code, stdout, stderr = run_jgpt(argv)
+    shown = f"jgpt {' '.join(map(str, argv))}\nexit {code}\nstdout: {stdout[-2000:]}\nstderr: {stderr[-2000:]}"
+    assert "Traceback" not in stderr + stdout, shown
+    lines = error_line(stderr)
+    assert code == 2, shown
+    assert len(lines) == 1 and ": error: " in lines[0], shown
+    if field is not None:
+        assert field in lines[0], f"the error does not name {field!r}\n{shown}"
+    assert contents(inputs) == before, f"an input changed\n{shown}"
+    assert snapshot(watch) == listed, f"files left behind: {_difference(listed, snapshot(watch))}\n{shown}"
+    return lines[0]
+
+
+def _difference(before: dict[str, frozenset[str]], after: dict[str, frozenset[str]]) -> dict[str, list[str]]:
+    return {d: sorted(after[d] ^ before[d]) for d in before if after[d] != before[d]}
+
+
+# -- hypothesis strategies ------------------------------------------------------------------
+
+def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
+    """Any finite JSON value: as a replacement it is almost always of the wrong type somewhere."""
+    scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+               | st.text(max_size=12) | st.sampled_from(HOSTILE_SCALARS))
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                              max_size=3),
+                        max_leaves=max_leaves)
+
+
+HOSTILE_SCALARS = (-1, 0, 1, -(2**63), 2**63, 10**30, 1e308, -1e308, 5e-324, -0.0, 0.5, "", " ", "-1", "NaN",
+                   "../outside", "/etc/passwd", "<script>alert(1)</script>", "\u2028", "\x00", "a" * 300)
+
+
+def deep_json() -> st.SearchStrategy[bytes]:
+    """Nesting past any reasonable limit, closed or not: crashed every reader with RecursionError."""
+    return st.builds(lambda depth, opener, closed: opener * depth + (b"1" + _closer(opener) * depth if closed else b""),
+                     st.integers(65, 100_000), st.sampled_from([b"[", b'{"a":']), st.booleans())
+
+
+def _closer(opener: bytes) -> bytes:
+    return b"]" if opener == b"[" else b"}"
+
+
+NON_FINITE = (b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e400", b"1" * 5000)
+
+
+def hostile_lexemes() -> st.SearchStrategy[bytes]:
+    """Raw JSON text for one value: a wrong type, too deep, or a number that is not finite or too long."""
+    return st.one_of(json_values().map(lambda value: json.dumps(value).encode()), deep_json(),
+                     st.sampled_from(NON_FINITE))
+
+
+def hostile_json() -> st.SearchStrategy[bytes]:
+    """A whole hostile file: any hostile value, random bytes, or broken JSON."""
+    return st.one_of(hostile_lexemes(), st.binary(max_size=200),
+                     st.sampled_from([b"", b"{", b'{"a": 1,}', b"\xef\xbb\xbf{}", b'"\\ud800"', b"[1] [2]"]))
+
+
+_SENTINEL = "\u0000hostile\u0000"
+_DELETE = object()
+
+
+def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [prefix] + [path for key, child in children for path in _paths(child, prefix + (key,))]
+
+
+def _replace(value: Any, path: tuple, replacement: Any) -> Any:
+    if not path:
+        return replacement
+    key, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        copy = dict(value)
+        if not rest and replacement is _DELETE:
+            del copy[key]
+        else:
+            copy[key] = _replace(value[key], rest, replacement)
+        return copy
+    copy = list(value)
+    if not rest and replacement is _DELETE:
+        del copy[key]
+    else:
+        copy[key] = _replace(value[key], rest, replacement)
+    return copy
+
+
+@st.composite
+def mutated_json(draw, document: Any) -> bytes:
+    """`document` with one value (anywhere in it) replaced by hostile JSON text, or one member deleted."""
+    path = draw(st.sampled_from(_paths(document)))
+    if path and draw(st.integers(0, 4)) == 0:
+        return json.dumps(_replace(document, path, _DELETE)).encode()
+    text = json.dumps(_replace(document, path, _SENTINEL)).encode()
+    return text.replace(json.dumps(_SENTINEL).encode(), draw(hostile_lexemes()), 1)
+
+
+def hostile_outputs(root: Path, input_: Path) -> list[tuple[str, Path]]:
+    """Output paths a command must refuse before any work, as (what it is, path); creates them under `root`."""
+    directory = root / "a-directory"
+    directory.mkdir(exist_ok=True)
+    link = root / "link-to-input"
+    if not link.is_symlink():
+        link.symlink_to(input_.resolve())
+    return [("a directory", directory), ("a missing parent", root / "missing" / "out"),
+            ("a file as parent", input_ / "out"), ("the input itself", input_), ("a link to the input", link)]
