@@ -1,10 +1,10 @@
 """The recorded computation document: a Workload run through the model, every work counted.
 
 `read_workload` reads the spec's Workload document (ordered RequestArrivals, each
-with an InferenceRequest); `record` runs its requests in arrival order, each
-continuing the longest KVState of an earlier request that is an exact whole
-prefix of its prompt, and returns the versioned JSON document kvsim consumes
-(`docs/recorded-computations.md` describes every field).
+with an InferenceRequest); `record` runs its requests in arrival order under the
+reuse rule kvsim and the InferenceEngine share (each continues the longest
+retained state that is a proper prefix of its prompt), and returns the versioned
+JSON document kvsim consumes (`docs/recorded-computations.md` describes every field).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import jax.numpy as jnp
 
 from inference.backend import ExecutionBackend, ExecutionProvenance
 from inference.execution import ModelExecution
@@ -76,14 +74,17 @@ def record(
     for request in requests:  # refuse a bad workload before running any of it
         check_prompt(request.prompt_ids, a.vocabulary, a.context, f"request {request.request_id!r}: prompt_ids")
     backend = ExecutionBackend.current(execution.identity.precision)
-    retained: list[KVState] = []  # every earlier request's prompt and whole sequence, as batch-of-one states
+    # The reuse rule (docs/kvsim.md): an ended request retains one state, every position it computed,
+    # unless that very sequence is already retained; a hit takes the state. Keyed by its token ids.
+    retained: dict[tuple[int, ...], KVState] = {}
     documents = []
     for request in requests:
-        prefix = _longest_whole_prefix(retained, request.prompt_ids)
+        reused = _longest_proper_prefix(retained, request.prompt_ids)
+        prefix = None if reused is None else retained.pop(reused)
         generation = generate(execution, [request], prefix, timing=timing, reference=reference)
         (response,) = generation.responses
-        final = generation.state
-        retained += [final.replace(lengths=jnp.asarray([len(request.prompt_ids)], jnp.int32)), final]
+        (computed,) = generation.state.prefixes()
+        retained.setdefault(computed, generation.state)
         document = _request_document(execution, request, response)
         if tokenizer is not None:
             document["output_token_bytes"] = [len(tokenizer.pieces[t]) for t in response.output_ids]
@@ -136,14 +137,11 @@ def _request_document(execution: ModelExecution, request: InferenceRequest, resp
     }
 
 
-def _longest_whole_prefix(states: Sequence[KVState], prompt: Sequence[int]) -> KVState | None:
-    """The retained state with the most positions whose whole token ids begin the prompt."""
-    best, best_length = None, 0
-    for state in states:
-        (ids,) = state.prefixes()
-        if best_length < len(ids) <= len(prompt) and tuple(prompt[: len(ids)]) == ids:
-            best, best_length = state, len(ids)
-    return best
+def _longest_proper_prefix(retained: Mapping[tuple[int, ...], KVState], prompt: Sequence[int]) -> tuple[int, ...] | None:
+    """The token ids of the longest retained state that is a proper prefix of the prompt (strictly
+    shorter: the prefill must process at least the last prompt position, for its logits)."""
+    prompt = tuple(prompt)
+    return next((prompt[:n] for n in range(len(prompt) - 1, 0, -1) if prompt[:n] in retained), None)
 
 
 def _prompt(body: Mapping[str, Any], tokenizer: Tokenizer, field: str) -> tuple[tuple[int, ...], str | None]:

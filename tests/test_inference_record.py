@@ -95,19 +95,39 @@ def test_per_position_costs_give_the_cost_of_any_reuse(document):
     assert document["kv_bytes_per_position"] == 2 * a.layers * a.kv_width * 4
 
 
-def test_whole_prefixes_of_earlier_requests_are_reused_and_stay_exact(document):
+def test_whole_sequences_of_earlier_requests_are_reused_once_and_stay_exact(document, artifact_dir):
+    """The reuse rule: an ended request retains every position it computed (prompt and all selected ids
+    but the last), a prompt reuses the longest retained proper prefix, and a hit takes the state."""
     a, b, c = document["requests"]
-    assert b["prompt_ids"][: len(a["prompt_ids"])] == a["prompt_ids"]
-    assert a["computations"][0]["reused_positions"] == 0
-    assert b["computations"][0]["reused_positions"] == len(a["prompt_ids"])
-    # c's prompt equals a's: all but its last position are reused, which is processed for its logits.
-    assert c["prompt_ids"] == a["prompt_ids"]
-    assert c["computations"][0]["reused_positions"] == len(c["prompt_ids"]) - 1
+    # b resends a's prompt with a reply the model did not give, and c repeats a's prompt: neither extends
+    # a retained sequence (a prompt-only state is never retained, and a whole-prompt match is not a hit).
+    assert b["prompt_ids"][: len(a["prompt_ids"])] == a["prompt_ids"] and c["prompt_ids"] == a["prompt_ids"]
+    assert [r["computations"][0]["reused_positions"] for r in (a, b, c)] == [0, 0, 0]
     assert c["output_ids"] == a["output_ids"][:2]
-    errors = [w["reference_max_abs_error"] for r in document["requests"] for w in r["computations"]]
-    assert max(errors) <= 1e-5
     outcome = b["outcome"]
     assert outcome["selected_tokens"] + outcome["unused_budget"] == b["max_new_tokens"]
+
+    from inference.commands import _load
+    from inference.policy import GenerationPolicy, InferenceRequest
+
+    execution, _ = _load(str(artifact_dir))
+    sequence = tuple(a["prompt_ids"] + a["output_ids"][:-1])
+    continued = record(
+        execution,
+        [
+            InferenceRequest("a", tuple(a["prompt_ids"]), GenerationPolicy(4)),
+            InferenceRequest("d", (*sequence, 100, 101), GenerationPolicy(3)),
+            InferenceRequest("e", (*sequence, 100, 101, 102), GenerationPolicy(2)),
+        ],
+    )
+    a2, d, e = continued["requests"]
+    assert a2["output_ids"] == a["output_ids"]
+    # d continues a's whole sequence; e would too, but d took that state, and d's own retained sequence
+    # runs past its prompt (d selected more than one id), so it is no prefix of e's.
+    assert len(d["output_ids"]) > 1
+    assert [r["computations"][0]["reused_positions"] for r in (a2, d, e)] == [0, len(sequence), 0]
+    errors = [w["reference_max_abs_error"] for r in (*document["requests"], d) for w in r["computations"]]
+    assert max(errors) <= 1e-5
 
 
 def test_document_identifies_model_and_execution(document, artifact_dir):
