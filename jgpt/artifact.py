@@ -34,7 +34,9 @@ import numpy as np
 
 from jgpt.architecture import Architecture, architecture_from_json
 from jgpt.errors import ApiError
-from jgpt.identity import file_sha256, sha256_json
+from jgpt.identity import file_sha256, require_finite, sha256_json
+from jgpt.json_input import read_json
+from jgpt.paths import confined
 from jgpt.tokenizer import Tokenizer
 from jgpt.weights import ModelWeights, abstract_weights, check_weights, parameter_count
 
@@ -150,11 +152,16 @@ def save_artifact(
     """
     path = Path(path).absolute()  # orbax accepts absolute paths only
     check_weights(weights, architecture)
-    if path.exists() and not overwrite:
-        raise ApiError("out", f"{path} already exists")
+    if path.exists() or path.is_symlink():
+        if not overwrite:
+            raise ApiError("out", f"{path} already exists")
+        _require_replaceable(path)
     provenance_json = _provenance_json(provenance)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as error:
+        raise ApiError("out", f"cannot create {path}: {error.strerror}") from None
     try:
         _save_weights(staging / WEIGHTS, weights)
         tokenizer_sha256 = None
@@ -179,38 +186,85 @@ def save_artifact(
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it private; an artifact is meant to be shared
         if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
+            retired = staging.with_name(f"{staging.name}.replaced")
+            path.rename(retired)  # the old artifact leaves only once the new one is complete
+            staging.rename(path)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return load_artifact(path)
 
 
+def _require_replaceable(path: Path) -> None:
+    """`--overwrite` replaces a jgpt artifact and nothing else: never a file, nor a directory of other things."""
+    if path.is_symlink() or not path.is_dir() or not (path / MANIFEST).is_file():
+        raise ApiError("out", f"{path} exists and is not a jgpt model artifact; --overwrite replaces only an artifact")
+    manifest = read_json(path / MANIFEST, "out", allow_non_finite=True)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ApiError("out", f"{path / MANIFEST} is not a {FORMAT} manifest; --overwrite replaces only an artifact")
+    foreign = sorted(entry.name for entry in path.iterdir() if entry.name not in (MANIFEST, WEIGHTS, TOKENIZER))
+    if foreign:
+        raise ApiError("out", f"{path} also holds {foreign[0]!r}, which is not part of an artifact; not replacing it")
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise ApiError("path", f"{path} is not a model artifact (no {MANIFEST})") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ApiError("manifest_sha256", f"{path / MANIFEST} is not readable JSON: {error}") from None
+    if not (path / MANIFEST).is_file():
+        raise ApiError("path", f"{path} is not a model artifact (no {MANIFEST})")
+    manifest = read_json(path / MANIFEST, "manifest_sha256", allow_non_finite=True)
     if not isinstance(manifest, dict):
         raise ApiError("manifest_sha256", f"{path / MANIFEST} is not a JSON object")
+    for name, value in manifest.items():
+        require_finite(value, name)  # before hashing: the canonical form has no NaN
     claimed = manifest.pop("manifest_sha256", None)
     actual = sha256_json(manifest)
     if claimed != actual:
         raise ApiError("manifest_sha256", f"{path / MANIFEST} was changed: content hashes to {actual}, it claims {claimed}")
     if manifest.get("format") != FORMAT:
         raise ApiError("format", f"{manifest.get('format')!r} is not {FORMAT!r}")
+    _check_manifest(manifest)
     manifest["manifest_sha256"] = claimed
     return manifest
 
 
+def _check_manifest(manifest: Mapping[str, Any]) -> None:
+    """A sealed manifest can still be hand-made: every field must have the type the loader relies on."""
+    for name in ("architecture", "provenance", "parameters", "checkpoint_sha256", "tokenizer_sha256", "assets"):
+        if name not in manifest:
+            raise ApiError(name, "is required in a model artifact's manifest")
+    try:
+        architecture = architecture_from_json(manifest["architecture"])
+    except ApiError as error:
+        raise ApiError(f"architecture.{error.field}", error.reason) from None
+    if manifest["parameters"] != parameter_count(architecture) or isinstance(manifest["parameters"], bool):
+        raise ApiError("parameters", f"must be the architecture's parameter count {parameter_count(architecture)}")
+    _provenance_json(manifest["provenance"])
+    _require_sha256(manifest["checkpoint_sha256"], "checkpoint_sha256")
+    if manifest["tokenizer_sha256"] is not None:
+        _require_sha256(manifest["tokenizer_sha256"], "tokenizer_sha256")
+    if not isinstance(manifest["assets"], list):
+        raise ApiError("assets", "must be a list of ModelAssets")
+    for n, asset in enumerate(manifest["assets"]):
+        if not isinstance(asset, dict) or set(asset) != {"path", "sha256", "bytes"}:
+            raise ApiError(f"assets[{n}]", "must be a ModelAsset: an object with exactly path, sha256 and bytes")
+        _require_sha256(asset["sha256"], f"assets[{n}].sha256")
+        if isinstance(asset["bytes"], bool) or not isinstance(asset["bytes"], int) or asset["bytes"] < 0:
+            raise ApiError(f"assets[{n}].bytes", f"must be a non-negative integer, got {asset['bytes']!r}")
+
+
+def _require_sha256(value: Any, field: str) -> None:
+    if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
+        raise ApiError(field, f"must be 64 lowercase hexadecimal digits, got {value!r}")
+
+
 def _verify_assets(path: Path, manifest: Mapping[str, Any]) -> tuple[ModelAsset, ...]:
     assets = tuple(ModelAsset(**asset) for asset in manifest["assets"])
-    for asset in assets:
+    # Every path is confined before any is looked at, so a refusal never tells whether some file exists.
+    files = [confined(path, asset.path, f"assets[{n}].path") for n, asset in enumerate(assets)]
+    for asset, file in zip(assets, files):
         identity = "tokenizer_sha256" if asset.path == TOKENIZER else "checkpoint_sha256"
-        file = path / asset.path
         if not file.is_file():
             raise ApiError(identity, f"{asset.path} is missing from {path}")
         if file.stat().st_size != asset.bytes or file_sha256(file) != asset.sha256:
@@ -224,11 +278,12 @@ def load_artifact(path: str | os.PathLike) -> ModelArtifact:
     manifest = _read_manifest(path)
     assets = _verify_assets(path, manifest)
     tokenizer_sha256 = manifest["tokenizer_sha256"]
-    if tokenizer_sha256 is not None and file_sha256(path / TOKENIZER) != tokenizer_sha256:
+    tokenizer = confined(path, TOKENIZER, "tokenizer_sha256")
+    if tokenizer_sha256 is not None and (not tokenizer.is_file() or file_sha256(tokenizer) != tokenizer_sha256):
         raise ApiError("tokenizer_sha256", f"{path / TOKENIZER} does not hash to {tokenizer_sha256}")
     architecture = architecture_from_json(manifest["architecture"])
     try:
-        weights = _restore_weights(path / WEIGHTS, architecture)
+        weights = _restore_weights(confined(path, WEIGHTS, "checkpoint_sha256"), architecture)
     except Exception as error:  # orbax and tensorstore raise many types for unreadable data
         raise ApiError("checkpoint_sha256", f"weights in {path} cannot be read: {error}") from None
     actual = checkpoint_sha256(weights)

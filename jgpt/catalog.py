@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from jgpt.errors import ApiError
+from jgpt.identity import require_finite
+from jgpt.json_input import read_json
+from jgpt.paths import confined
 
 DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "checkpoints" / "catalog.json"
 CACHE_ENV = "JGPT_CACHE"
@@ -46,6 +49,29 @@ class ModelDescriptor:
     weight_format: str = "orbax-checkpoint"
     tokenizer_format: str | None = "tokenizers-json"
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id.strip():
+            raise ApiError("id", f"must be a non-empty string, got {self.id!r}")
+        _require_type("label", self.label, str)
+        if self.role not in (None, DEFAULT_ROLE):
+            raise ApiError("role", f"must be null or {DEFAULT_ROLE!r}, got {self.role!r}")
+        if _not_int(self.parameters) or self.parameters < 1:
+            raise ApiError("parameters", f"must be a positive integer, got {self.parameters!r}")
+        _require_type("architecture", self.architecture, Mapping)
+        require_finite(dict(self.architecture), "architecture")
+        _check_asset("weights", self.weights)
+        if self.tokenizer is not None:
+            _check_asset("tokenizer", self.tokenizer)
+        if self.seed is not None and _not_int(self.seed):
+            raise ApiError("seed", f"must be an integer or null, got {self.seed!r}")
+        for name in ("inspection", "normalization", "provenance", "tokenizer_format"):
+            if getattr(self, name) is not None:
+                _require_type(name, getattr(self, name), str)
+        _require_type("weight_format", self.weight_format, str)
+        for n, stop_id in enumerate(self.stop_ids):
+            if _not_int(stop_id) or stop_id < 0:
+                raise ApiError(f"stop_ids[{n}]", f"must be a non-negative token id, got {stop_id!r}")
+
     def to_json(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
         document["stop_ids"] = list(self.stop_ids)
@@ -62,11 +88,35 @@ class ModelDescriptor:
         for name, field in fields.items():
             if field.default is dataclasses.MISSING and name not in document:
                 raise ApiError(f"{where}.{name}", "is required")
-        for asset_field in ("weights", "tokenizer"):
-            asset = document[asset_field]
-            if asset is not None and not (isinstance(asset, Mapping) and {"path", "sha256", "bytes"} <= set(asset)):
-                raise ApiError(f"{where}.{asset_field}", "must be a ModelAsset with path, sha256 and bytes")
-        return cls(**{**document, "stop_ids": tuple(document.get("stop_ids", ()))})
+        stop_ids = document.get("stop_ids", [])
+        if not isinstance(stop_ids, list):
+            raise ApiError(f"{where}.stop_ids", f"must be a list of token ids, got {stop_ids!r}")
+        try:
+            return cls(**{**document, "stop_ids": tuple(stop_ids)})
+        except ApiError as error:
+            raise ApiError(f"{where}.{error.field}", error.reason) from None
+
+
+def _not_int(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int)
+
+
+def _require_type(field: str, value: Any, kind: type) -> None:
+    if not isinstance(value, kind):
+        raise ApiError(field, f"must be a {'JSON object' if kind is Mapping else kind.__name__}, got {value!r}")
+
+
+def _check_asset(field: str, asset: Any) -> None:
+    """A ModelAsset as the catalog names it: relative path, SHA-256 (the cache key of remote storage), bytes."""
+    if not isinstance(asset, Mapping) or {"path", "sha256", "bytes"} - set(asset):
+        raise ApiError(field, "must be a ModelAsset with path, sha256 and bytes")
+    if not isinstance(asset["path"], str) or not asset["path"]:
+        raise ApiError(f"{field}.path", f"must be a non-empty relative path, got {asset['path']!r}")
+    sha256 = asset["sha256"]
+    if not isinstance(sha256, str) or len(sha256) != 64 or sha256.strip("0123456789abcdef"):
+        raise ApiError(f"{field}.sha256", f"must be 64 lowercase hexadecimal digits, got {sha256!r}")
+    if _not_int(asset["bytes"]) or asset["bytes"] < 0:
+        raise ApiError(f"{field}.bytes", f"must be a non-negative integer, got {asset['bytes']!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +145,7 @@ class ModelCatalog:
     def artifact_dir(self, model: ModelDescriptor) -> Path:
         """Where the model's artifact lies on this machine."""
         if self.base_url.startswith(("http://", "https://")):
-            cached = _cache_dir() / "models" / model.weights["sha256"]
+            cached = confined(_cache_dir() / "models", model.weights["sha256"], f"{model.id}.weights.sha256")
             if not cached.is_dir():
                 raise ApiError(
                     "base_url",
@@ -103,7 +153,8 @@ class ModelCatalog:
                     f"place the artifact at {cached} to use it",
                 )
             return cached
-        return (self.path.parent / self.base_url / model.weights["path"]).resolve()
+        storage = confined(self.path.parent, self.base_url, "storage.base_url")
+        return confined(storage, model.weights["path"], f"{model.id}.weights.path")
 
     def to_json(self) -> dict[str, Any]:
         return {"storage": {"base_url": self.base_url}, "models": [m.to_json() for m in self.models]}
@@ -111,12 +162,7 @@ class ModelCatalog:
 
 def read_catalog(path: str | os.PathLike = DEFAULT_CATALOG) -> ModelCatalog:
     path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ApiError("catalog", f"{path} does not exist") from None
-    except (OSError, ValueError) as error:
-        raise ApiError("catalog", f"{path} is not readable JSON: {error}") from None
+    document = read_json(path, "catalog", allow_non_finite=True)  # a NaN is refused naming its field
     storage = document.get("storage") if isinstance(document, Mapping) else None
     if not isinstance(storage, Mapping) or not isinstance(storage.get("base_url"), str):
         raise ApiError("storage.base_url", f"{path} must give storage.base_url as a string")

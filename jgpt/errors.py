@@ -25,6 +25,14 @@ class ApiError(Exception):
         return str(self)
 
 
+def library_failure(error: BaseException) -> bool:
+    """Whether a native library call failed on its input: any Exception, or the PanicException
+    that pyo3 raises when Rust code (tokenizers, safetensors) panics. The latter derives from
+    BaseException, so `except Exception` lets it through as a traceback."""
+    kind = type(error)
+    return isinstance(error, Exception) or (kind.__module__ == "pyo3_runtime" and kind.__name__ == "PanicException")
+
+
 def run_guarded(prog: str, command: Callable[[], int | None]) -> int:
     """Run a command-line action; bad input becomes one line on stderr and exit code 2."""
     try:

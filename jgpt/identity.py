@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable
@@ -27,6 +28,19 @@ def canonical_json(value: Any) -> bytes:
 
 def sha256_json(value: Any) -> str:
     return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def require_finite(value: Any, field: str) -> None:
+    """An ApiError naming the path of the first NaN or infinity inside a parsed JSON value.
+
+    Readers that want the field named (not just the file) parse with non-finite numbers
+    allowed and call this before anything hashes or uses the value.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ApiError(field, f"is {value}, not a finite number")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        require_finite(item, f"{field}.{key}" if isinstance(key, str) else f"{field}[{key}]")
 
 
 def file_sha256(path: Path) -> str:

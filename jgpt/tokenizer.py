@@ -34,8 +34,9 @@ import numpy as np
 import tokenizers
 
 from jgpt.encoding import Encoding, Span, control_span, text_spans
-from jgpt.errors import ApiError
+from jgpt.errors import ApiError, library_failure
 from jgpt.identity import read_bytes, sha256_json, write_atomically
+from jgpt.json_input import parse_json
 
 ROLES = ("system", "user", "assistant")
 BYTE_COUNT = 256
@@ -173,9 +174,9 @@ class Tokenizer:
     def _from_document(cls, document: bytes, context_limit: int | None, source: str = "tokenizer") -> Tokenizer:
         _check_context_limit(context_limit)
         try:
-            spec = json.loads(document.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ApiError("tokenizer", f"{source} is not a JSON tokenizer file: {error}") from None
+            spec = parse_json(document, "tokenizer", source=source)
+        except ApiError as error:
+            raise ApiError("tokenizer", f"not a JSON tokenizer file: {error.reason}") from None
         pieces = _pieces_of(spec, source)
         merges = spec["model"]["merges"]
         # The runtime copy drops the controls and the normalizer: controls are framing ids,
@@ -185,7 +186,9 @@ class Tokenizer:
         runtime = {**spec, "added_tokens": [], "normalizer": None, "model": {**spec["model"], "vocab": text_vocab}}
         try:
             library = tokenizers.Tokenizer.from_str(json.dumps(runtime)) if merges else None
-        except Exception as error:  # the library reports inconsistent merges with its own exception types
+        except BaseException as error:  # its own exception types, or a Rust panic on what _pieces_of missed
+            if not library_failure(error):
+                raise
             raise ApiError("tokenizer", f"{source}: HF tokenizers rejects it: {error}") from None
         return cls(document, hashlib.sha256(document).hexdigest(), context_limit, PieceTable.of(pieces), library)
 
@@ -444,7 +447,11 @@ def _document(merges: list[tuple[str, str]]) -> bytes:
 
 
 def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
-    """Check that a parsed tokenizer.json has jgpt's layout; return the bytes of each id."""
+    """Check that a parsed tokenizer.json has jgpt's layout; return the bytes of each id.
+
+    Every value the HF library will read is type-checked here first: the library panics
+    in Rust on some inconsistent files (a merge whose result is not in the vocabulary).
+    """
     def reject(reason: str) -> ApiError:
         return ApiError("tokenizer", f"{source}: {reason}")
 
@@ -454,24 +461,39 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) \
             or not isinstance(model.get("merges"), list) or model.get("dropout") is not None:
         raise reject("model must be BPE with a vocab object, a merges list and no dropout")
-    if (spec.get("normalizer") or {}).get("type") != NORMALIZATION:
+    if any(model.get(name) is not None for name in ("continuing_subword_prefix", "end_of_word_suffix")):
+        raise reject("a piece must spell its bytes alone: no continuing_subword_prefix nor end_of_word_suffix")
+    if not isinstance(spec.get("normalizer"), dict) or spec["normalizer"].get("type") != NORMALIZATION:
         raise reject(f"must declare the {NORMALIZATION} normalizer")
-    if (spec.get("pre_tokenizer") or {}).get("type") != "ByteLevel" or spec["pre_tokenizer"].get("add_prefix_space"):
+    pre_tokenizer = spec.get("pre_tokenizer")
+    if not isinstance(pre_tokenizer, dict) or pre_tokenizer.get("type") != "ByteLevel" or pre_tokenizer.get("add_prefix_space"):
         raise reject("must use the ByteLevel pre-tokenizer without add_prefix_space")
-    controls = {token.get("id"): token.get("content") for token in spec.get("added_tokens") or []}
-    if controls != CONTROL_MARKERS or any(model["vocab"].get(marker) != token_id
-                                          for token_id, marker in CONTROL_MARKERS.items()):
+    added = spec.get("added_tokens")
+    if not isinstance(added, list) or not all(isinstance(token, dict) for token in added):
+        raise reject("added_tokens must be a list of objects")
+    controls = {token.get("id"): token.get("content") for token in added if isinstance(token.get("id"), int)}
+    if len(controls) != len(added) or controls != CONTROL_MARKERS \
+            or any(model["vocab"].get(marker) != token_id for token_id, marker in CONTROL_MARKERS.items()):
         raise reject(f"added_tokens and vocab must hold exactly the control tokens {CONTROL_MARKERS}")
     by_id: dict[int, bytes] = {}
     for piece, token_id in model["vocab"].items():
-        if not piece or not isinstance(token_id, int) or not all(char in _BYTE_OF_CHAR for char in piece):
+        if not piece or isinstance(token_id, bool) or not isinstance(token_id, int) \
+                or not all(char in _BYTE_OF_CHAR for char in piece):
             raise reject(f"vocab entry {piece!r} is not a byte-level piece with an integer id")
+        if token_id in by_id:
+            raise reject(f"vocab id {token_id} is given to more than one piece")
         by_id[token_id] = b"" if token_id in CONTROL_MARKERS else bytes(map(_BYTE_OF_CHAR.__getitem__, piece))
-    # (The ByteLevel split never puts "<|" and "user" in one word, so training cannot
-    # learn such a merge; a hand-made file could.)
-    results = ("".join(pair) if isinstance(pair, list) else str(pair).replace(" ", "", 1) for pair in model["merges"])
-    if any(result in CONTROL_MARKERS.values() for result in results):
-        raise reject("a merge spells a control marker, which would let text forge turn framing")
+    for n, merge in enumerate(model["merges"]):
+        pair = merge.split(" ") if isinstance(merge, str) else merge
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(part, str) and part for part in pair):
+            raise reject(f"merges[{n}] must be two pieces, as [left, right] or \"left right\", got {merge!r}")
+        # (The ByteLevel split never puts "<|" and "user" in one word, so training cannot
+        # learn such a merge; a hand-made file could.)
+        if "".join(pair) in CONTROL_MARKERS.values():
+            raise reject("a merge spells a control marker, which would let text forge turn framing")
+        missing = next((piece for piece in (*pair, "".join(pair)) if piece not in model["vocab"]), None)
+        if missing is not None:
+            raise reject(f"merges[{n}] {merge!r}: {missing!r} is not in the vocab")
     if any(by_id.get(b) != bytes([b]) for b in range(BYTE_COUNT)):
         raise reject("ids 0..255 must be the single bytes 0..255")
     if set(by_id) != set(range(len(by_id))):

@@ -1,0 +1,31 @@
+"""Paths read from files: confined to the directory they are relative to.
+
+A manifest, a safetensors index or a lab record names its files by relative path.
+One that is absolute, climbs out with `..`, or reaches outside through a symlink
+would let a crafted file read, or probe for, anything on the machine. `confined`
+refuses all of them by looking at the text first, so the refusal reads the same
+whether or not the target exists. Cheap to import (no jax).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from jgpt.errors import ApiError
+
+
+def confined(base: str | os.PathLike, relative: Any, field: str) -> Path:
+    """`base / relative`, resolved; an ApiError naming `field` unless it stays inside `base`."""
+    if not isinstance(relative, str) or not relative:
+        raise ApiError(field, f"must be a non-empty relative path, got {relative!r}")
+    pure = PurePosixPath(relative)
+    # A backslash or NUL has no place in the paths jgpt writes; on Windows a backslash would climb.
+    if pure.is_absolute() or ".." in pure.parts or "\\" in relative or "\x00" in relative:
+        raise ApiError(field, f"{relative!r} must be a relative path inside its directory (no absolute path, no '..')")
+    root = Path(base).resolve()
+    target = (root / pure).resolve()  # follows symlinks, dangling ones too
+    if not target.is_relative_to(root):
+        raise ApiError(field, f"{relative!r} leads outside its directory through a symbolic link")
+    return target
