@@ -17,6 +17,7 @@ from itertools import islice
 from typing import Any
 
 from jgpt.errors import ApiError
+from jgpt.json_input import parse_json
 from jgpt.ontology import OntologyBinding
 from kvsim import engine, fields
 from kvsim.recorded import RecordedComputations, parse_document, request_json
@@ -269,10 +270,7 @@ def _dumps(value: Any) -> bytes:
 
 
 def load_json(data: bytes, field: str) -> Any:
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ApiError(field, f"malformed JSON: {error}") from None
+    return parse_json(data, field)
 
 
 def read_record(data: bytes) -> dict:

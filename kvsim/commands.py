@@ -9,12 +9,14 @@ from pathlib import Path
 
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes, write_atomically
+from jgpt.output_paths import output_directory, output_file
 from kvsim import analytic, traces
 from kvsim.cache_run import first_difference, read_record, record_chunks, record_json, rerun, run_id, simulate
 from kvsim.inputs import load_input
+from kvsim.record_view import check_viewable
 from kvsim.recorded import document_json
 from kvsim.summary import summary_table
-from kvsim.synthetic import conversations
+from kvsim.synthetic import REQUEST_LIMIT, conversations
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
@@ -39,11 +41,11 @@ def _parser(command: str) -> argparse.ArgumentParser:
     )
     trace.add_argument("trace", type=Path)
     trace.add_argument("--format", choices=traces.FORMATS, required=True)
-    trace.add_argument("--block-tokens", type=int, default=512, help="tokens per Mooncake hash block")
+    trace.add_argument("--block-tokens", type=int, default=512, help="tokens per Mooncake hash block (at most --context)")
     trace.add_argument("--out", type=Path, required=True)
     _model_options(trace)
     synth = sub.add_parser("synthesize", help="recorded computations (analytic counts) of multi-turn conversations")
-    synth.add_argument("--requests", type=int, default=100)
+    synth.add_argument("--requests", type=int, default=100, help=f"at most {REQUEST_LIMIT}")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", type=Path, required=True)
     _model_options(synth)
@@ -57,13 +59,14 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ffn", type=int, default=512)
     group.add_argument("--vocabulary", type=int, default=260)
     group.add_argument("--precision-bytes", type=int, default=4)
+    group.add_argument("--context", type=int, default=4096, help="positions a request may use (prompt plus output)")
 
 
 def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
-    for name in ("layers", "width", "ffn", "vocabulary", "precision_bytes"):
+    for name in ("layers", "width", "ffn", "vocabulary", "precision_bytes", "context"):
         if getattr(args, name) < 1:
             raise ApiError(f"--{name.replace('_', '-')}", "must be positive")
-    return analytic.AnalyticModel(args.layers, args.width, args.ffn, args.vocabulary, args.precision_bytes)
+    return analytic.AnalyticModel(args.layers, args.width, args.ffn, args.vocabulary, args.precision_bytes, args.context)
 
 
 
@@ -74,6 +77,8 @@ def _json_bytes(value) -> bytes:
 def main(command: str, argv: list[str]) -> int:
     args = _parser(command).parse_args(argv)
     if args.action == "run":
+        if args.out:
+            output_file(args.out, "--out", [args.input])
         run = simulate(**load_input(args.input))
         print(summary_table({"id": run_id(run), "outcomes": run.outcomes}))
         if args.out:
@@ -92,27 +97,33 @@ def main(command: str, argv: list[str]) -> int:
         )
         return 1
     if args.action == "plot":
-        record = read_record(read_bytes(args.record, "RECORD"))
+        directory = output_directory(args.out_dir or args.record.with_name(args.record.stem + "_plots"), "--out-dir")
+        record = check_viewable(read_record(read_bytes(args.record, "RECORD")))
         from kvsim.plots import write_plots
 
-        directory = args.out_dir or args.record.with_name(args.record.stem + "_plots")
         for path in write_plots(record, directory):
             print(path)
         return 0
     if args.action == "perfetto":
-        record = read_record(read_bytes(args.record, "RECORD"))
+        out = output_file(args.out or args.record.with_name(args.record.stem + ".perfetto.json"), "--out", [args.record])
+        record = check_viewable(read_record(read_bytes(args.record, "RECORD")))
         from kvsim.perfetto import trace_events
 
-        out = args.out or args.record.with_name(args.record.stem + ".perfetto.json")
         write_atomically(out, _json_bytes(trace_events(record)))
         print(f"{out} (open in https://ui.perfetto.dev)")
         return 0
     model = _model(args)
+    output_file(args.out, "--out", [getattr(args, "trace", None)])
     if args.action == "import-trace":
+        if not 1 <= args.block_tokens <= model.context:
+            raise ApiError("--block-tokens", f"must be in [1, --context {model.context}], got {args.block_tokens}")
         text = read_bytes(args.trace, "TRACE").decode("utf-8", errors="replace")
-        items = traces.mooncake(text, args.block_tokens) if args.format == "mooncake" else traces.azure(text)
+        items = (traces.mooncake(text, args.block_tokens, model.context) if args.format == "mooncake"
+                 else traces.azure(text, model.context))
         source = f"{args.format} trace {args.trace.name}"
     else:
+        if not 1 <= args.requests <= REQUEST_LIMIT:
+            raise ApiError("--requests", f"must be in [1, {REQUEST_LIMIT}], got {args.requests}")
         items = conversations(args.requests, args.seed)
         source = f"kvsim.synthetic conversations(requests={args.requests}, seed={args.seed})"
     if not items:

@@ -1,7 +1,10 @@
 """Readers that turn parsed JSON into checked Python values or raise ApiError.
 
 Every kvsim input passes through these, so a bad value is reported with the full
-dotted path of the field (`system.kv_cache.device_kv_bytes`) and one reason.
+dotted path of the field (`system.kv_cache.device_kv_bytes`) and one reason. Every
+number is at most LIMIT in magnitude: 2^53 microseconds is 285 years and 2^53 bytes
+9 PB, and past it times and sizes would stop being exact as floats (1e308 as a link
+latency once broke the plots with an OverflowError).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from fractions import Fraction
 from typing import Any
 
 from jgpt.errors import ApiError
+
+LIMIT = 1 << 53
 
 
 def mapping(value: Any, field: str, required: set[str], optional: set[str] = frozenset()) -> dict:
@@ -40,6 +45,8 @@ def integer(value: Any, field: str, minimum: int | None = 0) -> int:
         raise ApiError(field, f"expected an integer, got {_kind(value)}")
     if minimum is not None and value < minimum:
         raise ApiError(field, f"must be >= {minimum}, got {value}")
+    if abs(value) > LIMIT:
+        raise ApiError(field, f"must be at most 2^53 in magnitude, got {value}")
     return value
 
 
@@ -59,6 +66,8 @@ def number(value: Any, field: str, minimum: Fraction | None = Fraction(0)) -> Fr
     exact = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
     if minimum is not None and exact < minimum:
         raise ApiError(field, f"must be >= {minimum}, got {value}")
+    if abs(exact) > LIMIT:
+        raise ApiError(field, f"must be at most 2^53 in magnitude, got {value}")
     return exact
 
 
@@ -85,7 +94,7 @@ def integers(value: Any, field: str, minimum: int = 0) -> list[int]:
     """An array of integers, checked in one pass (documents hold millions of them)."""
     items = array(value, field)
     for index, item in enumerate(items):
-        if type(item) is not int or item < minimum:
+        if type(item) is not int or item < minimum or item > LIMIT:
             integer(item, f"{field}[{index}]", minimum)
     return items
 

@@ -9,6 +9,8 @@ are virtual microseconds, which is the trace format's unit.
 
 from __future__ import annotations
 
+from jgpt.errors import ApiError
+
 PID, COMPUTE_TID, LINK_TID, FIRST_REQUEST_TID = 1, 1, 2, 10
 
 
@@ -37,7 +39,9 @@ def trace_events(record: dict) -> dict:
             opened[(event["request_id"] if kind == "compute_start" else event["state_id"], kind)] = event
         elif kind in ("compute_end", "transfer_end"):
             start_kind = kind.replace("_end", "_start")
-            start = opened.pop((event["request_id"] if kind == "compute_end" else event["state_id"], start_kind))
+            start = opened.pop((event["request_id"] if kind == "compute_end" else event["state_id"], start_kind), None)
+            if start is None:
+                raise ApiError(f"record.events.{event['event_id']}", f"{kind} without a {start_kind} before it")
             name = (
                 f"{start['phase']} {start['request_id']}"
                 if kind == "compute_end"

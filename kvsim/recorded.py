@@ -21,6 +21,8 @@ from kvsim import fields
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1
 TURN_END = 259
+# inference.policy's stop reasons (kvsim imports no jax); only the first one completes a request.
+STOP_REASONS = ("turn_end", "max_new_tokens", "context")
 FIRST_MERGED_ID = 260
 
 
@@ -200,7 +202,10 @@ def _parse_outcome(value: Any, field: str, output: list[int], budget: int) -> di
     for name, want in expected.items():
         if item[name] != want or type(item[name]) is not type(want):
             raise ApiError(f"{field}.{name}", f"inconsistent with output_ids: expected {want!r}, got {item[name]!r}")
-    return {**expected, "stop_reason": fields.string(item["stop_reason"], f"{field}.stop_reason")}
+    reason = fields.string(item["stop_reason"], f"{field}.stop_reason", STOP_REASONS)
+    if (reason == STOP_REASONS[0]) != expected["complete"]:
+        raise ApiError(f"{field}.stop_reason", f"{reason!r} disagrees with complete={expected['complete']}")
+    return {**expected, "stop_reason": reason}
 
 
 def document_json(computations: RecordedComputations) -> dict:

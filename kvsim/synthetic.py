@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from kvsim.analytic import Conversation
 
 SYSTEM, USER, ASSISTANT, TURN_END = 256, 257, 258, 259
+# A request holds up to a few hundred ids and its costs per position: 2,000 requests make a
+# 5.7 MB document, so the limit stays under 300 MB and a minute of work.
+REQUEST_LIMIT = 100_000
 
 
 @dataclass(frozen=True)

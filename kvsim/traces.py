@@ -9,6 +9,9 @@ Accepted inputs (documented in docs/kvsim.md):
   (TIMESTAMP is `YYYY-MM-DD HH:MM:SS[.fraction]`); it declares no sharing, so
   every prompt is distinct.
 
+Every request must fit the analytic model's context (prompt plus output ids), and a
+trace holds at most TOKEN_LIMIT ids in all: the importer materializes every id.
+
 Block h's ids are the bytes of a generator seeded by h, so two requests share
 exactly the leading blocks their traces say they share. Outputs are
 `output_length - 1` byte ids followed by TURN_END: the ids that follow in the
@@ -21,16 +24,18 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import random
-from datetime import datetime
+from datetime import datetime, timezone
 
 from jgpt.errors import ApiError
+from jgpt.json_input import parse_json
 from kvsim import fields
 from kvsim.analytic import Conversation
 from kvsim.recorded import TURN_END
 
 FORMATS = ("mooncake", "azure")
+# Ids held in memory for one import (prompts and outputs): about 8 bytes each, so 256 MiB.
+TOKEN_LIMIT = 1 << 25
 
 
 def _block(seed: str, tokens: int) -> tuple[int, ...]:
@@ -41,21 +46,19 @@ def _output(request_id: str, length: int) -> tuple[int, ...]:
     return (*_block(f"output:{request_id}", length - 1), TURN_END)
 
 
-def mooncake(text: str, block_tokens: int = 512) -> list[Conversation]:
-    rows, blocks = [], {}
+def mooncake(text: str, block_tokens: int = 512, context: int = 4096) -> list[Conversation]:
+    rows, blocks, used = [], {}, 0
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         at = f"trace line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ApiError(at, f"malformed JSON: {error}") from None
-        row = fields.loose_mapping(row, at, {"timestamp", "input_length", "output_length", "hash_ids"})
+        row = fields.loose_mapping(parse_json(line, at), at, {"timestamp", "input_length", "output_length", "hash_ids"})
         timestamp = fields.number(row["timestamp"], f"{at}.timestamp")
         length = fields.integer(row["input_length"], f"{at}.input_length", 1)
         output = fields.integer(row["output_length"], f"{at}.output_length", 1)
         hashes = fields.integers(row["hash_ids"], f"{at}.hash_ids")
+        _fits(length, output, context, at, "input_length")
+        used = _within_limit(used + length + output, at)
         if not (len(hashes) - 1) * block_tokens < length <= len(hashes) * block_tokens:
             raise ApiError(
                 f"{at}.hash_ids", f"{len(hashes)} blocks of {block_tokens} tokens do not cover input_length {length}"
@@ -98,21 +101,25 @@ def _continuations(rows: list[tuple]) -> dict[int, int]:
     return found
 
 
-def azure(text: str) -> list[Conversation]:
+def azure(text: str, context: int = 4096) -> list[Conversation]:
     reader = csv.DictReader(io.StringIO(text))
     missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
     if missing:
         raise ApiError("trace header", f"missing column {sorted(missing)[0]}")
-    items, start = [], None
+    items, start, used = [], None, 0
     for number, row in enumerate(reader, 2):
         at = f"trace line {number}"
+        if None in row or None in row.values():
+            raise ApiError(at, f"expected {len(reader.fieldnames)} columns as in the header")
         try:
-            moment = datetime.fromisoformat(row["TIMESTAMP"].strip()[:26])
-            context, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+            moment = _utc(datetime.fromisoformat(row["TIMESTAMP"].strip()[:26]))
+            prompt_tokens, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
         except ValueError as error:
             raise ApiError(at, f"unreadable row: {error}") from None
-        if context < 1 or generated < 1:
+        if prompt_tokens < 1 or generated < 1:
             raise ApiError(at, "ContextTokens and GeneratedTokens must be positive")
+        _fits(prompt_tokens, generated, context, at, "ContextTokens")
+        used = _within_limit(used + prompt_tokens + generated, at)
         start = moment if start is None else start
         arrival = (moment - start) // _MICROSECOND
         if arrival < 0:
@@ -120,10 +127,29 @@ def azure(text: str) -> list[Conversation]:
         request_id = f"r{len(items)}"
         items.append(
             Conversation(
-                request_id, arrival, _block(f"prompt:{request_id}", context), _output(request_id, generated), generated
+                request_id, arrival, _block(f"prompt:{request_id}", prompt_tokens), _output(request_id, generated),
+                generated,
             )
         )
     return items
 
 
 _MICROSECOND = datetime(2000, 1, 1, 0, 0, 0, 1) - datetime(2000, 1, 1)
+
+
+def _utc(moment: datetime) -> datetime:
+    """Naive times are UTC already; an offset is applied, so rows with and without one compare."""
+    return moment if moment.tzinfo is None else moment.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def _fits(prompt: int, output: int, context: int, at: str, name: str) -> None:
+    if prompt + output > context:
+        raise ApiError(f"{at}.{name}", f"{prompt} prompt and {output} output tokens exceed the model's context "
+                                       f"{context} (see --context)")
+
+
+def _within_limit(used: int, at: str) -> int:
+    """The ids materialized so far, refused past TOKEN_LIMIT before allocating this row's."""
+    if used > TOKEN_LIMIT:
+        raise ApiError(at, f"the trace holds more than {TOKEN_LIMIT} token ids in all (the import limit)")
+    return used

@@ -35,7 +35,8 @@ def _changed(edit):
 
 
 def test_malformed_json(tmp_path, capsys):
-    _fails(tmp_path, capsys, '{"system": {', "INPUT: malformed JSON")
+    _fails(tmp_path, capsys, '{"system": {', "INPUT: ")
+    _fails(tmp_path, capsys, '{"system": {', "is not JSON: Expecting property name")
 
 
 def test_negative_rate(tmp_path, capsys):

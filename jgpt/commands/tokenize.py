@@ -8,7 +8,9 @@ import json
 from jgpt.encoding import BPE_MERGE, Encoding
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
-from jgpt.tokenizer import ROLES, Tokenizer, Turn, turns_from_json
+from jgpt.json_input import read_json
+from jgpt.output_paths import output_file
+from jgpt.tokenizer import FIRST_MERGE_ID, ROLES, Tokenizer, Turn, turns_from_json
 
 EXAMPLES = """\
 examples:
@@ -21,6 +23,11 @@ examples:
                                                learn byte-level BPE merges from a UTF-8 text file
   jgpt tokenize --tokenizer tokenizer.json "héllo 👋"
 """
+
+
+# The learner allocates per vocabulary entry (10^9 aborted the process asking for 70 GB);
+# 2^17 holds every public byte-level vocabulary we know (Llama 3: 128,256).
+VOCABULARY_LIMIT = 1 << 17
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
@@ -69,6 +76,11 @@ def train(args: argparse.Namespace) -> int:
         raise ApiError("train", f"{', '.join(misplaced)} cannot be combined with --train")
     if args.vocab_size is None or args.out is None:
         raise ApiError("train", "--train needs --vocab-size N and --out FILE")
+    if not FIRST_MERGE_ID <= args.vocab_size <= VOCABULARY_LIMIT:
+        raise ApiError("--vocab-size", f"must be in [{FIRST_MERGE_ID}, {VOCABULARY_LIMIT}], got {args.vocab_size}")
+    if args.min_frequency < 1:
+        raise ApiError("--min-frequency", f"must be a positive integer, got {args.min_frequency}")
+    output_file(args.out, "--out", [args.train])
     corpus = read_text(args.train, "train")
     tokenizer = Tokenizer.train(corpus.splitlines(keepends=True), args.vocab_size, min_frequency=args.min_frequency)
     tokenizer.save(args.out)
@@ -85,13 +97,6 @@ def read_text(path: str, field: str) -> str:
     except UnicodeDecodeError as error:
         bad = " ".join(f"0x{b:02X}" for b in data[error.start:error.end])
         raise ApiError(field, f"{path} is not valid UTF-8: {error.reason} ({bad}) at byte {error.start}") from None
-
-
-def read_json(path: str, field: str):
-    try:
-        return json.loads(read_text(path, field))
-    except json.JSONDecodeError as error:
-        raise ApiError(field, f"{path} is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
 
 
 def encoding_json(encoding: Encoding) -> str:
