@@ -7,29 +7,57 @@ is downloaded. Hugging Face stores GPT-2
 projections as `[in, out]` (its Conv1D) and Llama projections as `[out, in]`
 (nn.Linear); both become ModelWeights' `[in, out]` with the layer axis stacked.
 A head tied to the embedding is copied; GPT-2's missing lm bias becomes zeros.
+
+Everything read is checked before anything model-sized is allocated: every size in
+config.json is a positive integer of at most DIMENSION_LIMIT, every number finite,
+every shard the index names lies inside the directory, and every tensor's shape (read
+from the safetensors headers alone) is the one the config implies. So memory follows
+the files' size, never a number written in them. A tokenizer.json must be a jgpt
+tokenizer whose ids the model can embed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jgpt.architecture import Architecture, LlamaArchitecture, ModelArchitecture
-from jgpt.errors import ApiError
+from jgpt.errors import ApiError, library_failure
+from jgpt.identity import require_finite
+from jgpt.json_input import read_json
+from jgpt.paths import confined
 from jgpt.weights import InitializationProvenance, ModelWeights
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+# The largest vocabulary, width, context, layer or head count read from config.json: past
+# today's largest open models, and small enough that no product of two overflows float32 counts.
+DIMENSION_LIMIT = 1 << 20
+INDEX = "model.safetensors.index.json"
 
 
 def _setting(config: Mapping[str, Any], name: str, default: Any = None) -> Any:
     value = config.get(name, default)
     if value is None:
         raise ApiError(f"config.json:{name}", "is required")
+    return value
+
+
+def _size(config: Mapping[str, Any], name: str, default: Any = None) -> int:
+    value = _setting(config, name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= DIMENSION_LIMIT:
+        raise ApiError(f"config.json:{name}", f"must be an integer from 1 to {DIMENSION_LIMIT}, got {value!r}")
+    return value
+
+
+def _positive(config: Mapping[str, Any], name: str, default: Any = None) -> float:
+    value = _setting(config, name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ApiError(f"config.json:{name}", f"must be a positive finite number, got {value!r}")
     return value
 
 
@@ -44,19 +72,19 @@ def _precision(config: Mapping[str, Any]) -> str:
 
 def _gpt2_architecture(config: Mapping[str, Any]) -> ModelArchitecture:
     activation = _setting(config, "activation_function", "gelu_new")
-    if activation not in GPT2_ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in GPT2_ACTIVATIONS:
         raise ApiError("config.json:activation_function", f"{activation!r} is not supported")
     _require_setting(config, "scale_attn_weights", True)
     _require_setting(config, "scale_attn_by_inverse_layer_idx", False)
-    width = _setting(config, "n_embd")
+    width = _size(config, "n_embd")
     return ModelArchitecture(
-        vocabulary=_setting(config, "vocab_size"),
+        vocabulary=_size(config, "vocab_size"),
         width=width,
-        ffn=config.get("n_inner") or 4 * width,
-        context=_setting(config, "n_positions"),
-        layers=_setting(config, "n_layer"),
-        heads=_setting(config, "n_head"),
-        epsilon=_setting(config, "layer_norm_epsilon", 1e-5),
+        ffn=_size(config, "n_inner") if config.get("n_inner") is not None else 4 * width,
+        context=_size(config, "n_positions"),
+        layers=_size(config, "n_layer"),
+        heads=_size(config, "n_head"),
+        epsilon=_positive(config, "layer_norm_epsilon", 1e-5),
         activation=GPT2_ACTIVATIONS[activation],
         precision=_precision(config),
     )
@@ -66,22 +94,24 @@ def _llama_architecture(config: Mapping[str, Any]) -> LlamaArchitecture:
     _require_setting(config, "hidden_act", "silu")
     _require_setting(config, "attention_bias", False)
     _require_setting(config, "mlp_bias", False)
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ApiError("config.json:rope_parameters", f"only default rotary positions are supported, got {rope}")
-    width, heads = _setting(config, "hidden_size"), _setting(config, "num_attention_heads")
+    rope_field = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    rope = config.get(rope_field) or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ApiError(f"config.json:{rope_field}", f"only default rotary positions are supported, got {rope}")
+    width, heads = _size(config, "hidden_size"), _size(config, "num_attention_heads")
     if config.get("head_dim", width // heads) != width // heads:
         raise ApiError("config.json:head_dim", f"must equal hidden_size/num_attention_heads = {width // heads}")
+    theta = _positive(rope, "rope_theta") if "rope_theta" in rope else _positive(config, "rope_theta", 10000.0)
     return LlamaArchitecture(
-        vocabulary=_setting(config, "vocab_size"),
+        vocabulary=_size(config, "vocab_size"),
         width=width,
-        ffn=_setting(config, "intermediate_size"),
-        context=_setting(config, "max_position_embeddings"),
-        layers=_setting(config, "num_hidden_layers"),
+        ffn=_size(config, "intermediate_size"),
+        context=_size(config, "max_position_embeddings"),
+        layers=_size(config, "num_hidden_layers"),
         heads=heads,
-        kv_heads=config.get("num_key_value_heads") or heads,
-        epsilon=_setting(config, "rms_norm_eps", 1e-6),
-        rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        kv_heads=_size(config, "num_key_value_heads") if config.get("num_key_value_heads") is not None else heads,
+        epsilon=_positive(config, "rms_norm_eps", 1e-6),
+        rope_theta=float(theta),
         precision=_precision(config),
     )
 
@@ -155,29 +185,78 @@ def _llama_weights(a: LlamaArchitecture, t: _Tensors) -> dict[str, np.ndarray]:
     }
 
 
-# Hugging Face class -> (architecture reader, weight converter, module prefix in the safetensors file)
+def _gpt2_shapes(a: ModelArchitecture) -> Iterator[tuple[str, tuple[int, ...]]]:
+    C, F = a.width, a.ffn
+    yield from (("wte.weight", (a.vocabulary, C)), ("wpe.weight", (a.context, C)))
+    for i in range(a.layers):
+        yield from ((f"h.{i}.ln_1.weight", (C,)), (f"h.{i}.ln_1.bias", (C,)), (f"h.{i}.attn.c_attn.weight", (C, 3 * C)),
+                    (f"h.{i}.attn.c_attn.bias", (3 * C,)), (f"h.{i}.attn.c_proj.weight", (C, C)),
+                    (f"h.{i}.attn.c_proj.bias", (C,)), (f"h.{i}.ln_2.weight", (C,)), (f"h.{i}.ln_2.bias", (C,)),
+                    (f"h.{i}.mlp.c_fc.weight", (C, F)), (f"h.{i}.mlp.c_fc.bias", (F,)),
+                    (f"h.{i}.mlp.c_proj.weight", (F, C)), (f"h.{i}.mlp.c_proj.bias", (C,)))
+    yield from (("ln_f.weight", (C,)), ("ln_f.bias", (C,)))
+
+
+def _llama_shapes(a: LlamaArchitecture) -> Iterator[tuple[str, tuple[int, ...]]]:
+    C, F, KV = a.width, a.ffn, a.kv_width
+    yield "embed_tokens.weight", (a.vocabulary, C)
+    for i in range(a.layers):
+        yield from ((f"layers.{i}.input_layernorm.weight", (C,)), (f"layers.{i}.self_attn.q_proj.weight", (C, C)),
+                    (f"layers.{i}.self_attn.k_proj.weight", (KV, C)), (f"layers.{i}.self_attn.v_proj.weight", (KV, C)),
+                    (f"layers.{i}.self_attn.o_proj.weight", (C, C)),
+                    (f"layers.{i}.post_attention_layernorm.weight", (C,)),
+                    (f"layers.{i}.mlp.gate_proj.weight", (F, C)), (f"layers.{i}.mlp.up_proj.weight", (F, C)),
+                    (f"layers.{i}.mlp.down_proj.weight", (C, F)))
+    yield "norm.weight", (C,)
+
+
+# Hugging Face class -> (architecture reader, tensor shapes, weight converter, module prefix in the safetensors file)
 _FAMILIES = {
-    "GPT2LMHeadModel": (_gpt2_architecture, _gpt2_weights, "transformer."),
-    "LlamaForCausalLM": (_llama_architecture, _llama_weights, "model."),
+    "GPT2LMHeadModel": (_gpt2_architecture, _gpt2_shapes, _gpt2_weights, "transformer."),
+    "LlamaForCausalLM": (_llama_architecture, _llama_shapes, _llama_weights, "model."),
 }
 _MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
 def _weight_files(directory: Path) -> list[Path]:
     """model.safetensors, or the shards its index names (as save_pretrained writes large models)."""
-    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+    single, index = directory / "model.safetensors", directory / INDEX
     if single.is_file():
         return [single]
     if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as error:
-            raise ApiError(index.name, f"is not a safetensors index: {error}") from None
-        missing = [name for name in shards if not (directory / name).is_file()]
+        weight_map = read_json(index, INDEX)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+            raise ApiError(INDEX, "is not a safetensors index: it needs a weight_map of tensor names to shard files")
+        shards = [confined(directory, name, INDEX) for name in sorted(set(weight_map.values()))]
+        missing = [shard.name for shard in shards if not shard.is_file()]
         if missing:
-            raise ApiError(index.name, f"names {missing[0]}, which {directory} does not hold")
-        return [directory / name for name in shards]
-    raise ApiError("directory", f"{directory} has no model.safetensors (nor model.safetensors.index.json)")
+            raise ApiError(INDEX, f"names {missing[0]}, which {directory} does not hold")
+        return shards
+    raise ApiError("directory", f"{directory} has no model.safetensors (nor {INDEX})")
+
+
+def _check_shapes(files: list[Path], prefix: str, architecture: Architecture,
+                  shapes: Callable[[Any], Iterator[tuple[str, tuple[int, ...]]]]) -> None:
+    """Compare every tensor's shape, read from the headers alone, with what the config implies."""
+    from safetensors import safe_open
+
+    found: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        try:
+            with safe_open(path, framework="numpy") as file:
+                found |= {name.removeprefix(prefix): tuple(file.get_slice(name).get_shape()) for name in file.keys()}
+        except BaseException as error:  # safetensors' own error types, or a Rust panic on a hostile header
+            if not library_failure(error):
+                raise
+            raise ApiError(path.name, f"cannot be read: {error}") from None
+    optional = [("lm_head.weight", (architecture.vocabulary, architecture.width))] if "lm_head.weight" in found else []
+    # Lazily: a config claiming a million layers stops at the first tensor the files lack.
+    for name, shape in itertools.chain(optional, shapes(architecture)):
+        if name not in found:
+            raise ApiError("safetensors", f"the model files hold no tensor {name!r}")
+        if found[name] != shape:
+            raise ApiError("safetensors", f"tensor {name!r} has shape {list(found[name])}; config.json implies {list(shape)}")
 
 
 def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, InitializationProvenance]:
@@ -189,20 +268,25 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
     if not config_path.is_file():
         raise ApiError("directory", f"{directory} has no config.json")
     weight_files = _weight_files(directory)
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as error:
-        raise ApiError("config.json", f"is not readable JSON: {error}") from None
-    family = _MODEL_TYPES.get(config.get("model_type"))
+    config = read_json(config_path, "config.json", allow_non_finite=True)
+    if not isinstance(config, dict):
+        raise ApiError("config.json", "must be a JSON object")
+    for name, value in config.items():
+        require_finite(value, f"config.json:{name}")
+    model_type = config.get("model_type")
+    family = _MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
-        raise ApiError("config.json:model_type", f"{config.get('model_type')!r} is not one of {', '.join(_MODEL_TYPES)}")
-    read_architecture, read_weights, prefix = _FAMILIES[family]
+        raise ApiError("config.json:model_type", f"{model_type!r} is not one of {', '.join(_MODEL_TYPES)}")
+    read_architecture, shapes, read_weights, prefix = _FAMILIES[family]
     architecture = read_architecture(config)
+    _check_shapes(weight_files, prefix, architecture, shapes)
     tensors = {}
     for path in weight_files:
         try:
             tensors |= load_file(path)
-        except Exception as error:  # safetensors raises its own error types for damaged files
+        except BaseException as error:  # safetensors raises its own error types for damaged files
+            if not library_failure(error):
+                raise
             raise ApiError(path.name, f"cannot be read: {error}") from None
     weights = ModelWeights.from_dict(read_weights(architecture, _Tensors(tensors, prefix)))
     sources = ",".join(f"{path.name}:sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}" for path in weight_files)
@@ -214,7 +298,27 @@ def import_hf(directory: str | Path, out: str | Path, *, overwrite: bool = False
     """Convert a local Hugging Face model directory into a jgpt ModelArtifact at `out`."""
     from jgpt.artifact import save_artifact
 
+    source, target = Path(directory).resolve(), Path(out).resolve()
+    if source.is_relative_to(target):
+        raise ApiError("out", f"{out} is (or holds) the model directory being imported; choose another")
     architecture, weights, provenance = convert(directory)
-    tokenizer = Path(directory) / "tokenizer.json"
-    tokenizer = tokenizer if tokenizer.is_file() else None
-    return save_artifact(out, architecture, weights, provenance, tokenizer, overwrite=overwrite)
+    return save_artifact(out, architecture, weights, provenance, _tokenizer(Path(directory), architecture),
+                         overwrite=overwrite)
+
+
+def _tokenizer(directory: Path, architecture: Architecture) -> Path | None:
+    """tokenizer.json when present, checked now rather than when the model first generates."""
+    from jgpt.tokenizer import Tokenizer
+
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        tokenizer = Tokenizer.load(path)
+    except ApiError as error:
+        raise ApiError("tokenizer.json", f"{error.reason} (jgpt reads only its own byte-level tokenizer files; "
+                                         f"move it aside to import the model without a tokenizer)") from None
+    if tokenizer.vocab_size > architecture.vocabulary:
+        raise ApiError("tokenizer.json", f"has {tokenizer.vocab_size} ids, more than the model's vocab_size "
+                                         f"{architecture.vocabulary} can embed")
+    return path

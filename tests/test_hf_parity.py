@@ -42,8 +42,8 @@ CONFIGS = {
         vocab_size=61, hidden_size=48, intermediate_size=40, num_hidden_layers=3, num_attention_heads=6,
         num_key_value_heads=2, max_position_embeddings=20, rms_norm_eps=1e-5, rope_theta=500.0)),
     "llama-mqa-tied": lambda: LlamaForCausalLM(LlamaConfig(
-        vocab_size=130, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=12, tie_word_embeddings=True)),
+        vocab_size=260, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=12, tie_word_embeddings=True)),  # embeds the byte tokenizer
 }
 
 
