@@ -4,11 +4,20 @@ The page embeds everything it shows (data as JSON, pictures as data: URIs, its
 own CSS and script) and loads nothing from a network. Its script renders the
 panels for an InspectionState and changes that state on clicks, or from the URL
 fragment (`#position=7&surface=model`); it only reads the recorded values.
+
+A record is input like any other, so nothing in it may become markup or script:
+the server side escapes every recorded string it writes, the embedded JSON escapes
+`<`, `>`, `&`, U+2028 and U+2029 (no `</script>` or `<!--` can end or change the
+script element), the script builds every element with createElement and puts
+recorded values only into text nodes and attribute values (never innerHTML), and
+the Content-Security-Policy admits exactly the page's own script and style by their
+SHA-256: no other inline script, event handler attribute or javascript: URL runs.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import shutil
@@ -21,6 +30,7 @@ from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
 from experiments.plots import draw_plots
 from jgpt.identity import write_atomically
+from jgpt.paths import confined
 
 SECTIONS = (
     ("overview", "Question and bindings"),
@@ -63,7 +73,9 @@ def write_report(record_path: Path, out: Path) -> Path:
     with tempfile.TemporaryDirectory() as scratch:
         if not all((plots / name).is_file() for name in _plot_names(record)):
             plots = Path(scratch) / "plots"  # a record run without plots: draw them for the page only
-            shutil.copytree(directory, scratch, dirs_exist_ok=True, ignore=shutil.ignore_patterns("plots", "*.html"))
+            for arm in record["arms"]:  # only the files the record names, verified by the replay above
+                shutil.copyfile(confined(directory, arm["cache_run"]["path"], "cache_run.path"),
+                                confined(scratch, arm["cache_run"]["path"], "cache_run.path"))
             draw_plots(record, Path(scratch))
         page = _page(record, data, plots)
     out = Path(out)
@@ -96,7 +108,7 @@ def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
     contract = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in lab["contract"].items())
     sources = "".join(f'<li><a href="{html.escape(s["url"])}">{html.escape(s["title"])}</a></li>' for s in lab["sources"])
     nav = "".join(f'<a href="#{key}-section">{html.escape(title)}</a>' for key, title in SECTIONS)
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    payload = json.dumps(data, separators=(",", ":")).translate(_SCRIPT_SAFE)
     bodies = {
         "arms": '<div id="arms-table" class="scroll"></div>' + _image(plots / "arms.png", "arms compared"),
         "kvsim": '<div id="events-panel"></div>' + timelines,
@@ -110,7 +122,7 @@ def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">
 <title>{html.escape(lab["name"])}: {html.escape(record["id"])}</title>
 <style>{_CSS}</style></head>
 <body><header><h1>{html.escape(lab["name"])}</h1><p class="question">{html.escape(lab["question"])}</p>
@@ -119,6 +131,15 @@ def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
 <script type="application/json" id="data">{payload}</script>
 <script>{_SCRIPT}</script></body></html>
 """
+
+
+# JSON escapes that keep embedded data inert inside <script>: no "</script>", "<!--" or "<script"
+# can form, and the line separators some parsers treat as line ends are escaped too.
+_SCRIPT_SAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def _digest(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
 
 
 _CSS = """
@@ -138,15 +159,31 @@ th{background:#f3f4f6} td.l,th.l{text-align:left}
 .stage{cursor:pointer;padding:2px 6px;margin:2px 0;border-left:3px solid transparent} .stage.sel{border-color:#dc2626;background:#fef2f2}
 .heads{display:flex;flex-wrap:wrap;gap:10px} .heads figure{margin:0} figcaption{font-size:11px;color:#6b7280}
 tr.sel td{background:#fef2f2} button{font-size:12px;margin:2px} .scroll{overflow-x:auto}
+.events{max-height:320px;overflow-y:auto}
 """
 
 _SCRIPT = r"""
 const D = JSON.parse(document.getElementById('data').textContent);
 const I = D.inspectable, OBS = I.observations;
 const $ = id => document.getElementById(id);
-const esc = s => String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
 const fmt = v => v === null || v === undefined ? '' : (typeof v === 'number' && !Number.isInteger(v) ? v.toFixed(4) : String(v));
 let state = D.initial;
+
+// Every element is built here; recorded values only ever become text nodes or attribute values.
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(props || {})) {
+    if (k === 'class') node.className = v;
+    else if (k === 'data') Object.assign(node.dataset, v);
+    else if (k === 'style') Object.assign(node.style, v);  // CSSOM, which the CSP allows
+    else if (k === 'onclick' || k === 'onchange') node[k] = v;
+    else if (v !== false && v !== null && v !== undefined) node.setAttribute(k, v === true ? '' : String(v));
+  }
+  node.append(...children.flat(Infinity).filter(c => c !== null && c !== undefined).map(c => c instanceof Node ? c : String(c)));
+  return node;
+}
+const show = (id, ...children) => $(id).replaceChildren(...children.flat(Infinity).map(c => c instanceof Node ? c : String(c)));
+const table = (props, header, rows) => el('table', props, el('tr', {}, header), rows);
 
 function requestOf(runId) {
   const r = OBS.requests.find(r => OBS.run_id + '/' + r.request_id === runId);
@@ -178,55 +215,61 @@ function trySelect(changes) { try { select(changes); } catch (e) { $('inspection
 
 function renderOverview() {
   const rec = D.record, b = rec.lab.ontology_binding, p = rec.provenance, m = rec.bindings.models[0];
-  $('overview-panel').innerHTML = '<table>' + [
+  show('overview-panel', el('table', {}, [
     ['record', rec.id], ['lab', rec.lab.id], ['ontology', b.primary + (b.related.length ? ' (related: ' + b.related.join(', ') + ')' : '')],
     ['model', m.model_id], ['checkpoint_sha256', m.checkpoint_sha256], ['tokenizer_sha256', m.tokenizer_sha256],
     ['architecture', Object.entries(m.architecture).map(([k, v]) => k + '=' + v).join(' ')],
     ['workload', rec.bindings.workload.kind + ', ' + rec.bindings.workload.requests.length + ' requests'],
     ['backend', Object.values(p.backend).join(' / ')], ['python', p.python], ['revision', p.revision],
-  ].map(([k, v]) => '<tr><th class="l">' + esc(k) + '</th><td class="l">' + esc(v) + '</td></tr>').join('') + '</table>';
+  ].map(([k, v]) => el('tr', {}, el('th', {class: 'l'}, k), el('td', {class: 'l'}, fmt(v))))));
 }
 function renderArms() {
   const rows = D.summary.arms, keys = Object.keys(rows[0]);
-  $('arms-table').innerHTML = '<table><tr>' + keys.map(k => '<th>' + esc(k) + '</th>').join('') + '</tr>' +
-    rows.map(r => '<tr>' + keys.map(k => '<td' + (k === 'label' ? ' class="l"' : '') + '>' + esc(fmt(r[k])) + '</td>').join('') + '</tr>').join('') + '</table>';
+  show('arms-table', table({}, keys.map(k => el('th', {}, k)),
+    rows.map(r => el('tr', {}, keys.map(k => el('td', {class: k === 'label' ? 'l' : null}, fmt(r[k])))))));
 }
 function renderArchitecture() {
   const stages = I.walkthrough.stages, s = stages[state.architecture_step];
-  $('architecture-panel').innerHTML = stages.map((st, i) =>
-    '<div class="stage' + (i === state.architecture_step ? ' sel' : '') + '" data-step="' + i + '">' + i + '. <b>' + esc(st.label) + '</b> <small>' + esc(st.owner) + ' · ' + esc(st.scope) + '</small></div>').join('') +
-    '<p id="stage-detail"><b>' + esc(s.label) + '</b>: ' + esc(s.detail) + '<br>reads stages [' + s.inputs.join(', ') + ']; operations: ' + esc(s.operations.join(', ')) +
-    '; observed as <code>' + esc(s.inspection) + '</code>' + (s.related.length ? '; related: ' + esc(s.related.join(', ')) : '') + '</p>';
-  document.querySelectorAll('.stage').forEach(el => el.onclick = () => trySelect({architecture_step: +el.dataset.step, surface: 'architecture'}));
+  show('architecture-panel', stages.map((st, i) =>
+    el('div', {class: 'stage' + (i === state.architecture_step ? ' sel' : ''), onclick: () => trySelect({architecture_step: i, surface: 'architecture'})},
+      i + '. ', el('b', {}, st.label), ' ', el('small', {}, st.owner + ' · ' + st.scope))),
+    el('p', {id: 'stage-detail'}, el('b', {}, s.label), ': ' + s.detail, el('br'),
+      'reads stages [' + s.inputs.join(', ') + ']; operations: ' + s.operations.join(', ') + '; observed as ', el('code', {}, s.inspection),
+      s.related.length ? '; related: ' + s.related.join(', ') : ''));
 }
 function renderTokens(r) {
   const turnOf = new Array(r.tokens.length).fill(null), reply = new Array(r.tokens.length).fill(false);
   r.spans.forEach(sp => { for (let t = sp.token_start; t < sp.token_end; t++) { turnOf[t] = sp.turn; reply[t] = sp.kind === 'reply'; } });
-  const picker = OBS.requests.map(q => '<button data-run="' + esc(OBS.run_id + '/' + q.request_id) + '">' + esc(q.request_id) + '</button>').join('');
-  $('tokens-panel').innerHTML = '<div>inspected requests: ' + picker + '</div><p>' + r.tokens.map((t, i) =>
-    '<span class="tok ' + (t.kind === 'control' ? 'control ' : '') + (i >= r.prompt_length ? 'output ' : '') + (reply[i] ? 'reply ' : '') + (turnOf[i] !== null ? 'turn' + (turnOf[i] % 2) : '') +
-    (i === state.position ? ' sel' : '') + '" data-pos="' + i + '" title="position ' + i + ', id ' + t.id + '">' + esc(t.piece) + '</span>').join('') +
-    '</p><small>' + r.prompt_length + ' prompt positions (framed turns; controls yellow), ' + (r.tokens.length - r.prompt_length) + ' generated (green); earlier replies the client resent are blue. Click a position.</small>';
-  document.querySelectorAll('.tok').forEach(el => el.onclick = () => { if (+el.dataset.pos <= r.tokens.length - 2) trySelect({position: +el.dataset.pos, surface: 'request'}); });
-  document.querySelectorAll('#tokens-panel button').forEach(el => el.onclick = () => trySelect({run_id: el.dataset.run}));
+  const picker = OBS.requests.map(q => el('button', {onclick: () => trySelect({run_id: OBS.run_id + '/' + q.request_id})}, q.request_id));
+  const tokens = r.tokens.map((t, i) => el('span', {
+    class: 'tok ' + (t.kind === 'control' ? 'control ' : '') + (i >= r.prompt_length ? 'output ' : '') + (reply[i] ? 'reply ' : '') +
+      (turnOf[i] !== null ? 'turn' + (turnOf[i] % 2) : '') + (i === state.position ? ' sel' : ''),
+    data: {pos: i}, title: 'position ' + i + ', id ' + t.id,
+    onclick: () => { if (i <= r.tokens.length - 2) trySelect({position: i, surface: 'request'}); }}, t.piece));
+  show('tokens-panel', el('div', {}, 'inspected requests: ', picker), el('p', {}, tokens),
+    el('small', {}, r.prompt_length + ' prompt positions (framed turns; controls yellow), ' + (r.tokens.length - r.prompt_length) +
+      ' generated (green); earlier replies the client resent are blue. Click a position.'));
 }
 function renderPrediction(r) {
   const p = r.predictions[state.position];
-  $('prediction-panel').innerHTML = '<p>after position ' + p.position + ' (' + esc(r.tokens[p.position].piece) + '), the recorded next id is <b>' + esc(r.tokens[p.position + 1].piece) +
-    '</b> (id ' + p.next_id + ', p=' + p.next_probability.toFixed(4) + ')</p><table id="candidates"><tr><th class="l">candidate</th><th>id</th><th>probability</th><th class="l"></th></tr>' +
-    p.candidates.map(c => '<tr' + (c.id === p.next_id ? ' class="sel"' : '') + '><td class="l"><code>' + esc(c.piece) + '</code></td><td>' + c.id + '</td><td>' + c.probability.toFixed(4) +
-      '</td><td class="l"><span class="bar" style="width:' + Math.round(200 * c.probability) + 'px"></span></td></tr>').join('') + '</table>';
+  show('prediction-panel',
+    el('p', {}, 'after position ' + p.position + ' (' + r.tokens[p.position].piece + '), the recorded next id is ', el('b', {}, r.tokens[p.position + 1].piece),
+      ' (id ' + p.next_id + ', p=' + fmt(p.next_probability) + ')'),
+    table({id: 'candidates'}, [el('th', {class: 'l'}, 'candidate'), el('th', {}, 'id'), el('th', {}, 'probability'), el('th', {class: 'l'})],
+      p.candidates.map(c => el('tr', {class: c.id === p.next_id ? 'sel' : null}, el('td', {class: 'l'}, el('code', {}, c.piece)), el('td', {}, c.id),
+        el('td', {}, fmt(c.probability)), el('td', {class: 'l'}, el('span', {class: 'bar', style: {width: Math.round(200 * c.probability) + 'px'}}))))));
 }
 function renderAttention(r) {
   const layers = r.attention, obs = layers.find(o => o.id === state.observation_id) || layers[0];
   const n = obs.values.length, heads = obs.shape[1], cell = Math.max(3, Math.min(8, Math.floor(320 / n)));
-  $('attention-panel').innerHTML = '<div>' + layers.map(o => '<button data-obs="' + esc(o.id) + '"' + (o.id === obs.id ? ' disabled' : '') + '>layer ' + o.layer + '</button>').join('') +
-    '</div><p><code id="observation-id">' + esc(obs.id) + '</code>: rows are query positions, columns the positions they attend to; the red line is the selected position.</p><div class="heads">' +
-    Array.from({length: heads}, (_, h) => '<figure><canvas class="heatmap" data-head="' + h + '" width="' + n * cell + '" height="' + n * cell + '"></canvas><figcaption>head ' + h + '</figcaption></figure>').join('') +
-    '</div><p>position ' + state.position + ' attends most to: ' + Array.from({length: heads}, (_, h) => {
-      const row = obs.values[state.position][h], k = row.indexOf(Math.max(...row));
-      return 'head ' + h + ' → ' + k + ' (' + esc(r.tokens[k].piece) + ', ' + row[k].toFixed(3) + ')'; }).join('; ') + '</p>';
-  document.querySelectorAll('#attention-panel button').forEach(el => el.onclick = () => trySelect({observation_id: el.dataset.obs, surface: 'model'}));
+  const best = h => { const row = obs.values[state.position][h], k = row.indexOf(Math.max(...row));
+    return 'head ' + h + ' → ' + k + ' (' + r.tokens[k].piece + ', ' + row[k].toFixed(3) + ')'; };
+  show('attention-panel',
+    el('div', {}, layers.map(o => el('button', {disabled: o.id === obs.id, onclick: () => trySelect({observation_id: o.id, surface: 'model'})}, 'layer ' + o.layer))),
+    el('p', {}, el('code', {id: 'observation-id'}, obs.id), ': rows are query positions, columns the positions they attend to; the red line is the selected position.'),
+    el('div', {class: 'heads'}, Array.from({length: heads}, (_, h) =>
+      el('figure', {}, el('canvas', {class: 'heatmap', data: {head: h}, width: n * cell, height: n * cell}), el('figcaption', {}, 'head ' + h)))),
+    el('p', {}, 'position ' + state.position + ' attends most to: ' + Array.from({length: heads}, (_, h) => best(h)).join('; ')));
   document.querySelectorAll('canvas.heatmap').forEach(cv => {
     const ctx = cv.getContext('2d'), h = +cv.dataset.head;
     ctx.fillStyle = '#f3f4f6'; ctx.fillRect(0, 0, cv.width, cv.height);
@@ -239,26 +282,27 @@ function renderAttention(r) {
 function renderComputations(r) {
   const works = I.computations[r.request_id] || [];
   const cols = ['work_id', 'phase', 'processed_positions', 'reused_positions', 'matmul_flops', 'reference_matmul_flops', 'logical_memory_bytes', 'reference_max_abs_error', 'wall_time_us'];
-  $('computations-panel').innerHTML = '<p>' + works.length + ' works of ' + esc(r.request_id) + ' (FLOPs and bytes are analytic counts; wall time is measured on this host). Click a row.</p><div class="scroll"><table><tr>' +
-    cols.map(c => '<th>' + esc(c) + '</th>').join('') + '</tr>' + works.map((w, i) => '<tr data-work="' + i + '"' + (i === state.computation_index ? ' class="sel"' : '') + '>' +
-    cols.map(c => '<td>' + esc(fmt(w[c])) + '</td>').join('') + '</tr>').join('') + '</table></div>';
-  document.querySelectorAll('#computations-panel tr[data-work]').forEach(el => el.onclick = () => trySelect({computation_index: +el.dataset.work, surface: 'resources'}));
+  show('computations-panel',
+    el('p', {}, works.length + ' works of ' + r.request_id + ' (FLOPs and bytes are analytic counts; wall time is measured on this host). Click a row.'),
+    el('div', {class: 'scroll'}, table({}, cols.map(c => el('th', {}, c)), works.map((w, i) =>
+      el('tr', {data: {work: i}, class: i === state.computation_index ? 'sel' : null, onclick: () => trySelect({computation_index: i, surface: 'resources'})},
+        cols.map(c => el('td', {}, fmt(w[c]))))))));
 }
 function renderEvents(r) {
   const armPicker = $('arm-picker'), arm = armPicker ? +armPicker.value : 0;
   const events = D.events[arm].filter(e => e.request_id === r.request_id);
   const cols = ['event_id', 'time_us', 'kind', 'phase', 'state_id', 'bytes', 'device_reserved_bytes', 'host_retained_bytes', 'transfer_direction', 'detail', 'causes'];
-  $('events-panel').innerHTML = '<p>kvsim events of ' + esc(r.request_id) + ' in arm <select id="arm-picker">' +
-    D.summary.arms.map((a, i) => '<option value="' + i + '"' + (i === arm ? ' selected' : '') + '>' + esc(a.label) + '</option>').join('') +
-    '</select> (virtual microseconds; causes name the events that made each happen)</p><div class="scroll" style="max-height:320px;overflow-y:auto"><table id="events"><tr>' +
-    cols.map(c => '<th>' + esc(c) + '</th>').join('') + '</tr>' + events.map(e => '<tr>' + cols.map(c => '<td' + (c === 'kind' || c === 'detail' ? ' class="l"' : '') + '>' +
-    esc(Array.isArray(e[c]) ? e[c].join(' ') : fmt(e[c])) + '</td>').join('') + '</tr>').join('') + '</table></div>';
-  $('arm-picker').onchange = () => renderEvents(r);
+  const picker = el('select', {id: 'arm-picker', onchange: () => renderEvents(r)},
+    D.summary.arms.map((a, i) => el('option', {value: i, selected: i === arm}, a.label)));
+  show('events-panel',
+    el('p', {}, 'kvsim events of ' + r.request_id + ' in arm ', picker, ' (virtual microseconds; causes name the events that made each happen)'),
+    el('div', {class: 'scroll events'}, table({id: 'events'}, cols.map(c => el('th', {}, c)), events.map(e =>
+      el('tr', {}, cols.map(c => el('td', {class: c === 'kind' || c === 'detail' ? 'l' : null}, Array.isArray(e[c]) ? e[c].join(' ') : fmt(e[c]))))))));
 }
 function renderMap() {
   const byId = Object.fromEntries(D.map.nodes.map(n => [n.id, n]));
-  $('map-list').innerHTML = '<details><summary>' + D.map.nodes.length + ' nodes, ' + D.map.relationships.length + ' relationships (data)</summary><ul>' +
-    D.map.relationships.map(e => '<li>' + esc(byId[e.source].owner) + ' → ' + esc(byId[e.target].owner) + ': ' + esc(e.label) + '</li>').join('') + '</ul></details>';
+  show('map-list', el('details', {}, el('summary', {}, D.map.nodes.length + ' nodes, ' + D.map.relationships.length + ' relationships (data)'),
+    el('ul', {}, D.map.relationships.map(e => el('li', {}, byId[e.source].owner + ' → ' + byId[e.target].owner + ': ' + e.label)))));
 }
 function render() {
   const r = requestOf(state.run_id);
@@ -274,3 +318,7 @@ function fromHash() {
 renderOverview(); renderArms(); renderMap(); render(); fromHash();
 window.addEventListener('hashchange', fromHash);
 """
+
+# Only the page's own style and script, by hash: nothing a record could smuggle in runs or applies.
+CONTENT_SECURITY_POLICY = (f"default-src 'none'; img-src data:; style-src {_digest(_CSS)}; script-src {_digest(_SCRIPT)}; "
+                           "base-uri 'none'; form-action 'none'")
