@@ -1,4 +1,5 @@
-"""`jgpt kvsim ...` (and `python -m kvsim ...`): run, replay, plot, perfetto, import-trace, synthesize."""
+"""`jgpt kvsim ...` (and `python -m kvsim ...`): run, replay, plot, perfetto, import-trace, synthesize,
+calibrate, predict."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from jgpt.errors import ApiError
 from jgpt.identity import read_bytes, write_atomically
 from jgpt.output_paths import output_directory, output_file
 from kvsim import analytic, traces
-from kvsim.cache_run import first_difference, read_record, record_chunks, record_json, rerun, run_id, simulate
+from kvsim.cache_run import first_difference, load_json, read_record, record_chunks, record_json, rerun, run_id, simulate
 from kvsim.inputs import load_input
 from kvsim.record_view import check_viewable
 from kvsim.recorded import document_json
@@ -49,6 +50,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", type=Path, required=True)
     _model_options(synth)
+    calibrate = sub.add_parser("calibrate", help="fit the calibrated compute service and transfer to measured engine runs")
+    calibrate.add_argument("measured", type=Path, nargs="+", help="measured-run documents (jgpt serve --out)")
+    calibrate.add_argument("--out", type=Path, required=True, help="where to write the system fragment (JSON)")
+    forecast = sub.add_parser("predict", help="simulate a measured engine run and compare with it field by field")
+    forecast.add_argument("measured", type=Path)
+    forecast.add_argument("--service", type=Path, help="a fragment from calibrate (default: the run's own rates)")
+    forecast.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
 
@@ -112,6 +120,8 @@ def main(command: str, argv: list[str]) -> int:
         write_atomically(out, _json_bytes(trace_events(record)))
         print(f"{out} (open in https://ui.perfetto.dev)")
         return 0
+    if args.action in ("calibrate", "predict"):
+        return _fidelity(args)
     model = _model(args)
     output_file(args.out, "--out", [getattr(args, "trace", None)])
     if args.action == "import-trace":
@@ -130,4 +140,27 @@ def main(command: str, argv: list[str]) -> int:
         raise ApiError("TRACE", "no requests")
     write_atomically(args.out, _json_bytes(document_json(analytic.analytic_computations(model, items, source))))
     print(f"{len(items)} requests written to {args.out}")
+    return 0
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    """calibrate and predict (numpy fits the parameters, so it is imported only here)."""
+    from kvsim.calibration import fit, fit_table, load_measured_run, read_service
+    from kvsim.fidelity import compare, comparison_table, predict
+
+    if args.action == "calibrate":
+        output_file(args.out, "--out", args.measured)
+        fragment, fits, notes = fit([load_measured_run(path, f"MEASURED[{i}]") for i, path in enumerate(args.measured)])
+        print(fit_table(fits, notes))
+        write_atomically(args.out, (json.dumps(fragment, indent=1) + "\n").encode())
+        print(f"service fragment written to {args.out}")
+        return 0
+    run = load_measured_run(args.measured, "MEASURED")
+    service = None if args.service is None else read_service(load_json(read_bytes(args.service, "--service"), "--service"))
+    rows = compare(run.document["totals"], predict(run, service).outcomes["totals"])
+    if args.json:
+        print(json.dumps([row.to_json() for row in rows], indent=1))
+    else:
+        print(f"{args.measured}: measured vs kvsim ({'calibrated: ' + str(args.service) if service else 'own rates'})")
+        print(comparison_table(rows))
     return 0

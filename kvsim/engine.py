@@ -256,7 +256,7 @@ class _Engine:
         causes = (decision,) if self.link_free_event < 0 else (decision, self.link_free_event)
         start = self.emit(request_id, "transfer_start", causes, state.state_id, state.size, direction=direction)
         self.link_busy = True
-        self.schedule(self.now + self.transfer.duration_us(state.size), _TRANSFER_END, (*transfer, start))
+        self.schedule(self.now + self.transfer.transfer_us(direction, state.size), _TRANSFER_END, (*transfer, start))
 
     def on_transfer_end(self, transfer: tuple) -> None:
         direction, state, request_id, _, start = transfer
@@ -301,7 +301,11 @@ class _Engine:
             f, b = self.work_cost(request)
             # A batch reads the fixed bytes of a work (the weights) once, not once per request.
             flops, memory = flops + f, memory + b - min(request.spec.fixed_memory_bytes, b)
-        duration = self.compute.duration_us(flops, memory)
+        # The step overhead (host time before the work) delays the work but does not busy the compute.
+        overhead, busy = self.compute.work_us(
+            "prefill" if head.step == 0 else "decode", len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory
+        )
+        duration = overhead + busy
         starts = []
         for request in batch:
             causes = (request.boundary,) if self.compute_free_event < 0 else (request.boundary, self.compute_free_event)
@@ -316,7 +320,7 @@ class _Engine:
                 )
             )
         self.compute_busy = True
-        self.busy_us += duration
+        self.busy_us += busy
         self.schedule(self.now + duration, _COMPUTE_END, (batch, starts, memory))
 
     def work_cost(self, request: _Request) -> tuple[int, int]:

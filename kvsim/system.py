@@ -3,16 +3,28 @@
 RequestSchedulingConfig, KVCacheConfig, StateTransferConfig and
 ComputeServiceConfig are frozen values validated from JSON. Rates are kept as
 exact rationals of the lexeme the JSON wrote, so every duration derived from
-them is an exact integer of virtual microseconds (see `docs/kvsim.md`).
+them is an exact integer of virtual microseconds (see `docs/kvsim.md`). The
+transfer and compute services are either the hypothetical roofline or a model
+calibrated on an engine's measurements (`kvsim.compute_service`); a calibrated
+system also says where its parameters came from (`calibration`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 from kvsim import fields
+from kvsim.compute_service import (
+    CalibratedComputeService,
+    CalibratedTransfer,
+    ComputeServiceConfig,
+    StateTransferConfig,
+    compute_service_json,
+    parse_compute_service,
+    parse_transfer,
+    transfer_json,
+)
 
 SERIALIZED = "serialized"
 CONTINUOUS_BATCHING = "continuous_batching"
@@ -34,49 +46,26 @@ class KVCacheConfig:
 
 
 @dataclass(frozen=True)
-class StateTransferConfig:
-    link_bytes_per_us: Fraction
-    link_latency_us: Fraction
-
-    def duration_us(self, size: int) -> int:
-        """Startup plus bytes over the rate, rounded up to a whole microsecond."""
-        return _ceil(self.link_latency_us + size / self.link_bytes_per_us)
-
-
-@dataclass(frozen=True)
-class ComputeServiceConfig:
-    compute_flops_per_us: Fraction
-    memory_bytes_per_us: Fraction
-
-    def duration_us(self, matmul_flops: int, memory_bytes: int) -> int:
-        """max(FLOPs / compute rate, bytes / memory rate), rounded up to a whole microsecond."""
-        flops_rate, bytes_rate = self.compute_flops_per_us, self.memory_bytes_per_us
-        flops_us = -(-matmul_flops * flops_rate.denominator // flops_rate.numerator)
-        bytes_us = -(-memory_bytes * bytes_rate.denominator // bytes_rate.numerator)
-        return max(flops_us, bytes_us)
-
-
-@dataclass(frozen=True)
 class KVResidencySystemConfig:
     max_requests: int
     max_new_tokens_cap: int
     scheduling: RequestSchedulingConfig
     kv_cache: KVCacheConfig
-    transfer: StateTransferConfig
-    compute_service: ComputeServiceConfig
+    transfer: StateTransferConfig | CalibratedTransfer
+    compute_service: ComputeServiceConfig | CalibratedComputeService
+    calibration: dict | None = None  # where calibrated parameters came from (jgpt kvsim calibrate)
 
 
 def parse_system(value: Any, field: str = "system") -> KVResidencySystemConfig:
     top = fields.mapping(
-        value, field, {"max_requests", "max_new_tokens_cap", "scheduling", "kv_cache", "transfer", "compute_service"}
+        value,
+        field,
+        {"max_requests", "max_new_tokens_cap", "scheduling", "kv_cache", "transfer", "compute_service"},
+        {"calibration"},
     )
     scheduling = fields.mapping(top["scheduling"], f"{field}.scheduling", {"max_active_requests"}, {"policy"})
     cache = fields.mapping(
         top["kv_cache"], f"{field}.kv_cache", {"device_kv_bytes", "host_kv_bytes"}, {"retention_policy"}
-    )
-    transfer = fields.mapping(top["transfer"], f"{field}.transfer", {"link_bytes_per_us", "link_latency_us"})
-    compute = fields.mapping(
-        top["compute_service"], f"{field}.compute_service", {"compute_flops_per_us", "memory_bytes_per_us"}
     )
     return KVResidencySystemConfig(
         max_requests=fields.integer(top["max_requests"], f"{field}.max_requests", 1),
@@ -96,26 +85,26 @@ def parse_system(value: Any, field: str = "system") -> KVResidencySystemConfig:
                 cache.get("retention_policy", "lru"), f"{field}.kv_cache.retention_policy", RETENTION_POLICIES
             ),
         ),
-        transfer=StateTransferConfig(
-            link_bytes_per_us=fields.positive_rate(
-                transfer["link_bytes_per_us"], f"{field}.transfer.link_bytes_per_us"
-            ),
-            link_latency_us=fields.number(transfer["link_latency_us"], f"{field}.transfer.link_latency_us"),
-        ),
-        compute_service=ComputeServiceConfig(
-            compute_flops_per_us=fields.positive_rate(
-                compute["compute_flops_per_us"], f"{field}.compute_service.compute_flops_per_us"
-            ),
-            memory_bytes_per_us=fields.positive_rate(
-                compute["memory_bytes_per_us"], f"{field}.compute_service.memory_bytes_per_us"
-            ),
-        ),
+        transfer=parse_transfer(top["transfer"], f"{field}.transfer"),
+        compute_service=parse_compute_service(top["compute_service"], f"{field}.compute_service"),
+        calibration=_calibration(top["calibration"], f"{field}.calibration") if "calibration" in top else None,
     )
+
+
+def _calibration(value: Any, field: str) -> dict:
+    """Recorded as given: the measured runs' backend, machine and sha256 digests, and the works fitted."""
+    calibration = fields.mapping(value, field, {"backend", "machine", "sources", "works"})
+    fields.loose_mapping(calibration["backend"], f"{field}.backend", set())
+    fields.loose_mapping(calibration["machine"], f"{field}.machine", set())
+    for index, source in enumerate(fields.array(calibration["sources"], f"{field}.sources")):
+        fields.string(source, f"{field}.sources[{index}]")
+    fields.integer(calibration["works"], f"{field}.works")
+    return calibration
 
 
 def system_json(config: KVResidencySystemConfig) -> dict:
     """The normalized JSON form (defaults filled in) that records carry and replays read back."""
-    return {
+    normalized = {
         "max_requests": config.max_requests,
         "max_new_tokens_cap": config.max_new_tokens_cap,
         "scheduling": {
@@ -127,16 +116,7 @@ def system_json(config: KVResidencySystemConfig) -> dict:
             "host_kv_bytes": config.kv_cache.host_kv_bytes,
             "retention_policy": config.kv_cache.retention_policy,
         },
-        "transfer": {
-            "link_bytes_per_us": fields.json_number(config.transfer.link_bytes_per_us),
-            "link_latency_us": fields.json_number(config.transfer.link_latency_us),
-        },
-        "compute_service": {
-            "compute_flops_per_us": fields.json_number(config.compute_service.compute_flops_per_us),
-            "memory_bytes_per_us": fields.json_number(config.compute_service.memory_bytes_per_us),
-        },
+        "transfer": transfer_json(config.transfer),
+        "compute_service": compute_service_json(config.compute_service),
     }
-
-
-def _ceil(value: Fraction) -> int:
-    return -(-value.numerator // value.denominator)
+    return normalized if config.calibration is None else normalized | {"calibration": config.calibration}

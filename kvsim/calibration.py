@@ -1,0 +1,247 @@
+"""Calibration: fit the calibrated ComputeService and StateTransfer to an InferenceEngine's measured works.
+
+`jgpt kvsim calibrate MEASURED.json [...] --out SERVICE.json` reads measured-run
+documents (docs/measured-run.md), fits each kind of work's latency terms by
+non-negative least squares (numpy only; kvsim stays jax-free), and writes a
+system fragment: `{"compute_service", "transfer", "calibration"}`, whose keys
+replace the same keys of a system (`merge_service`). The terms and what they
+stand for are in docs/kvsim.md ("Calibrated service").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jgpt.errors import ApiError
+from jgpt.identity import read_bytes
+from kvsim import fields
+from kvsim.cache_run import load_json
+from kvsim.compute_service import (
+    CALIBRATED,
+    DECODE,
+    DEVICE_TO_HOST,
+    HOST_TO_DEVICE,
+    PREFILL,
+    SIZE_TERMS,
+)
+
+FORMAT = "jgpt-measured-run"
+VERSION = 1
+WORK_KINDS = (PREFILL, DECODE, "offload", "reload")
+DIRECTIONS = {"offload": DEVICE_TO_HOST, "reload": HOST_TO_DEVICE}
+SIGNIFICANT_DIGITS = 6  # fitted parameters are written with this many, and read back as those exact decimals
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """The parts of a measured-run document that calibration and prediction read."""
+
+    document: dict  # the whole document, as read
+    sha256: str  # of the file's bytes
+    works: tuple[dict, ...]
+    prefill_window_buckets: tuple[int, ...]
+    decode_batch_buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KindFit:
+    """One kind of work's fitted terms and how well they reproduce the measured walls."""
+
+    kind: str
+    terms: dict[str, float]
+    count: int
+    mean_wall_us: float
+    mean_error_us: float  # mean |predicted - measured|
+    mean_relative_error: float
+    p90_relative_error: float
+
+
+def load_measured_run(path: Path, field: str) -> MeasuredRun:
+    data = read_bytes(path, field)
+    return read_measured_run(load_json(data, field), hashlib.sha256(data).hexdigest(), field)
+
+
+def read_measured_run(value: Any, sha256: str, field: str = "measured") -> MeasuredRun:
+    top = fields.loose_mapping(
+        value,
+        field,
+        {"format", "version", "execution", "machine", "system", "engine", "workload", "computations", "works",
+         "requests", "totals"},
+    )  # fmt: skip
+    if top["format"] != FORMAT:
+        raise ApiError(f"{field}.format", f"expected {FORMAT!r}, got {top['format']!r}")
+    if top["version"] != VERSION:
+        raise ApiError(f"{field}.version", f"kvsim reads version {VERSION}, got {top['version']!r}")
+    fields.loose_mapping(top["execution"], f"{field}.execution", {"backend"})
+    fields.loose_mapping(top["machine"], f"{field}.machine", set())
+    engine = fields.loose_mapping(top["engine"], f"{field}.engine", {"prefill_window_buckets", "decode_batch_buckets"})
+    works = tuple(_work(w, f"{field}.works[{i}]") for i, w in enumerate(fields.array(top["works"], f"{field}.works")))
+    return MeasuredRun(
+        document=top,
+        sha256=sha256,
+        works=works,
+        prefill_window_buckets=tuple(fields.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)),
+        decode_batch_buckets=tuple(fields.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)),
+    )
+
+
+def _work(value: Any, field: str) -> dict:
+    work = fields.loose_mapping(
+        value,
+        field,
+        {"kind", "rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes", "start_us",
+         "end_us", "wall_us"},
+    )  # fmt: skip
+    fields.string(work["kind"], f"{field}.kind", WORK_KINDS)
+    for name in ("rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes", "start_us",
+                 "end_us", "wall_us"):  # fmt: skip
+        fields.integer(work[name], f"{field}.{name}")
+    return work
+
+
+# -- the fit -----------------------------------------------------------------------------------------------------
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0, exactly, for a handful of columns.
+
+    The optimum is the unconstrained least-squares solution on its own support, so
+    trying every support and keeping the best non-negative solution finds it (2^n
+    small solves; calibration has at most four columns).
+    """
+    n = a.shape[1]
+    scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # conditioning: columns of unit size
+    scaled = a / scale
+    best, best_residual = np.zeros(n), float(np.sum(b * b))
+    for size in range(1, n + 1):
+        for support in itertools.combinations(range(n), size):
+            columns = list(support)
+            solution = np.linalg.lstsq(scaled[:, columns], b, rcond=None)[0]
+            if np.any(solution < 0):
+                continue
+            residual = float(np.sum((scaled[:, columns] @ solution - b) ** 2))
+            if residual < best_residual:
+                best, best_residual = np.zeros(n), residual
+                best[columns] = solution
+    return best / scale
+
+
+def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
+    """The system fragment fitted to every work of the runs, the fit's error per kind, and notes."""
+    windows = tuple(sorted({b for run in runs for b in run.prefill_window_buckets}))
+    batches = tuple(sorted({b for run in runs for b in run.decode_batch_buckets}))
+    fits, notes = [], []
+    compute = {"model": CALIBRATED}
+    for kind in (PREFILL, DECODE):
+        works = [w for run in runs for w in run.works if w["kind"] == kind]
+        if not works:
+            raise ApiError("MEASURED", f"no {kind} works to fit")
+        size = [w["window"] if kind == PREFILL else w["executed_rows"] for w in works]
+        names = ("fixed_us", SIZE_TERMS[kind], "per_flop_us", "per_byte_us")
+        columns = [[1] * len(works), size, [w["matmul_flops"] for w in works], [w["logical_memory_bytes"] for w in works]]
+        kind_fit = _fit_kind(kind, names, columns, works)
+        fits.append(kind_fit)
+        compute[kind] = kind_fit.terms
+    compute["step_overhead_us"] = _round(step_overhead_us(runs))
+    compute["prefill_window_buckets"], compute["decode_batch_buckets"] = list(windows), list(batches)
+    fragment = {"compute_service": compute}
+    transfer = {}
+    for kind, direction in DIRECTIONS.items():
+        works = [w for run in runs for w in run.works if w["kind"] == kind]
+        if works:
+            kind_fit = _fit_kind(kind, ("latency_us", "per_byte_us"), [[1] * len(works), [w["bytes"] for w in works]], works)
+            fits.append(kind_fit)
+            transfer[direction] = kind_fit.terms
+    if len(transfer) == 1:
+        (measured,) = transfer
+        other = DEVICE_TO_HOST if measured == HOST_TO_DEVICE else HOST_TO_DEVICE
+        transfer[other] = transfer[measured]
+        notes.append(f"no {other} transfers were measured: they take the {measured} terms")
+    if transfer:
+        fragment["transfer"] = {"model": CALIBRATED} | {d: transfer[d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)}
+    else:
+        notes.append("no transfers were measured: the fragment leaves the system's transfer as it is")
+    first = runs[0].document
+    fragment["calibration"] = {
+        "backend": first["execution"]["backend"],
+        "machine": first["machine"],
+        "sources": [run.sha256 for run in runs],
+        "works": sum(len(run.works) for run in runs),
+    }
+    if any(run.document["machine"] != first["machine"] for run in runs[1:]):
+        notes.append("the measured runs come from different machines; the calibration names the first")
+    return fragment, fits, notes
+
+
+def _fit_kind(kind: str, names: tuple[str, ...], columns: list[list[int]], works: list[dict]) -> KindFit:
+    a = np.asarray(columns, dtype=np.float64).T
+    wall = np.asarray([w["wall_us"] for w in works], dtype=np.float64)
+    terms = {name: _round(value) for name, value in zip(names, nnls(a, wall), strict=True)}
+    predicted = a @ np.asarray([terms[name] for name in names])
+    error = np.abs(predicted - wall)
+    relative = error / np.maximum(wall, 1.0)
+    return KindFit(
+        kind=kind,
+        terms=terms,
+        count=len(works),
+        mean_wall_us=float(wall.mean()),
+        mean_error_us=float(error.mean()),
+        mean_relative_error=float(relative.mean()),
+        p90_relative_error=float(np.percentile(relative, 90)),
+    )
+
+
+def step_overhead_us(runs: list[MeasuredRun]) -> float:
+    """Mean host time between consecutive compute works while requests were waiting for service.
+
+    A gap counts when some request had arrived by the end of the earlier work and
+    had not yet ended (the engine had work to start, so the gap is its own time:
+    scheduling and bookkeeping), and no transfer overlaps it (the time of a
+    transfer, or of waiting for one, is the transfer terms' to model).
+    """
+    gaps = []
+    for run in runs:
+        spans = [(r["arrival_us"], r["end_us"]) for r in run.document["requests"].values() if r["admitted_us"] is not None]
+        compute = [w for w in run.works if w["kind"] in (PREFILL, DECODE)]
+        transfers = [(w["start_us"], w["end_us"]) for w in run.works if w["kind"] in DIRECTIONS]
+        for earlier, later in zip(compute, compute[1:]):
+            gap = (earlier["end_us"], later["start_us"])
+            waiting = any(arrival <= gap[0] < end for arrival, end in spans)
+            if waiting and not any(start < gap[1] and gap[0] < end for start, end in transfers):
+                gaps.append(gap[1] - gap[0])
+    return float(np.mean(gaps)) if gaps else 0.0
+
+
+def _round(value: float) -> float | int:
+    """Six significant digits, written as the JSON number kvsim reads back exactly; zero stays an integer."""
+    rounded = float(f"{max(0.0, value):.{SIGNIFICANT_DIGITS}g}")
+    return int(rounded) if rounded == int(rounded) and abs(rounded) < 2**53 else rounded
+
+
+def read_service(value: Any, field: str = "--service") -> dict:
+    """A system fragment as calibrate writes it; its parts are checked when merged into a system."""
+    return fields.mapping(value, field, set(), {"compute_service", "transfer", "calibration"})
+
+
+def merge_service(system: dict, fragment: dict) -> dict:
+    """A system JSON with the fragment's compute_service, transfer and calibration in place of its own."""
+    return {**system, **{k: fragment[k] for k in ("compute_service", "transfer", "calibration") if k in fragment}}
+
+
+def fit_table(fits: list[KindFit], notes: list[str]) -> str:
+    lines = [
+        f"  {'work':<9}{'count':>7}{'mean wall us':>14}{'mean err us':>13}{'mean rel':>10}{'p90 rel':>10}  terms",
+    ]
+    for f in fits:
+        terms = "  ".join(f"{name}={value:g}" for name, value in f.terms.items())
+        lines.append(
+            f"  {f.kind:<9}{f.count:>7}{f.mean_wall_us:>14.1f}{f.mean_error_us:>13.1f}"
+            f"{100 * f.mean_relative_error:>9.1f}%{100 * f.p90_relative_error:>9.1f}%  {terms}"
+        )
+    return "\n".join(lines + [f"  note: {note}" for note in notes])

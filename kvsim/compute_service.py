@@ -1,0 +1,215 @@
+"""ComputeService and StateTransfer service models: the hypothetical roofline and a calibrated latency model.
+
+The roofline (`ComputeServiceConfig`, `StateTransferConfig`) is the spec's model
+and the default: max(FLOPs / rate, bytes / rate), and latency + bytes / rate.
+The calibrated model (`CalibratedComputeService`, `CalibratedTransfer`) is what
+`jgpt kvsim calibrate` fits to an InferenceEngine's measured works: a fixed time
+per work, terms per executed position (prefill) or executed row (decode), per
+FLOP and per byte, a host step overhead before every work, and per-direction
+transfer latency plus time per byte (docs/kvsim.md, "Calibrated service").
+Every parameter is the exact rational of its JSON lexeme and every duration is
+rounded up to a whole microsecond, so records stay deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from jgpt.errors import ApiError
+from kvsim import fields
+
+ROOFLINE, CALIBRATED = "roofline", "calibrated"
+PREFILL, DECODE = "prefill", "decode"
+DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
+# The unit each kind of work's size term counts: executed (bucketed) prefill positions, executed decode rows.
+SIZE_TERMS = {PREFILL: "per_position_us", DECODE: "per_row_us"}
+
+
+def ceil_us(value: Fraction) -> int:
+    return -(-value.numerator // value.denominator)
+
+
+@dataclass(frozen=True)
+class ComputeServiceConfig:
+    compute_flops_per_us: Fraction
+    memory_bytes_per_us: Fraction
+
+    def duration_us(self, matmul_flops: int, memory_bytes: int) -> int:
+        """max(FLOPs / compute rate, bytes / memory rate), rounded up to a whole microsecond."""
+        flops_rate, bytes_rate = self.compute_flops_per_us, self.memory_bytes_per_us
+        flops_us = -(-matmul_flops * flops_rate.denominator // flops_rate.numerator)
+        bytes_us = -(-memory_bytes * bytes_rate.denominator // bytes_rate.numerator)
+        return max(flops_us, bytes_us)
+
+    def work_us(self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int) -> tuple[int, int]:
+        """(time before the work, the work's time): the roofline has no step overhead and ignores shapes."""
+        return 0, self.duration_us(matmul_flops, memory_bytes)
+
+
+@dataclass(frozen=True)
+class StateTransferConfig:
+    link_bytes_per_us: Fraction
+    link_latency_us: Fraction
+
+    def duration_us(self, size: int) -> int:
+        """Startup plus bytes over the rate, rounded up to a whole microsecond."""
+        return ceil_us(self.link_latency_us + size / self.link_bytes_per_us)
+
+    def transfer_us(self, direction: str, size: int) -> int:
+        return self.duration_us(size)
+
+
+@dataclass(frozen=True)
+class WorkTerms:
+    """t = fixed_us + size_us * executed size + per_flop_us * matmul_flops + per_byte_us * memory bytes."""
+
+    fixed_us: Fraction
+    size_us: Fraction  # per executed prefill position, or per executed decode row
+    per_flop_us: Fraction
+    per_byte_us: Fraction
+
+    def time(self, size: int, matmul_flops: int, memory_bytes: int) -> Fraction:
+        return self.fixed_us + self.size_us * size + self.per_flop_us * matmul_flops + self.per_byte_us * memory_bytes
+
+
+@dataclass(frozen=True)
+class CalibratedComputeService:
+    prefill: WorkTerms
+    decode: WorkTerms
+    step_overhead_us: Fraction  # host time between works (scheduling, the read of selected ids)
+    prefill_window_buckets: tuple[int, ...]  # the engine's compiled prefill windows, ascending
+    decode_batch_buckets: tuple[int, ...]  # the engine's compiled decode batch sizes, ascending
+
+    def work_us(self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int) -> tuple[int, int]:
+        """(step overhead, the work's time), each rounded up to a whole microsecond.
+
+        The engine runs compiled shapes: a prefill of `positions` new ids executes the
+        smallest window bucket that holds them, a decode step of `rows` requests the
+        smallest batch bucket; beyond the largest bucket the size itself.
+        """
+        if phase == PREFILL:
+            time = self.prefill.time(executed(self.prefill_window_buckets, positions), matmul_flops, memory_bytes)
+        else:
+            time = self.decode.time(executed(self.decode_batch_buckets, rows), matmul_flops, memory_bytes)
+        return ceil_us(self.step_overhead_us), ceil_us(time)
+
+
+@dataclass(frozen=True)
+class LinkTerms:
+    latency_us: Fraction
+    per_byte_us: Fraction
+
+
+@dataclass(frozen=True)
+class CalibratedTransfer:
+    device_to_host: LinkTerms
+    host_to_device: LinkTerms
+
+    def transfer_us(self, direction: str, size: int) -> int:
+        terms = self.device_to_host if direction == DEVICE_TO_HOST else self.host_to_device
+        return ceil_us(terms.latency_us + terms.per_byte_us * size)
+
+
+def executed(buckets: tuple[int, ...], n: int) -> int:
+    return next((b for b in buckets if b >= n), n)
+
+
+# -- JSON ------------------------------------------------------------------------------------------------------
+
+
+def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | CalibratedComputeService:
+    model = _model(value, field)
+    if model == ROOFLINE:
+        compute = fields.mapping(value, field, {"compute_flops_per_us", "memory_bytes_per_us"}, {"model"})
+        return ComputeServiceConfig(
+            compute_flops_per_us=fields.positive_rate(compute["compute_flops_per_us"], f"{field}.compute_flops_per_us"),
+            memory_bytes_per_us=fields.positive_rate(compute["memory_bytes_per_us"], f"{field}.memory_bytes_per_us"),
+        )
+    top = fields.mapping(
+        value,
+        field,
+        {"model", "prefill", "decode", "step_overhead_us", "prefill_window_buckets", "decode_batch_buckets"},
+    )
+    return CalibratedComputeService(
+        prefill=_work_terms(top["prefill"], f"{field}.prefill", SIZE_TERMS[PREFILL]),
+        decode=_work_terms(top["decode"], f"{field}.decode", SIZE_TERMS[DECODE]),
+        step_overhead_us=fields.number(top["step_overhead_us"], f"{field}.step_overhead_us"),
+        prefill_window_buckets=_buckets(top["prefill_window_buckets"], f"{field}.prefill_window_buckets"),
+        decode_batch_buckets=_buckets(top["decode_batch_buckets"], f"{field}.decode_batch_buckets"),
+    )
+
+
+def parse_transfer(value: Any, field: str) -> StateTransferConfig | CalibratedTransfer:
+    if _model(value, field) == ROOFLINE:
+        transfer = fields.mapping(value, field, {"link_bytes_per_us", "link_latency_us"}, {"model"})
+        return StateTransferConfig(
+            link_bytes_per_us=fields.positive_rate(transfer["link_bytes_per_us"], f"{field}.link_bytes_per_us"),
+            link_latency_us=fields.number(transfer["link_latency_us"], f"{field}.link_latency_us"),
+        )
+    top = fields.mapping(value, field, {"model", DEVICE_TO_HOST, HOST_TO_DEVICE})
+    return CalibratedTransfer(*(_link_terms(top[d], f"{field}.{d}") for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)))
+
+
+def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService) -> dict:
+    """The normalized form; a roofline is written exactly as before the calibrated model existed."""
+    if isinstance(config, ComputeServiceConfig):
+        return {
+            "compute_flops_per_us": fields.json_number(config.compute_flops_per_us),
+            "memory_bytes_per_us": fields.json_number(config.memory_bytes_per_us),
+        }
+    return {
+        "model": CALIBRATED,
+        "prefill": _work_terms_json(config.prefill, SIZE_TERMS[PREFILL]),
+        "decode": _work_terms_json(config.decode, SIZE_TERMS[DECODE]),
+        "step_overhead_us": fields.json_number(config.step_overhead_us),
+        "prefill_window_buckets": list(config.prefill_window_buckets),
+        "decode_batch_buckets": list(config.decode_batch_buckets),
+    }
+
+
+def transfer_json(config: StateTransferConfig | CalibratedTransfer) -> dict:
+    if isinstance(config, StateTransferConfig):
+        return {
+            "link_bytes_per_us": fields.json_number(config.link_bytes_per_us),
+            "link_latency_us": fields.json_number(config.link_latency_us),
+        }
+    return {"model": CALIBRATED} | {
+        direction: {"latency_us": fields.json_number(terms.latency_us), "per_byte_us": fields.json_number(terms.per_byte_us)}
+        for direction, terms in ((DEVICE_TO_HOST, config.device_to_host), (HOST_TO_DEVICE, config.host_to_device))
+    }
+
+
+def _model(value: Any, field: str) -> str:
+    if not isinstance(value, dict):
+        fields.mapping(value, field, set())
+    return fields.string(value.get("model", ROOFLINE), f"{field}.model", (ROOFLINE, CALIBRATED))
+
+
+def _work_terms(value: Any, field: str, size_term: str) -> WorkTerms:
+    names = ("fixed_us", size_term, "per_flop_us", "per_byte_us")
+    terms = fields.mapping(value, field, set(names))
+    return WorkTerms(*(fields.number(terms[name], f"{field}.{name}") for name in names))
+
+
+def _work_terms_json(terms: WorkTerms, size_term: str) -> dict:
+    values = (terms.fixed_us, terms.size_us, terms.per_flop_us, terms.per_byte_us)
+    return {name: fields.json_number(v) for name, v in zip(("fixed_us", size_term, "per_flop_us", "per_byte_us"), values)}
+
+
+def _link_terms(value: Any, field: str) -> LinkTerms:
+    terms = fields.mapping(value, field, {"latency_us", "per_byte_us"})
+    return LinkTerms(
+        fields.number(terms["latency_us"], f"{field}.latency_us"),
+        fields.number(terms["per_byte_us"], f"{field}.per_byte_us"),
+    )
+
+
+def _buckets(value: Any, field: str) -> tuple[int, ...]:
+    buckets = fields.integers(value, field, minimum=1)
+    if not buckets:
+        raise ApiError(field, "needs at least one bucket")
+    if any(a >= b for a, b in zip(buckets, buckets[1:])):
+        raise ApiError(field, f"must be strictly ascending, got {buckets}")
+    return tuple(buckets)

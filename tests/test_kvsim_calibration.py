@@ -1,0 +1,280 @@
+"""The calibrated ComputeService and StateTransfer, `jgpt kvsim calibrate` and `jgpt kvsim predict`.
+
+The measured runs here are made by hand: kvsim itself, run with known calibrated
+parameters, plays the engine, and its events are written out as the works a
+measured-run document lists (docs/measured-run.md). Calibration must recover the
+parameters from those works, and prediction must then reproduce the outcomes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from jgpt import cli
+from jgpt.errors import ApiError
+from kvsim import parse_document, parse_system, record_json, record_value, rerun, simulate
+from kvsim.analytic import AnalyticModel, analytic_computations
+from kvsim.calibration import FORMAT, fit, merge_service, nnls, read_measured_run, step_overhead_us
+from kvsim.compute_service import CalibratedComputeService, CalibratedTransfer, LinkTerms, WorkTerms
+from kvsim.fidelity import compare, predict
+from kvsim.recorded import document_json
+from kvsim.synthetic import conversations
+from kvsim.system import system_json
+
+from test_kvsim_model import EXAMPLE
+
+WINDOWS, BATCHES = [16, 32, 64, 128, 256], [1, 2, 4, 8]
+TRUTH = {
+    "compute_service": {
+        "model": "calibrated",
+        "prefill": {"fixed_us": 400, "per_position_us": 12, "per_flop_us": 2e-06, "per_byte_us": 0},
+        "decode": {"fixed_us": 150, "per_row_us": 40, "per_flop_us": 0, "per_byte_us": 0.0001},
+        "step_overhead_us": 30,
+        "prefill_window_buckets": WINDOWS,
+        "decode_batch_buckets": BATCHES,
+    },
+    "transfer": {
+        "model": "calibrated",
+        "device_to_host": {"latency_us": 20, "per_byte_us": 0.001},
+        "host_to_device": {"latency_us": 35, "per_byte_us": 0.002},
+    },
+}
+MACHINE = {"platform": "test", "machine": "x86_64", "processor": "", "cpu_count": 2, "jax_version": "-",
+           "jax_backend": "cpu", "device_kind": "cpu"}  # fmt: skip
+
+
+def conversation_system(policy: str) -> dict:
+    """Tight device bytes and a host tier, so that states are offloaded, reloaded and dropped."""
+    return {
+        "max_requests": 1000,
+        "max_new_tokens_cap": 64,
+        "scheduling": {"max_active_requests": 8, "policy": policy},
+        "kv_cache": {"device_kv_bytes": 600_000, "host_kv_bytes": 400_000},
+        "transfer": {"link_bytes_per_us": 10_000, "link_latency_us": 5},
+        "compute_service": {"compute_flops_per_us": 10**6, "memory_bytes_per_us": 10**5},
+    }
+
+
+@pytest.fixture(scope="module")
+def document():
+    model = AnalyticModel(layers=2, width=64, ffn=256, vocabulary=260, precision_bytes=4)
+    return document_json(analytic_computations(model, conversations(120, seed=3), "test"))
+
+
+def measured_run(system: dict, document: dict, service: dict) -> dict:
+    """A measured-run document of what kvsim, run with `service`, did: its events become the works."""
+    record = record_value(simulate(parse_system(merge_service(system, service)), parse_document(document)))
+    specs = {r.request_id: r for r in parse_document(document).requests}
+    outcomes = record["outcomes"]["requests"]
+    overhead = service["compute_service"]["step_overhead_us"]
+    steps = dict.fromkeys(specs, 0)
+    events = record["events"]
+    ends = {e["causes"][0]: e["time_us"] for e in events if e["kind"] in ("compute_end", "transfer_end")}
+    works, batch = [], []
+    for index, event in enumerate(events):
+        if event["kind"] == "compute_start":
+            batch.append(event)
+            if index + 1 < len(events) and events[index + 1]["kind"] == "compute_start":
+                continue  # the rest of the batch starts with it
+            works.append(_compute_work(batch, specs, outcomes, steps, ends[batch[0]["event_id"]], overhead))
+            batch = []
+        elif event["kind"] == "transfer_start":
+            kind = "offload" if event["transfer_direction"] == "device_to_host" else "reload"
+            end = ends[event["event_id"]]
+            works.append(_work(kind, [event["request_id"]], 0, 0, 0, 0, 0, event["bytes"], event["time_us"], end))
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "model": document["model"],
+        "kv_bytes_per_position": document["kv_bytes_per_position"],
+        "execution": document["execution"],
+        "machine": MACHINE,
+        "system": system_json(parse_system(system)),
+        "engine": {"prefill_window_buckets": WINDOWS, "decode_batch_buckets": BATCHES, "slot_capacity": 256},
+        "workload": record["declaration"]["workload"],
+        "customer_interaction": None,
+        "computations": document,
+        "works": sorted(works, key=lambda w: w["start_us"]),
+        "requests": outcomes,
+        "totals": record["outcomes"]["totals"],
+    }
+
+
+def _compute_work(batch, specs, outcomes, steps, end, overhead) -> dict:
+    flops = memory = 0
+    for event in batch:
+        spec, step = specs[event["request_id"]], steps[event["request_id"]]
+        if step == 0:
+            f, b = spec.prefill_cost(outcomes[event["request_id"]]["reuse_positions"])
+        else:
+            f, b = spec.decode_flops[step - 1], spec.decode_bytes[step - 1]
+        flops, memory = flops + f, memory + (b if not memory else b - spec.fixed_memory_bytes)
+        steps[event["request_id"]] += 1
+    head = batch[0]["request_id"]
+    if batch[0]["phase"] == "prefill":
+        positions = len(specs[head].prompt_ids) - outcomes[head]["reuse_positions"]
+        window = next(w for w in WINDOWS if w >= positions)
+        return _work("prefill", [head], 1, window, flops, memory, positions, 0, batch[0]["time_us"] + overhead, end)
+    rows = next(b for b in BATCHES if b >= len(batch))
+    ids = [e["request_id"] for e in batch]
+    return _work("decode", ids, rows, 1, flops, memory, len(batch), 0, batch[0]["time_us"] + overhead, end)
+
+
+def _work(kind, ids, rows, window, flops, memory, processed, size, start, end) -> dict:
+    return {"work_id": 0, "kind": kind, "request_ids": ids, "rows": len(ids), "executed_rows": rows, "window": window,
+            "processed_positions": processed, "reused_positions": 0, "matmul_flops": flops,
+            "logical_memory_bytes": memory, "bytes": size, "start_us": start, "end_us": end, "wall_us": end - start}  # fmt: skip
+
+
+def test_nnls_meets_the_optimality_conditions():
+    """Independent check (Karush-Kuhn-Tucker): x >= 0, the gradient vanishes where x > 0 and is >= 0 where x = 0."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a = rng.normal(size=(30, 4)) * np.asarray([1.0, 10.0, 1e6, 1e-3])
+        b = rng.normal(size=30) * 5
+        x = nnls(a, b)
+        gradient = (a.T @ (a @ x - b)) / np.abs(a).max(axis=0)  # per unit-sized column
+        assert np.all(x >= 0)
+        assert np.all(np.abs(gradient[x > 0]) <= 1e-6 * (1 + np.abs(b).sum()))
+        assert np.all(gradient[x == 0] >= -1e-6 * (1 + np.abs(b).sum()))
+    a = rng.uniform(1, 2, size=(20, 3))
+    b = a @ np.asarray([3.0, 0.5, 2.0])  # an exact non-negative solution is found exactly
+    assert np.allclose(nnls(a, b), [3.0, 0.5, 2.0], rtol=1e-9)
+
+
+def test_calibrated_durations_round_up_exactly():
+    compute = parse_system(merge_service(EXAMPLE["system"], TRUTH)).compute_service
+    assert isinstance(compute, CalibratedComputeService)
+    assert compute.prefill == WorkTerms(Fraction(400), Fraction(12), Fraction(2, 10**6), Fraction(0))
+    # 17 new positions run the 32-position window: 400 + 12*32 + 2e-6 * 1,000,001 = 786.000002 -> 787.
+    assert compute.work_us("prefill", 17, 1, 1_000_001, 5) == (30, 787)
+    # 3 decoding rows run the 4-row bucket: 150 + 40*4 + 1e-4 * 10,005 = 311.0005 -> 312.
+    assert compute.work_us("decode", 1, 3, 99, 10_005) == (30, 312)
+    assert compute.work_us("decode", 1, 9, 0, 0) == (30, 150 + 40 * 9)  # beyond the largest bucket: the rows
+    transfer = parse_system(merge_service(EXAMPLE["system"], TRUTH)).transfer
+    assert transfer == CalibratedTransfer(LinkTerms(20, Fraction(1, 1000)), LinkTerms(35, Fraction(2, 1000)))
+    assert transfer.transfer_us("device_to_host", 1500) == 22 and transfer.transfer_us("host_to_device", 1500) == 38
+
+
+def test_a_roofline_system_is_written_as_before_and_calibrated_records_replay(document):
+    before = system_json(parse_system(EXAMPLE["system"]))
+    explicit = copy.deepcopy(EXAMPLE["system"])
+    explicit["compute_service"]["model"] = explicit["transfer"]["model"] = "roofline"
+    assert system_json(parse_system(explicit)) == before == EXAMPLE["system"] | {
+        "scheduling": before["scheduling"], "kv_cache": before["kv_cache"]
+    }
+    calibration = {"backend": {"compute_device": "cpu"}, "machine": MACHINE, "sources": ["ab"], "works": 3}
+    system = merge_service(conversation_system("continuous_batching"), TRUTH | {"calibration": calibration})
+    run = simulate(parse_system(system), parse_document(document))
+    data = record_json(run)
+    declared = json.loads(data)["declaration"]["system"]
+    assert declared["compute_service"] == TRUTH["compute_service"] and declared["calibration"] == calibration
+    assert record_json(rerun(json.loads(data))) == data
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda s: s["compute_service"].update(model="measured"), "system.compute_service.model"),
+        (lambda s: s["compute_service"]["prefill"].pop("per_position_us"), "system.compute_service.prefill.per_position_us"),
+        (lambda s: s["compute_service"]["decode"].update(per_position_us=1), "system.compute_service.decode.per_position_us"),
+        (lambda s: s["compute_service"]["decode"].update(fixed_us=-1), "system.compute_service.decode.fixed_us"),
+        (lambda s: s["compute_service"].update(decode_batch_buckets=[1, 4, 2]), "system.compute_service.decode_batch_buckets"),
+        (lambda s: s["compute_service"].update(prefill_window_buckets=[]), "system.compute_service.prefill_window_buckets"),
+        (lambda s: s["transfer"]["host_to_device"].update(per_byte_us="1"), "system.transfer.host_to_device.per_byte_us"),
+        (lambda s: s["transfer"].pop("device_to_host"), "system.transfer.device_to_host"),
+        (lambda s: s.update(calibration={"backend": {}}), "system.calibration.machine"),
+    ],
+)
+def test_bad_calibrated_systems_are_refused_naming_the_field(change, field):
+    system = copy.deepcopy(merge_service(EXAMPLE["system"], TRUTH))
+    change(system)
+    with pytest.raises(ApiError) as error:
+        parse_system(system)
+    assert error.value.field == field
+
+
+@pytest.mark.parametrize("policy", ["serialized", "continuous_batching"])
+def test_calibration_recovers_the_service_that_produced_the_works(document, policy):
+    measured = measured_run(conversation_system(policy), document, TRUTH)
+    run = read_measured_run(measured, "0" * 64)
+    assert {w["kind"] for w in run.works} == {"prefill", "decode", "offload", "reload"}
+    fragment, fits, notes = fit([run])
+    assert notes == [] and fragment["calibration"]["sources"] == ["0" * 64]
+    # Works are whole microseconds (durations round up), so the fit is exact to about a microsecond.
+    assert all(f.mean_error_us < 1.0 for f in fits), fits
+    compute, truth = fragment["compute_service"], TRUTH["compute_service"]
+    assert compute["step_overhead_us"] == pytest.approx(truth["step_overhead_us"], abs=0.01)
+    assert compute["prefill"]["fixed_us"] == pytest.approx(truth["prefill"]["fixed_us"], abs=3)
+    # Serialized decode always runs one row, so only the time of a one-row step is identifiable there.
+    one_row = lambda terms: terms["fixed_us"] + terms["per_row_us"]  # noqa: E731
+    assert one_row(compute["decode"]) == pytest.approx(one_row(truth["decode"]), abs=3)
+    if policy == "continuous_batching":
+        assert compute["decode"]["per_row_us"] == pytest.approx(truth["decode"]["per_row_us"], abs=1)
+    for direction in ("device_to_host", "host_to_device"):
+        assert fragment["transfer"][direction]["per_byte_us"] == pytest.approx(
+            TRUTH["transfer"][direction]["per_byte_us"], rel=0.01
+        )
+    # The fitted service predicts the run it was fitted on to within a percent; hit rates exactly.
+    rows = compare(measured["totals"], predict(run, fragment).outcomes["totals"])
+    for row in rows:
+        if row.exact:
+            assert row.measured == row.predicted, row
+        else:
+            assert abs(row.error) < 0.01, row
+    # The system's own hypothetical rates predict another run altogether.
+    hypothetical = compare(measured["totals"], predict(run, None).outcomes["totals"])
+    assert max(abs(row.error) for row in hypothetical if row.error is not None) > 0.5
+
+
+def test_step_overhead_counts_gaps_while_requests_wait_and_no_transfer_runs():
+    def work(kind, start, end):
+        return _work(kind, ["a"], 1, 16, 0, 0, 1, 0, start, end)
+
+    works = [work("prefill", 0, 100), work("decode", 150, 200), work("offload", 220, 250), work("decode", 300, 400),
+             work("decode", 470, 500), work("decode", 5000, 5100)]  # fmt: skip
+    # a is served until 500; 400 -> 5000 is idle time (b arrives at 4990), and 200 -> 300 holds a transfer.
+    requests = {"a": {"arrival_us": 0, "admitted_us": 0, "end_us": 500},
+                "b": {"arrival_us": 4990, "admitted_us": 4990, "end_us": 5100}}  # fmt: skip
+    run = type("Run", (), {"document": {"requests": requests}, "works": works})
+    assert step_overhead_us([run]) == (50 + 70) / 2
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    code = cli.main(["kvsim", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_calibrate_and_predict_commands(document, tmp_path, capsys):
+    calibration_run = tmp_path / "calibration.json"
+    calibration_run.write_text(json.dumps(measured_run(conversation_system("continuous_batching"), document, TRUTH)))
+    other = tmp_path / "other.json"
+    other_system = conversation_system("serialized") | {"kv_cache": {"device_kv_bytes": 10**9, "host_kv_bytes": 0}}
+    other.write_text(json.dumps(measured_run(other_system, document, TRUTH)))
+    service = tmp_path / "service.json"
+    code, out, _ = run_cli(capsys, "calibrate", str(calibration_run), "--out", str(service))
+    assert code == 0 and service.exists()
+    assert [line.split()[0] for line in out.splitlines()[1:5]] == ["prefill", "decode", "offload", "reload"]
+    fragment = json.loads(service.read_text())
+    assert set(fragment) == {"compute_service", "transfer", "calibration"}
+    assert fragment["calibration"]["machine"] == MACHINE and fragment["calibration"]["works"] > 100
+    code, out, _ = run_cli(capsys, "predict", str(other), "--service", str(service), "--json")
+    rows = {row["field"]: row for row in json.loads(out)}
+    assert code == 0 and abs(rows["e2e.p90"]["error"]) < 0.01 and rows["hit_rate_device"]["measured"] == rows["hit_rate_device"]["predicted"]
+    code, out, _ = run_cli(capsys, "predict", str(other))
+    assert code == 0 and "own rates" in out.splitlines()[0] and "ttft.p50" in out
+    # Bad input: exit 2, one line naming the field, nothing written.
+    not_measured = tmp_path / "bad.json"
+    not_measured.write_text(json.dumps({"format": "jgpt-recorded-computations"}))
+    code, _, err = run_cli(capsys, "calibrate", str(not_measured), "--out", str(tmp_path / "s2.json"))
+    assert code == 2 and "MEASURED[0]" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s2.json").exists()
+    service.write_text(json.dumps({"compute_service": {"model": "calibrated"}}))
+    code, _, err = run_cli(capsys, "predict", str(other), "--service", str(service))
+    assert code == 2 and "system.compute_service.decode: missing required field" in err
