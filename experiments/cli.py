@@ -27,14 +27,20 @@ def _lab(command: str, argv: list[str]) -> int:
     run.add_argument("id")
     run.add_argument("--out", required=True, type=Path, help="directory for record.json, summary.json and plots")
     run.add_argument("--no-report", action="store_true", help="skip writing report.html")
-    replayed = actions.add_parser("replay", help="simulate every arm of a record again and compare the bytes")
+    replayed = actions.add_parser(
+        "replay", help="check a record against its files and simulate every arm again",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=REPLAY_PROVES)
     replayed.add_argument("record", type=Path, help="record.json written by `jgpt lab run`")
     args = parser.parse_args(argv)
     if args.action == "replay":
-        from experiments.experiment_execution import replay
+        from experiments.experiment_execution import model_bindings, replay
 
         record = replay(args.record)
-        print(f"{record['id']}: {len(record['arms'])} arms replayed byte for byte")
+        notes = model_bindings(record)
+        print(f"{record['id']}: {len(record['arms'])} arms replayed byte for byte; id, bindings, provenance and "
+              f"observed sequences derive from the recorded computations")
+        for note in notes:
+            print(note)
         return 0
     catalog = default_catalog()
     if args.action == "list":
@@ -54,6 +60,20 @@ def _lab(command: str, argv: list[str]) -> int:
     for path in outcome.written:
         print(path)
     return 0
+
+
+REPLAY_PROVES = """\
+Replay proves: every file the record names lies in its directory and has the size and
+SHA-256 the record gives; the record's id is the identity of the lab, arms and recorded
+computations it consumed; its model bindings, provenance and workload are those of the
+recorded computations; the inspected observations are of the sequences they hold; every
+arm's cache run, system and outcomes are what kvsim computes again, byte for byte; each
+bound model's checkpoint_sha256 and tokenizer_sha256 match this machine's catalog entry
+or artifact manifest when it has one (otherwise it says so).
+
+Replay does not prove that the model produced the recorded computations (nothing is
+generated again) nor the recorded probabilities and attention weights (no forward pass
+runs): a record edited consistently everywhere, file hashes included, passes."""
 
 
 def describe(lab: ExperimentDesign) -> str:

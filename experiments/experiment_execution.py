@@ -12,6 +12,17 @@ written as their own files (kvsim's canonical bytes) and named in the record by
 SHA-256. Replay reads only the record and those files, simulates every arm again
 and rebuilds the record: both must come back byte for byte. Inference is not
 re-run by a replay (its wall times are measurements, not reproducible values).
+
+What replay proves, and what not: the files are the ones the record names (each
+path inside the record's directory, at most RECORD_FILE_LIMIT bytes, SHA-256 equal);
+the record's `id` is the identity of what it says it consumed; its model bindings,
+provenance and workload are those of its recorded computations; the inspected
+observations are of the sequences those computations hold; every arm's cache run,
+system and outcomes are what kvsim computes from them. It does not prove that the
+named model produced the computations (nothing is re-generated), nor the predicted
+probabilities or attention weights (no forward pass is run): a record edited
+consistently everywhere, hashes included, passes. `model_bindings` additionally
+compares the model identities with this machine's catalog or artifact when present.
 """
 
 from __future__ import annotations
@@ -30,8 +41,12 @@ from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
 from experiments.workload import Workload
+from jgpt.architecture import architecture_from_json
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
+from jgpt.json_input import parse_json
+from jgpt.paths import confined
+from jgpt.walkthrough import walkthrough
 from kvsim.cache_run import record_json, simulate
 from kvsim.recorded import parse_document
 from kvsim.system import parse_system
@@ -40,6 +55,7 @@ from kvsim.workload import parse_workload
 FORMAT = "jgpt-experiment-execution"
 VERSION = 1
 RECORD = "record.json"
+RECORD_FILE_LIMIT = 1 << 28  # bytes of one file a record names: far above any lab's, far below a machine's memory
 INFERENCE_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.system_path is None)
 
 
@@ -165,31 +181,129 @@ def run_lab(
 
 
 def replay(record_path: Path) -> dict[str, Any]:
-    """Simulate every arm of a record again from its own files; ApiError on the first byte that differs."""
+    """Check a record against its own files and simulate every arm again; ApiError on the first difference."""
     record_path = Path(record_path)
     data = read_bytes(record_path, "record")
-    record = json.loads(data)
-    if record.get("format") != FORMAT or record.get("version") != VERSION:
+    record = parse_json(data, "record", source=str(record_path))
+    if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("version") != VERSION:
         raise ApiError("record.format", f"not a {FORMAT} version {VERSION} record")
-    lab = ExperimentDesign.from_json(record["lab"], "record.lab")
+    lab = ExperimentDesign.from_json(record.get("lab"), "record.lab")
     workload = lab.workload or generation_defaults().workload
+    recordings, arms = _list(record, "recordings"), _list(record, "arms")
     documents = []
-    for n, entry in enumerate(record["recordings"]):
-        documents.append(json.loads(_verified(record_path.parent, entry["computations"], f"record.recordings[{n}].computations")))
-        _verified(record_path.parent, entry["observations"], f"record.recordings[{n}].observations")
-    for i, arm in enumerate(record["arms"]):
-        execution = ExecutionSpec.from_json(arm["execution"], f"record.arms[{i}].execution")
-        recorded = _verified(record_path.parent, arm["cache_run"], f"record.arms[{i}].cache_run")
+    for n, entry in enumerate(recordings):
+        field = f"record.recordings[{n}]"
+        document = parse_json(_verified(record_path.parent, entry.get("computations"), f"{field}.computations"),
+                              f"{field}.computations")
+        observations = parse_json(_verified(record_path.parent, entry.get("observations"), f"{field}.observations"),
+                                  f"{field}.observations")
+        _check_recording(entry, document, observations, field)
+        documents.append(document)
+    executions = []
+    for i, arm in enumerate(arms):
+        field = f"record.arms[{i}]"
+        execution = ExecutionSpec.from_json(arm.get("execution"), f"{field}.execution")
+        executions.append(execution)
+        recorded = _verified(record_path.parent, arm.get("cache_run"), f"{field}.cache_run")
+        if arm.get("recording") not in range(len(documents)) or isinstance(arm.get("recording"), bool):
+            raise ApiError(f"{field}.recording", f"must be the index of one of the {len(documents)} recordings")
         run = _simulate(execution, documents[arm["recording"]], workload, lab)
         if record_json(run) != recorded:
-            raise ApiError(f"record.arms[{i}].cache_run", f"replaying arm {arm['label']!r} gave different bytes")
-        if run.declaration["system"] != arm["system"]:
-            raise ApiError(f"record.arms[{i}].system", "is not the system its controls resolve to")
-        if run.outcomes["totals"] != arm["outcomes"]:
-            raise ApiError(f"record.arms[{i}].outcomes", "differ from the replayed cache run")
+            raise ApiError(f"{field}.cache_run", f"replaying arm {arm.get('label')!r} gave different bytes")
+        if run.declaration["system"] != arm.get("system"):
+            raise ApiError(f"{field}.system", "is not the system its controls resolve to")
+        if run.outcomes["totals"] != arm.get("outcomes"):
+            raise ApiError(f"{field}.outcomes", "differ from the replayed cache run")
+    _check_derived(record, lab, workload, executions, documents)
     if _dumps(record) != data:
         raise ApiError("record", "is not in canonical form: its bytes differ from the values they hold")
     return record
+
+
+def _list(record: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
+    value = record.get(name)
+    if not isinstance(value, list) or not value or not all(isinstance(entry, dict) for entry in value):
+        raise ApiError(f"record.{name}", "must be a non-empty list of objects")
+    return value
+
+
+def _check_recording(entry: Mapping[str, Any], document: Any, observations: Any, field: str) -> None:
+    """The recording's model binding is its computations' model, and its observations are of their sequences."""
+    model = entry.get("model")
+    if not isinstance(model, dict) or not isinstance(document, dict) \
+            or {k: v for k, v in model.items() if k != "model_id"} != document.get("model"):
+        raise ApiError(f"{field}.model", "is not the model its recorded computations name")
+    checkpoint = model.get("checkpoint_sha256")
+    if not isinstance(observations, dict) or not isinstance(checkpoint, str) or observations.get("run_id") != checkpoint[:12]:
+        raise ApiError(f"{field}.observations", "were not observed on the model of its recorded computations")
+    recorded = {r.get("request_id"): r for r in document.get("requests") or [] if isinstance(r, dict)}
+    inspected = observations.get("requests")
+    if not isinstance(inspected, list) or not inspected:
+        raise ApiError(f"{field}.observations", "must inspect at least one request")
+    for k, request in enumerate(inspected):
+        where = f"{field}.observations.requests[{k}]"
+        computed = recorded.get(request.get("request_id")) if isinstance(request, dict) else None
+        if computed is None:
+            raise ApiError(where, "is not a request of the recorded computations")
+        prompt, output = computed.get("prompt_ids"), computed.get("output_ids")
+        if not isinstance(prompt, list) or not isinstance(output, list):
+            raise ApiError(f"{field}.computations", f"request {computed['request_id']!r} lacks its prompt_ids or output_ids")
+        sequence = prompt + output
+        tokens, predictions = request.get("tokens"), request.get("predictions")
+        if not isinstance(tokens, list) or [t.get("id") if isinstance(t, dict) else None for t in tokens] != sequence \
+                or request.get("prompt_length") != len(prompt):
+            raise ApiError(f"{where}.tokens", "are not the sequence the recorded computations hold")
+        if not isinstance(predictions, list) or [p.get("next_id") if isinstance(p, dict) else None
+                                                 for p in predictions] != sequence[1:]:
+            raise ApiError(f"{where}.predictions", "do not predict the recorded sequence position by position")
+
+
+def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: Workload,
+                   executions: list[ExecutionSpec], documents: list[dict]) -> None:
+    """Every field the run derived from what it consumed must be derived again, so none can be edited alone."""
+    recordings, arms = record["recordings"], record["arms"]
+    execution = documents[0].get("execution")
+    execution = execution if isinstance(execution, dict) else {}
+    provenance = execution.get("provenance")
+    expected = {
+        "id": _execution_id(lab, arms, recordings, workload),
+        "bindings": {"workload": workload.to_json(_generation(executions[0])), "models": [r["model"] for r in recordings]},
+        "provenance": {**(provenance if isinstance(provenance, dict) else {}), "backend": execution.get("backend")},
+    }
+    for name, value in expected.items():
+        if record.get(name) != value:
+            raise ApiError(f"record.{name}", "is not what the record's lab, arms and recorded computations give")
+    if [arm.get("label") for arm in arms] != [arm.label for arm in lab.arms()]:
+        raise ApiError("record.arms.label", "are not the labels of the lab's arms")
+    for n, (entry, document) in enumerate(zip(recordings, documents)):
+        try:
+            architecture = architecture_from_json(document["model"].get("architecture"))
+        except ApiError as error:
+            raise ApiError(f"record.recordings[{n}].model.architecture.{error.field}", error.reason) from None
+        if entry.get("walkthrough") != walkthrough(architecture).to_json():
+            raise ApiError(f"record.recordings[{n}].walkthrough", "is not the walkthrough of the recorded model's architecture")
+
+
+def model_bindings(record: Mapping[str, Any]) -> list[str]:
+    """Compare each model the record binds with this machine's catalog entry or artifact manifest.
+
+    Cheap (no weights are read; an artifact's manifest seal is checked). A model that is
+    not here is reported as unchecked, not refused. ApiError when a model is here and differs.
+    """
+    from jgpt.catalog import declared_identity
+
+    lines = []
+    for n, model in enumerate(record["bindings"]["models"]):
+        declared = declared_identity(model["model_id"])
+        if declared is None:
+            lines.append(f"{model['model_id']}: not on this machine; its identity is not checked")
+            continue
+        source, identities = declared
+        for name, value in identities.items():
+            if model.get(name) != value:
+                raise ApiError(f"record.bindings.models[{n}].{name}", f"{model.get(name)} is not the {value} of {source}")
+        lines.append(f"{model['model_id']}: checkpoint_sha256 and tokenizer_sha256 match {source}")
+    return lines
 
 
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -261,8 +375,15 @@ def _file_entry(name: str, data: bytes) -> dict[str, Any]:
     return {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def _verified(directory: Path, entry: Mapping[str, Any], field: str) -> bytes:
-    data = read_bytes(directory / entry["path"], field)
+def _verified(directory: Path, entry: Any, field: str) -> bytes:
+    """The bytes of the file a record's entry names, checked before use."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or isinstance(entry.get("bytes"), bool) \
+            or not isinstance(entry.get("bytes"), int) or not 0 <= entry["bytes"] <= RECORD_FILE_LIMIT:
+        raise ApiError(field, f"must be a file entry {{path, sha256, bytes}} of at most {RECORD_FILE_LIMIT} bytes")
+    path = confined(directory, entry.get("path"), f"{field}.path")
+    if path.is_file() and path.stat().st_size != entry["bytes"]:  # refused before a byte is read
+        raise ApiError(field, f"{entry['path']} does not have the size the record names")
+    data = read_bytes(path, field)
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ApiError(field, f"{entry['path']} does not have the SHA-256 the record names")
     return data
