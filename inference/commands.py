@@ -12,6 +12,7 @@ from jgpt.identity import read_bytes
 SUMMARIES = {
     "generate": "greedy generation with a jitted KV-cached loop, streaming text or full evidence as JSON",
     "record": "run a Workload and write the recorded computation document kvsim consumes",
+    "serve": "serve a Workload on the InferenceEngine against the wall clock and write the measured-run document",
 }
 
 
@@ -20,6 +21,8 @@ def main(command: str, argv: list[str]) -> int:
         return _generate(argv)
     if command == "record":
         return _record(argv)
+    if command == "serve":
+        return _serve(argv)
     raise ApiError("command", f"unknown inference command {command!r}; choose from {', '.join(SUMMARIES)}")
 
 
@@ -82,6 +85,51 @@ def _record(argv: list[str]) -> int:
     works = sum(len(r["computations"]) for r in computations["requests"])
     print(f"recorded {len(requests)} requests, {works} works -> {args.out}", file=sys.stderr)
     return 0
+
+
+def _serve(argv: list[str]) -> int:
+    parser = _parser("serve")
+    parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document (optional customer_interaction)")
+    parser.add_argument("--system", required=True, metavar="SYSTEM.json", help="the KVResidencySystemConfig kvsim reads")
+    parser.add_argument("--out", required=True, metavar="MEASURED.json", help="where to write the measured-run document")
+    parser.add_argument("--as-fast-as-possible", action="store_true", help="every request arrives at the run's start")
+    parser.add_argument("--json", action="store_true", help="print the whole document instead of the summary")
+    parser.add_argument("--quiet", action="store_true", help="print nothing")
+    args = parser.parse_args(argv)
+    document, system_document = _json_file(args.workload, "workload"), _json_file(args.system, "system")
+
+    import signal
+
+    from inference.engine import InferenceEngine, read_served_workload
+    from inference.measured_run import measured_run, summary
+    from inference.recording import write_document
+    from kvsim.system import parse_system
+
+    system = parse_system(system_document)
+    execution, tokenizer = _load(args.model)
+    requests, interaction = read_served_workload(document, tokenizer, execution)
+    # SIGTERM ends the run like Ctrl-C: nothing is written unless the run completes.
+    signal.signal(signal.SIGTERM, _interrupt)
+    engine = InferenceEngine(execution, system)
+    served = engine.serve(requests, interaction, as_fast_as_possible=args.as_fast_as_possible)
+    measured = measured_run(execution, system, served, kind=document["kind"], interaction=interaction, tokenizer=tokenizer)
+    write_document(measured, args.out)
+    if args.json:
+        print(json.dumps(measured, indent=1))
+    elif not args.quiet:
+        print(f"{summary(measured)}\n-> {args.out}")
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _json_file(path: str, field: str):
+    try:
+        return json.loads(read_bytes(path, field))
+    except json.JSONDecodeError as error:
+        raise ApiError(field, f"{path} is not JSON: {error}") from None
 
 
 def _load(model: str | None):

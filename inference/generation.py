@@ -146,7 +146,7 @@ def generate(
         if references is not None:
             last_prompt = len(prompts[b]) - 1
             errors = [float(np.max(np.abs(references[b, last_prompt + k] - logits[b][k]))) for k in range(n)]
-        computations = _computations(execution, request, outputs[b], reused[b], ran.seconds[b], errors, timing)
+        computations = work_computations(execution, request, outputs[b], reused[b], ran.seconds[b], errors, timing)
         selections = tuple(
             TokenSelection(selected_id=t) if not scores else _scored(t, logits[b][k]) for k, t in enumerate(outputs[b])
         )
@@ -269,7 +269,7 @@ def _observe(execution, state, window, counts, *, run_id, requests, step):
     }
 
 
-def _computations(execution, request, output_ids, reused, seconds, errors, timing):
+def work_computations(execution, request, output_ids, reused, seconds, errors, timing):
     """The CacheComputation of every work a request executed: its prefill, then one decode per later id."""
     costs = execution.costs
     prompt = request.prompt_ids

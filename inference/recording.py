@@ -85,7 +85,7 @@ def record(
         (response,) = generation.responses
         (computed,) = generation.state.prefixes()
         retained.setdefault(computed, generation.state)
-        document = _request_document(execution, request, response)
+        document = request_document(execution, request, response)
         if tokenizer is not None:
             document["output_token_bytes"] = [len(tokenizer.pieces[t]) for t in response.output_ids]
         documents.append(document)
@@ -110,7 +110,7 @@ def write_document(document: Mapping[str, Any], path: str | Path) -> None:
     write_atomically(Path(path), (json.dumps(document, indent=1) + "\n").encode())
 
 
-def _request_document(execution: ModelExecution, request: InferenceRequest, response: InferenceResponse) -> dict:
+def request_document(execution: ModelExecution, request: InferenceRequest, response: InferenceResponse) -> dict:
     costs = execution.costs
     prompt, output = list(request.prompt_ids), list(response.output_ids)
     decode_positions = range(len(prompt), len(prompt) + len(output) - 1)

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import-hf": ("jgpt.commands.import_hf", "convert a local Hugging Face GPT-2 or Llama directory into an artifact"),
     "generate": ("inference.commands", "greedy generation with a jitted KV-cached loop; streams text, or --json evidence"),
     "record": ("inference.commands", "run a Workload and write the recorded computation document kvsim reads"),
+    "serve": ("inference.commands", "serve a Workload on the InferenceEngine (wall clock, batching, KV pool); measured-run document"),
     "kvsim": ("kvsim.commands", "simulate KV residency and service: run, replay, plot, perfetto, import-trace, synthesize"),
     "lab": ("experiments.cli", "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)"),
     "report": ("experiments.cli", "write one self-contained HTML page explaining an experiment record"),

@@ -1,0 +1,65 @@
+"""Workload documents for serving benches: multi-turn chats spread over time, and bursts.
+
+The prompts are the built-in skill conversations (`training.conversation_corpus`,
+development split), which the shipped chat model answers, so a later turn's
+prompt begins with an earlier turn's prompt and answer: whole-prefix reuse hits
+when the model answered as the conversation did. The documents are the Workload
+form `jgpt record` and `jgpt serve` read (turns, framed by the tokenizer), and
+import no jax.
+"""
+
+from __future__ import annotations
+
+import random
+
+from training.conversation_corpus import split_conversations
+
+# Framed byte length of every prompt (an upper bound on its tokens), so prompt + answer fit the context.
+MAX_PROMPT_BYTES = 96
+
+
+def chat_workload(conversations: int = 16, turns: int = 4, spread_us: int = 5_000_000, max_new_tokens: int = 24,
+                  seed: int = 0) -> dict:  # fmt: skip
+    """`conversations` chats of up to `turns` user turns each; chats start uniformly over the first half of
+    `spread_us` and each later turn follows the one before by a drawn gap, so arrivals span about `spread_us`."""
+    rng = random.Random(f"jgpt-bench-chat/{seed}")
+    arrivals = []
+    for c, chat in enumerate(_chats(conversations, turns, seed)):
+        at = rng.randrange(spread_us // 2)
+        gap = spread_us // (2 * max(1, len(chat)))
+        for t, prompt_turns in enumerate(chat):
+            arrivals.append((at, f"c{c}t{t}", prompt_turns))
+            at += rng.randrange(gap // 2, gap + 1)
+    arrivals.sort(key=lambda a: a[0])
+    return _document("multi_turn_chat", arrivals, max_new_tokens)
+
+
+def burst_workload(requests: int = 32, max_new_tokens: int = 24, seed: int = 1) -> dict:
+    """`requests` single-turn prompts (each chat's first turn), all arriving at once."""
+    first_turns = [chat[0] for chat in _chats(requests, 1, seed)]
+    return _document("burst", [(0, f"b{i}", turns) for i, turns in enumerate(first_turns)], max_new_tokens)
+
+
+def _chats(count: int, turns: int, seed: int) -> list[list[list[dict]]]:
+    """Per chat, the turns of each of its requests: everything before a user turn, and that turn."""
+    chats = []
+    for conversation in split_conversations(seed, "development", count, MAX_PROMPT_BYTES):
+        pairs = conversation.turns()
+        prompts = []
+        for end, (role, _) in enumerate(pairs):
+            prefix = pairs[: end + 1]
+            if role != "user" or sum(len(text.encode()) + 2 for _, text in prefix) > MAX_PROMPT_BYTES:
+                continue
+            prompts.append([{"role": r, "text": text} for r, text in prefix])
+        chats.append(prompts[:turns])
+    return chats
+
+
+def _document(kind: str, arrivals: list, max_new_tokens: int) -> dict:
+    return {
+        "kind": kind,
+        "requests": [
+            {"request_id": rid, "arrival_us": at, "request": {"turns": turns, "generation": {"max_new_tokens": max_new_tokens}}}
+            for at, rid, turns in arrivals
+        ],
+    }

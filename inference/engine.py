@@ -1,0 +1,660 @@
+"""InferenceEngine: a Workload served against the wall clock, with kvsim's scheduling and KV pool rules.
+
+The engine composes request scheduling, the KV state pool (`StateManager`),
+model execution and greedy decoding against one ModelExecution. It takes the
+same decisions kvsim's discrete-event engine takes (`kvsim/engine.py`, laid out
+here handler by handler so the two read side by side), but every duration is
+measured: a work runs when it is dispatched, and its end becomes a happening at
+the time it actually ended.
+
+Happenings are taken in (time, sequence number) order, as in kvsim: declared
+arrivals and customer actions at their offsets from the run's start (the engine
+sleeps until the next one when idle), and the ends of works at their measured
+times. The engine is synchronous: a work blocks the loop while it runs, so an
+arrival that falls inside a work is seen, in its place in the order, as soon as
+the work returns. Transfers (offload, reload) run synchronously on the loop too,
+one at a time in FIFO order; kvsim's link runs concurrently with compute.
+
+Execution uses fixed compiled shapes, all compiled before the clock starts:
+active requests own the rows [0, n) of one slot KVState of R rows and C slots;
+a prefill runs alone on a batch-of-one state (window bucketed like
+`ModelExecution.window`) and writes its row into the slots; a batched decode
+step is one jitted call over the first `batch_bucket(n)` rows; a serialized
+decode step is one jitted call on one row. The slot state is donated to every
+call, so XLA updates it in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference.execution import ModelExecution, advance, bucket, capacity_bucket
+from inference.generation import STOP_REASONS, stop_codes
+from inference.policy import STOP_TURN_END, InferenceRequest, check_prompt
+from inference.recording import read_workload
+from inference.state_manager import DEVICE, HOST, RetainedState, StateManager, check_budget, nbytes, to_device, to_host, token_key
+from jgpt.errors import ApiError
+from jgpt.kv_state import KVState
+from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
+from kvsim.workload import CustomerInteraction, parse_interaction
+
+_ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
+DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def batch_bucket(n: int) -> int:
+    """Rows a batched decode step runs for n active rows: the next power of two."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+# -- the compiled programs over the slot state ---------------------------------------------------------------
+
+def _row_axes(state: KVState) -> KVState:
+    """The row (batch) axis of each leaf."""
+    return state.replace(keys=1, values=1, token_ids=0, lengths=0)
+
+
+def _rows(state: KVState, start, n: int) -> KVState:
+    return jax.tree.map(lambda x, axis: jax.lax.dynamic_slice_in_dim(x, start, n, axis), state, _row_axes(state))
+
+
+def _put_rows(state: KVState, part: KVState, start) -> KVState:
+    axes = _row_axes(state)
+    return jax.tree.map(lambda x, y, axis: jax.lax.dynamic_update_slice_in_dim(x, y, start, axis), state, part, axes)
+
+
+@functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
+def _prefill_into(weights, layer_weights, architecture, slots, start, window_ids, count, row, *, unroll):
+    """Prefill one request from `start` (its reused prefix, capacity C) and write its row into the slots."""
+    logits, state = advance(weights, architecture, start, window_ids, count, unroll, layer_weights)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, state, row)
+
+
+@functools.partial(jax.jit, static_argnames=("architecture", "rows", "unroll"), donate_argnames="slots")
+def _decode_rows(weights, layer_weights, architecture, slots, ids, counts, *, rows, unroll):
+    """One decode step of the first `rows` rows; rows with count 0 keep their length."""
+    logits, part = advance(weights, architecture, _rows(slots, 0, rows), ids[:, None], counts, unroll, layer_weights)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, part, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
+def _decode_row(weights, layer_weights, architecture, slots, row, token, *, unroll):
+    """One decode step of one row alone (serialized service)."""
+    one = jnp.ones((1,), jnp.int32)
+    logits, part = advance(weights, architecture, _rows(slots, row, 1), token.reshape(1, 1), one, unroll, layer_weights)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, part, row)
+
+
+@jax.jit
+def _extract_row(slots, row):
+    return _rows(slots, row, 1)
+
+
+@functools.partial(jax.jit, donate_argnames="slots")
+def _move_row(slots, source, target):
+    return _put_rows(slots, _rows(slots, source, 1), target)
+
+
+PROGRAMS = (_prefill_into, _decode_rows, _decode_row, _extract_row, _move_row)
+
+
+# -- the plan: every shape a run can need ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePlan:
+    slot_rows: int  # R
+    slot_capacity: int  # C
+    prefill_window_buckets: tuple[int, ...]
+    decode_batch_buckets: tuple[int, ...]  # (1,) when serialized: one row decodes alone
+    batching: bool
+
+    @classmethod
+    def of(cls, execution: ModelExecution, system: KVResidencySystemConfig, requests: Sequence[InferenceRequest]):
+        context = execution.architecture.context
+        most = max(len(r.prompt_ids) + r.generation.max_new_tokens - 1 for r in requests)
+        rows = batch_bucket(min(system.scheduling.max_active_requests, len(requests)))
+        windows = sorted({bucket(n, context) for n in range(1, max(len(r.prompt_ids) for r in requests) + 1)})
+        batching = system.scheduling.policy == CONTINUOUS_BATCHING
+        batches = tuple(1 << i for i in range(rows.bit_length())) if batching else (1,)
+        return cls(rows, capacity_bucket(min(most, context), context), tuple(windows), batches, batching)
+
+    def slot_buffer_bytes(self, execution: ModelExecution) -> int:
+        return self.slot_rows * self.slot_capacity * execution.costs.kv_bytes_per_position
+
+
+# -- what a run returns -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedRequest:
+    request: InferenceRequest
+    outcome: dict  # kvsim's outcome keys
+    output_ids: tuple[int, ...]
+    reused: int
+    work_seconds: tuple[float, ...]  # the wall time of each work the request took part in (prefill, decodes)
+    stop_reason: str | None  # the generation's stop reason, when it ran to one
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedRun:
+    plan: EnginePlan
+    compiled_programs: int
+    compile_wall_us: int
+    compiles_during_run: int
+    as_fast_as_possible: bool
+    requests: tuple[ServedRequest, ...]  # in arrival order
+    works: tuple[dict, ...]
+    busy_us: int
+    end_us: int
+    moved: dict  # bytes per direction
+    counts: dict  # offload, reload, drop
+
+
+# -- the serving loop -----------------------------------------------------------------------------------------
+
+
+class _Request:
+    __slots__ = (
+        "spec", "arrival", "arrived", "key", "reservation", "reused", "reuse_tier", "step", "cancel", "ended",
+        "admitted_us", "first_token_us", "published", "output", "held", "row", "seconds", "stop_reason", "outcome",
+    )  # fmt: skip
+
+    def __init__(self, spec: InferenceRequest, arrival: int):
+        self.spec = spec
+        self.arrival = arrival
+        self.arrived = False
+        self.key = token_key(spec.prompt_ids)
+        self.reservation = 0
+        self.reused = 0
+        self.reuse_tier: str | None = None
+        self.step = 0  # 0: prefill next; k: decode step k-1 next (k ids selected)
+        self.cancel = False  # a cancel waits for the next step boundary
+        self.ended = False
+        self.admitted_us: int | None = None
+        self.first_token_us: int | None = None
+        self.published = 0
+        self.output: list[int] = []
+        self.held: tuple | None = None  # the reused prefix's (keys, values) until the prefill consumes them
+        self.row: int | None = None  # slot row, from the prefill to the end
+        self.seconds: list[float] = []
+        self.stop_reason: str | None = None
+        self.outcome: dict | None = None
+
+
+class _Serving:
+    def __init__(self, execution: ModelExecution, system: KVResidencySystemConfig, plan: EnginePlan, observe):
+        self.execution = execution
+        self.system = system
+        self.plan = plan
+        self.observe = observe
+        self.retain_states = system.kv_cache.retention_policy == "lru"
+        self.batching = plan.batching
+        self.kv_bytes = execution.costs.kv_bytes_per_position
+        self.pool = StateManager(system.kv_cache, self.kv_bytes)
+        self.requests: dict[str, _Request] = {}
+        self.heap: list[tuple] = []
+        self.sequence = 0
+        self.now = 0
+        self.started_ns = 0
+        self.waiting: deque[_Request] = deque()
+        self.in_system = 0
+        self.active = 0
+        self.ready: deque[_Request] = deque()
+        self.compute_busy = False
+        self.busy_us = 0
+        self.link: deque[tuple] = deque()  # (direction, state, request)
+        self.link_busy = False
+        self.works: list[dict] = []
+        self.moved = {DEVICE_TO_HOST: 0, HOST_TO_DEVICE: 0}
+        self.counts = {"offload": 0, "reload": 0, "drop": 0}
+        self.rows: list[_Request] = []  # slot row -> its request; active rows are [0, len)
+        self.slots = execution.empty_state(plan.slot_rows, plan.slot_capacity)
+        self.empty_start = execution.empty_state(1, plan.slot_capacity)
+
+    # -- the clock -------------------------------------------------------
+
+    def clock(self) -> int:
+        return (time.monotonic_ns() - self.started_ns) // 1000
+
+    def schedule(self, time_us: int, what: int, payload) -> None:
+        heapq.heappush(self.heap, (time_us, self.sequence, what, payload))
+        self.sequence += 1
+
+    # -- main loop -------------------------------------------------------
+
+    def run(self, requests: list[_Request], actions: list) -> None:
+        declared = [(r.arrival, i, _ARRIVE, r) for i, r in enumerate(requests)]
+        declared += [(a.at_us, len(declared) + j, _ACTION, a) for j, a in enumerate(actions)]
+        declared.sort()
+        self.sequence = len(declared)
+        heap, position = self.heap, 0
+        self.started_ns = time.monotonic_ns()
+        while position < len(declared) or heap:
+            if heap and (position == len(declared) or heap[0] < declared[position]):
+                self.now, _, what, payload = heapq.heappop(heap)  # a work's measured end
+            else:
+                at, _, what, payload = declared[position]
+                position += 1
+                while (late := at - self.clock()) > 0:
+                    time.sleep(late / 1e6)
+                self.now = self.clock()  # when the engine sees it
+            if what == _COMPUTE_END:
+                self.on_compute_end(payload)
+            elif what == _ARRIVE:
+                self.on_arrival(payload)
+            elif what == _TRANSFER_END:
+                self.on_transfer_end(payload)
+            else:
+                self.on_action(payload)
+            if self.observe is not None:
+                self.observe(self.audit())
+
+    def audit(self) -> tuple[int, int]:
+        """The pool's invariants checked against the arrays held; the measured (device, host) bytes."""
+        active = []
+        for request in self.requests.values():
+            if request.admitted_us is None or request.ended:
+                continue
+            positions = len(request.spec.prompt_ids) + request.step - 1
+            held = nbytes(request.held) if request.row is None else positions * self.kv_bytes
+            active.append((request.spec.request_id, request.reservation, held))
+        return check_budget(self.pool, active)
+
+    def on_arrival(self, request: _Request) -> None:
+        spec, system = request.spec, self.system
+        request.arrived = True
+        self.requests[spec.request_id] = request
+        budget = spec.generation.max_new_tokens
+        request.reservation = (len(spec.prompt_ids) + budget - 1) * self.kv_bytes
+        reason = None
+        if budget > system.max_new_tokens_cap:
+            reason = f"max_new_tokens {budget} > max_new_tokens_cap {system.max_new_tokens_cap}"
+        elif self.in_system >= system.max_requests:
+            reason = f"max_requests {system.max_requests} already in the system"
+        elif request.reservation > system.kv_cache.device_kv_bytes:
+            reason = f"reservation {request.reservation} bytes > device_kv_bytes {system.kv_cache.device_kv_bytes}"
+        if reason is not None:
+            request.ended = True
+            request.outcome = self.outcome(request, "rejected", reason)
+            return
+        self.in_system += 1
+        self.waiting.append(request)
+        self.admit()
+        self.dispatch()
+
+    def on_action(self, action) -> None:
+        if action.kind != "cancel":
+            return  # consume: the engine publishes every id as it is selected; nothing to wait for
+        request = self.requests.get(action.request_id)
+        if request is None or request.ended or request.cancel:
+            return  # not yet arrived, already over, or already cancelling: intent without effect
+        if request.admitted_us is None:
+            self.in_system -= 1
+            self.finish(request, "cancel", "cancelled while waiting", admitted=False)
+            self.admit()
+        elif request in self.ready:
+            self.ready.remove(request)
+            self.finish(request, "cancel", "cancelled between steps")
+        else:
+            request.cancel = True  # running or reloading: honoured at the next step boundary
+        self.dispatch()
+
+    # -- admission and residency ------------------------------------------
+
+    def admit(self) -> None:
+        """FIFO admission of waiting requests while slots and device bytes allow."""
+        pool = self.pool
+        while self.waiting and self.active < self.system.scheduling.max_active_requests:
+            request = self.waiting[0]
+            if request.ended:
+                self.waiting.popleft()
+                continue
+            state = pool.lookup(request.key) if self.retain_states else None
+            credit = state.size if state is not None and state.tier == DEVICE else 0
+            need = request.reservation - credit
+            if need > pool.device_free():
+                shortfall = need - pool.device_free() - pool.offloading_bytes
+                evictable = pool.device_lru_bytes - credit
+                if shortfall <= 0 or evictable < shortfall:
+                    return  # wait for offloads in flight, or for active requests to release
+                self.evict(shortfall, state, request)
+                continue
+            self.waiting.popleft()
+            self.active += 1
+            request.admitted_us = self.now
+            if state is not None:
+                request.reused, request.reuse_tier = state.positions, HOST if state.tier != DEVICE else DEVICE
+                pool.take(state)
+            pool.reserved += request.reservation
+            if request.reuse_tier == HOST:
+                self.enqueue_transfer(HOST_TO_DEVICE, state, request)
+            else:
+                request.held = None if state is None else state.device
+                self.ready.append(request)
+
+    def evict(self, shortfall: int, keep: RetainedState | None, request: _Request) -> None:
+        """Move least recently used device states out until `shortfall` bytes will be free."""
+        pool = self.pool
+        while shortfall > 0:
+            oldest = iter(pool.device_lru.values())
+            state = next(oldest)
+            if state is keep:
+                state = next(oldest)
+            shortfall -= state.size
+            kept_on_host = keep.size if keep is not None and keep.tier == HOST else 0
+            if state.size <= pool.host_free() + pool.host_lru_bytes - kept_on_host:
+                while pool.host_free() < state.size:  # least recently used host states make room
+                    pool.drop_from_host(next(s for s in pool.host_lru.values() if s is not keep))
+                    self.counts["drop"] += 1
+                pool.begin_offload(state)
+                self.counts["offload"] += 1
+                self.enqueue_transfer(DEVICE_TO_HOST, state, request)
+            else:
+                pool.drop_from_device(state)
+                self.counts["drop"] += 1
+
+    def enqueue_transfer(self, direction: str, state: RetainedState, request: _Request) -> None:
+        self.link.append((direction, state, request))
+        if direction == HOST_TO_DEVICE:
+            self.counts["reload"] += 1
+        if not self.link_busy:
+            self.start_transfer()
+
+    def start_transfer(self) -> None:
+        direction, state, request = transfer = self.link.popleft()
+        started = self.clock()
+        if direction == DEVICE_TO_HOST:
+            state.host = to_host(state.device)
+        else:
+            state.device = jax.block_until_ready(to_device(state.host))
+        ended = self.clock()
+        self.link_busy = True
+        kind = "offload" if direction == DEVICE_TO_HOST else "reload"
+        self.record_work(kind, [request], 0, 0, 0, 0, 0, 0, state.size, started, ended)
+        self.schedule(ended, _TRANSFER_END, transfer)
+
+    def on_transfer_end(self, transfer: tuple) -> None:
+        direction, state, request = transfer
+        self.moved[direction] += state.size
+        if direction == DEVICE_TO_HOST:
+            self.pool.end_offload(state)
+        else:
+            request.held = self.pool.end_reload(state)
+        self.link_busy = False
+        if self.link:
+            self.start_transfer()
+        if direction == HOST_TO_DEVICE:
+            if request.cancel:
+                self.finish(request, "cancel", "cancelled at reload end")
+            else:
+                self.ready.append(request)
+        else:
+            self.admit()
+        self.dispatch()
+
+    # -- service ---------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Run the next service step if the compute resource is idle (round-robin over ready requests)."""
+        if self.compute_busy or not self.ready:
+            return
+        head = self.ready.popleft()
+        if self.batching and head.step > 0:
+            batch = [head, *(r for r in self.ready if r.step > 0)]
+            self.ready = deque(r for r in self.ready if r.step == 0)
+        else:
+            batch = [head]
+        started = self.clock()
+        if head.step == 0:
+            chosen, work = self.prefill(head)
+        else:
+            chosen, work = self.decode(batch)
+        ended = self.clock()
+        self.compute_busy = True
+        self.busy_us += ended - started
+        self.record_work(*work, started=started, ended=ended)
+        self.schedule(ended, _COMPUTE_END, (batch, chosen, ended - started))
+
+    def prefill(self, request: _Request) -> tuple[list[int], tuple]:
+        e, prompt, reused = self.execution, request.spec.prompt_ids, request.reused
+        start = self.empty_start if request.held is None else self.start_state(request)
+        count = len(prompt) - reused
+        window = np.zeros((1, bucket(count, e.architecture.context)), np.int32)
+        window[0, :count] = prompt[reused:]
+        request.row = len(self.rows)
+        self.rows.append(request)
+        chosen, self.slots = _prefill_into(
+            e.weights, e.layer_weights, e.architecture, self.slots, start, window, np.asarray([count], np.int32),
+            request.row, unroll=e.scan_unroll,
+        )  # fmt: skip
+        request.held = None
+        costs = e.costs
+        work = ("prefill", [request], 1, window.shape[1], count, reused, costs.matmul_flops(reused, len(prompt)),
+                costs.memory_bytes(reused, len(prompt)), 0)  # fmt: skip
+        return [int(np.asarray(chosen)[0])], work
+
+    def start_state(self, request: _Request) -> KVState:
+        """The reused prefix in a batch-of-one state of C slots, assembled on the host (no per-length compile)."""
+        n, template = request.reused, self.empty_start
+        keys, values = (np.zeros(template.keys.shape, template.keys.dtype) for _ in range(2))
+        keys[:, 0, :, :n], values[:, 0, :, :n] = (np.asarray(x) for x in request.held)
+        token_ids = np.zeros((1, self.plan.slot_capacity), np.int32)
+        token_ids[0, :n] = request.spec.prompt_ids[:n]
+        lengths = np.asarray([n], np.int32)
+        return template.replace(**jax.device_put(dict(keys=keys, values=values, token_ids=token_ids, lengths=lengths)))
+
+    def decode(self, batch: list[_Request]) -> tuple[list[int], tuple]:
+        e, costs = self.execution, self.execution.costs
+        positions = [len(r.spec.prompt_ids) + r.step - 1 for r in batch]
+        if self.batching:
+            rows = batch_bucket(len(self.rows))
+            ids, counts = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+            for request in batch:
+                ids[request.row], counts[request.row] = request.output[-1], 1
+            chosen, self.slots = _decode_rows(
+                e.weights, e.layer_weights, e.architecture, self.slots, ids, counts, rows=rows, unroll=e.scan_unroll
+            )
+            chosen = np.asarray(chosen)  # the one host read of the step
+            selected = [int(chosen[r.row]) for r in batch]
+        else:
+            (request,) = batch
+            rows = 1
+            chosen, self.slots = _decode_row(
+                e.weights, e.layer_weights, e.architecture, self.slots, request.row,
+                np.int32(request.output[-1]), unroll=e.scan_unroll,
+            )  # fmt: skip
+            selected = [int(np.asarray(chosen)[0])]
+        # A batch reads the fixed bytes of a work (the weights) once, not once per request.
+        memory = sum(costs.memory_bytes(p, p + 1) for p in positions) - costs.fixed_memory_bytes * (len(batch) - 1)
+        flops = sum(costs.matmul_flops(p, p + 1) for p in positions)
+        return selected, ("decode", batch, rows, 1, len(batch), sum(positions), flops, memory, 0)
+
+    def on_compute_end(self, work: tuple) -> None:
+        batch, chosen, elapsed_us = work
+        self.compute_busy = False
+        context, turn_end = self.execution.architecture.context, self.execution.turn_end_id
+        for request, selected in zip(batch, chosen, strict=True):
+            spec = request.spec
+            request.output.append(selected)
+            request.seconds.append(elapsed_us / 1e6)
+            request.step += 1
+            if request.first_token_us is None:
+                request.first_token_us = self.now
+            if selected != turn_end:
+                request.published += 1
+            budget, prompt = spec.generation.max_new_tokens, len(spec.prompt_ids)
+            code = int(stop_codes(np, selected, request.step, budget, prompt, context, turn_end))
+            if code:
+                request.stop_reason = STOP_REASONS[code]
+                self.finish(request, "complete" if request.stop_reason == STOP_TURN_END else "stop", request.stop_reason)
+            elif request.cancel:
+                self.finish(request, "cancel", "cancelled at step boundary")
+            else:
+                self.ready.append(request)
+        self.dispatch()
+
+    def finish(self, request: _Request, kind: str, reason: str, admitted: bool = True) -> None:
+        """The request ends exactly once: release its reservation and retain what it computed."""
+        spec, pool = request.spec, self.pool
+        request.ended = True
+        request.outcome = self.outcome(request, {"complete": "completed", "stop": "stopped"}.get(kind, "cancelled"), reason)
+        if not admitted:
+            return
+        self.active -= 1
+        self.in_system -= 1
+        pool.reserved -= request.reservation
+        computed = len(spec.prompt_ids) + request.step - 1 if request.step > 0 else request.reused
+        if self.retain_states and computed > 0:
+            key = token_key((*spec.prompt_ids, *request.output)[:computed])
+            if not pool.has(key):
+                pool.retain(key, spec.request_id, request.held if request.row is None else self.row_arrays(request.row, computed))
+        request.held = None
+        if request.row is not None:
+            self.release_row(request)
+        self.admit()
+
+    def row_arrays(self, row: int, positions: int) -> tuple[jax.Array, jax.Array]:
+        """A row's first `positions` slots as exact-length device arrays [layers, kv_heads, positions, head_dim]."""
+        one = _extract_row(self.slots, row)
+        return to_device(tuple(np.asarray(x)[:, 0, :, :positions] for x in (one.keys, one.values)))
+
+    def release_row(self, request: _Request) -> None:
+        """Keep the active rows compacted: the last active row moves into the freed one."""
+        last = self.rows.pop()
+        if last is not request:
+            self.slots = _move_row(self.slots, last.row, request.row)
+            last.row = request.row
+            self.rows[request.row] = last
+        request.row = None
+
+    def record_work(self, kind, requests, rows, window, processed, reused, flops, memory, size, started, ended) -> None:
+        self.works.append({
+            "work_id": len(self.works), "kind": kind, "request_ids": [r.spec.request_id for r in requests],
+            "rows": len(requests), "executed_rows": rows, "window": window, "processed_positions": processed,
+            "reused_positions": reused, "matmul_flops": flops, "logical_memory_bytes": memory, "bytes": size,
+            "start_us": started, "end_us": ended, "wall_us": ended - started,
+        })  # fmt: skip
+
+    def outcome(self, request: _Request, status: str, reason: str) -> dict:
+        spec, now = request.spec, self.now
+        selected, first = request.step, request.first_token_us
+        return {
+            "status": status,
+            "stop_reason": reason,
+            "arrival_us": request.arrival,
+            "admitted_us": request.admitted_us,
+            "first_token_us": first,
+            "end_us": now,
+            "queueing_us": None if request.admitted_us is None else request.admitted_us - request.arrival,
+            "ttft_us": None if first is None else first - request.arrival,
+            "tpot_us": None if selected < 2 else round((now - first) / (selected - 1), 3),
+            "e2e_us": now - request.arrival,
+            "prompt_positions": len(spec.prompt_ids),
+            "reuse_positions": request.reused,
+            "reuse_tier": request.reuse_tier,
+            "selected_tokens": selected,
+            "published_tokens": request.published,
+            "unused_budget": spec.generation.max_new_tokens - selected,
+            "complete": status == "completed",
+            "output_ids": list(request.output),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceEngine:
+    """Serves Workloads for one ModelExecution under one KVResidencySystemConfig."""
+
+    execution: ModelExecution
+    system: KVResidencySystemConfig
+
+    def serve(
+        self,
+        requests: Sequence[InferenceRequest],
+        interaction: CustomerInteraction | None = None,
+        *,
+        as_fast_as_possible: bool = False,
+        observe: Callable[[tuple[int, int]], None] | None = None,
+    ) -> ServedRun:
+        """Compile every program the run can need, then serve the requests against the wall clock.
+
+        observe: called after every happening with the measured (device, host) KV bytes, once the
+        pool's invariants have been checked against the arrays it holds (an AssertionError if not).
+        """
+        plan = EnginePlan.of(self.execution, self.system, requests)
+        serving = _Serving(self.execution, self.system, plan, observe)
+        compiled, compile_wall_us = self.compile(plan, serving)
+        ordered = [_Request(r, 0 if as_fast_as_possible else r.arrival_us) for r in requests]
+        compiles = []
+        listener = lambda event, duration, **_: compiles.append(event) if event == COMPILE_EVENT else None  # noqa: E731
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        try:
+            serving.run(ordered, list(interaction.actions) if interaction else [])
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listener)
+        served = tuple(
+            ServedRequest(r.spec, r.outcome, tuple(r.output), r.reused, tuple(r.seconds), r.stop_reason) for r in ordered
+        )
+        end_us = max([serving.now, *(w["end_us"] for w in serving.works)])
+        return ServedRun(
+            plan, compiled, compile_wall_us, len(compiles), as_fast_as_possible, served, tuple(serving.works),
+            serving.busy_us, end_us, dict(serving.moved), dict(serving.counts),
+        )  # fmt: skip
+
+    def compile(self, plan: EnginePlan, serving: _Serving) -> tuple[int, int]:
+        """Run every program of the plan once on the serving's own buffers: (programs, wall microseconds)."""
+        e, started = self.execution, time.monotonic_ns()
+        programs = 0
+        for window in plan.prefill_window_buckets:
+            zeros = np.zeros((1, window), np.int32)
+            _, serving.slots = _prefill_into(
+                e.weights, e.layer_weights, e.architecture, serving.slots, serving.empty_start, zeros,
+                np.ones(1, np.int32), 0, unroll=e.scan_unroll,
+            )  # fmt: skip
+            programs += 1
+        if plan.batching:
+            for rows in plan.decode_batch_buckets:
+                zeros = np.zeros(rows, np.int32)
+                _, serving.slots = _decode_rows(
+                    e.weights, e.layer_weights, e.architecture, serving.slots, zeros, zeros, rows=rows, unroll=e.scan_unroll
+                )
+                programs += 1
+        else:
+            _, serving.slots = _decode_row(
+                e.weights, e.layer_weights, e.architecture, serving.slots, 0, np.int32(0), unroll=e.scan_unroll
+            )
+            programs += 1
+        jax.block_until_ready(_extract_row(serving.slots, 0))
+        serving.slots = jax.block_until_ready(_move_row(serving.slots, 0, 0))
+        return programs + 2, (time.monotonic_ns() - started) // 1000
+
+
+def read_served_workload(
+    document, tokenizer, execution: ModelExecution
+) -> tuple[tuple[InferenceRequest, ...], CustomerInteraction | None]:
+    """The requests of a Workload document and its optional customer interaction, refused where kvsim
+    would refuse them (same field names)."""
+    requests = read_workload(document, tokenizer)
+    a = execution.architecture
+    for request in requests:
+        check_prompt(request.prompt_ids, a.vocabulary, a.context, f"request {request.request_id!r}: prompt_ids")
+    if document.get("customer_interaction") is None:
+        return requests, None
+    interaction = parse_interaction(document["customer_interaction"])
+    known = {r.request_id for r in requests}
+    for index, action in enumerate(interaction.actions):
+        if action.kind == "submit":
+            raise ApiError("customer_interaction.actions", "give arrivals either as a workload or as submit actions, not both")
+        if action.request_id not in known:
+            raise ApiError(f"customer_interaction.actions[{index}].request_id", f"unknown request {action.request_id!r}")
+    return requests, interaction

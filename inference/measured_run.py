@@ -1,0 +1,203 @@
+"""The measured-run document: a Workload the InferenceEngine served, every work timed on the wall clock.
+
+Its `requests` and `totals` carry the same field names as a kvsim record's
+outcomes, so a measured run and a simulated one compare field by field, and
+its `computations` are a complete recorded-computation document of the served
+requests, so kvsim can simulate exactly this workload. Every field is described
+in `docs/measured-run.md`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+from inference.backend import ExecutionBackend, ExecutionProvenance
+from inference.engine import ServedRun
+from inference.execution import ModelExecution
+from inference.generation import generate, work_computations
+from inference.recording import FORMAT as COMPUTATIONS_FORMAT
+from inference.recording import VERSION as COMPUTATIONS_VERSION
+from inference.recording import request_document
+from inference.evidence import GenerationWork
+from inference.response import InferenceResponse, RunOutcome, TokenSelection
+from jgpt.tokenizer import Tokenizer
+from kvsim.system import KVResidencySystemConfig, system_json
+from kvsim.workload import CustomerInteraction, interaction_json
+
+FORMAT = "jgpt-measured-run"
+VERSION = 1
+LATENCIES = (("ttft", "ttft_us"), ("tpot", "tpot_us"), ("e2e", "e2e_us"), ("queueing", "queueing_us"))
+
+
+def measured_run(
+    execution: ModelExecution,
+    system: KVResidencySystemConfig,
+    served: ServedRun,
+    *,
+    kind: str,
+    interaction: CustomerInteraction | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> dict[str, Any]:
+    """The versioned document of one served run (requests that did not run to their own stop are
+    generated alone afterwards, off the clock, so the computations hold every request's whole output)."""
+    backend = ExecutionBackend.current(execution.identity.precision)
+    identity = execution.identity
+    model = {
+        "checkpoint_sha256": identity.checkpoint_sha256,
+        "tokenizer_sha256": identity.tokenizer_sha256,
+        "architecture": execution.architecture.to_json(),
+    }
+    execution_json = {"backend": backend.to_json(), "provenance": ExecutionProvenance.current(backend).to_json()}
+    plan = served.plan
+    arrivals = [{"request_id": s.request.request_id, "arrival_us": s.outcome["arrival_us"]} for s in served.requests]
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": model,
+        "kv_bytes_per_position": execution.costs.kv_bytes_per_position,
+        "execution": execution_json,
+        "machine": _machine(),
+        "system": system_json(system),
+        "engine": {
+            "prefill_window_buckets": list(plan.prefill_window_buckets),
+            "decode_batch_buckets": list(plan.decode_batch_buckets),
+            "slot_rows": plan.slot_rows,
+            "slot_capacity": plan.slot_capacity,
+            "slot_buffer_bytes": plan.slot_buffer_bytes(execution),
+            "as_fast_as_possible": served.as_fast_as_possible,
+            "compiled_programs": served.compiled_programs,
+            "compile_wall_us": served.compile_wall_us,
+            "compiles_during_run": served.compiles_during_run,
+            "transfers": "synchronous",
+        },
+        "workload": {"kind": kind, "requests": arrivals},
+        "customer_interaction": None if interaction is None else interaction_json(interaction),
+        "computations": {
+            "format": COMPUTATIONS_FORMAT,
+            "version": COMPUTATIONS_VERSION,
+            "model": model,
+            "kv_bytes_per_position": execution.costs.kv_bytes_per_position,
+            "execution": execution_json,
+            "workload": {"kind": kind},
+            "requests": [_computation(execution, s, a["arrival_us"], tokenizer) for s, a in zip(served.requests, arrivals)],
+        },
+        "works": list(served.works),
+        "requests": {s.request.request_id: dict(s.outcome) for s in served.requests},
+        "totals": _totals(execution, served),
+    }
+
+
+def _machine() -> dict[str, Any]:
+    device = jax.devices()[0]
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "jax_version": jax.__version__,
+        "jax_backend": jax.default_backend(),
+        "device_kind": device.device_kind,
+    }
+
+
+def _computation(execution: ModelExecution, served, arrival_us: int, tokenizer: Tokenizer | None) -> dict:
+    request = served.request
+    if served.stop_reason is not None:
+        output, reused, seconds, stop = served.output_ids, served.reused, served.work_seconds, served.stop_reason
+        computations = work_computations(execution, request, output, reused, seconds, [None] * len(output), "step")
+        response = InferenceResponse(
+            request_id=request.request_id, prompt_ids=request.prompt_ids, output_ids=output,
+            published_ids=tuple(t for t in output if t != execution.turn_end_id),
+            outcome=RunOutcome.of(output, request.generation.max_new_tokens, stop, execution.turn_end_id),
+            selections=tuple(TokenSelection(t) for t in output), computations=computations,
+            work=GenerationWork.total(computations),
+        )  # fmt: skip
+    else:  # cancelled or rejected: the whole output it would have selected, generated alone
+        (response,) = generate(execution, [request], timing="step").responses
+    document = request_document(execution, request, response) | {"arrival_us": arrival_us}
+    if tokenizer is not None:
+        document["output_token_bytes"] = [len(tokenizer.pieces[t]) for t in response.output_ids]
+    return document
+
+
+def percentiles(values: Sequence[int | float]) -> dict:
+    """Nearest-rank p50/p90/p99 (exact values of the sample, no interpolation), as kvsim's outcomes."""
+    if not values:
+        return {"count": 0, "p50": None, "p90": None, "p99": None}
+    ordered = sorted(values)
+    pick = lambda p: ordered[max(0, -(-p * len(ordered) // 100) - 1)]  # noqa: E731
+    return {"count": len(ordered), "p50": pick(50), "p90": pick(90), "p99": pick(99)}
+
+
+def _totals(execution: ModelExecution, served: ServedRun) -> dict:
+    costs = execution.costs
+    statuses = {"completed": 0, "stopped": 0, "cancelled": 0, "rejected": 0}
+    lookups = {"device": 0, "host": 0, "miss": 0}
+    prompt_positions = reused_positions = saved_flops = 0
+    for s in served.requests:
+        outcome = s.outcome
+        statuses[outcome["status"]] += 1
+        if outcome["admitted_us"] is None:
+            continue
+        lookups[outcome["reuse_tier"] or "miss"] += 1
+        prompt_positions += outcome["prompt_positions"]
+        reused = outcome["reuse_positions"]
+        reused_positions += reused
+        if outcome["selected_tokens"] > 0 and reused > 0:
+            prompt = outcome["prompt_positions"]
+            saved_flops += costs.matmul_flops(0, prompt) - costs.matmul_flops(reused, prompt)
+    admitted = sum(lookups.values())
+    rate = lambda n, d: round(n / d, 6) if d else None  # noqa: E731
+    done = [s.outcome for s in served.requests if s.outcome["admitted_us"] is not None]
+    return {
+        "arrived": len(served.requests),
+        "admitted": admitted,
+        **statuses,
+        "lookups": admitted,
+        "hits_device": lookups["device"],
+        "hits_host": lookups["host"],
+        "hit_rate_device": rate(lookups["device"], admitted),
+        "hit_rate_host": rate(lookups["host"], admitted),
+        "token_hit_rate": rate(reused_positions, prompt_positions),
+        "reused_positions": reused_positions,
+        "prompt_positions": prompt_positions,
+        "saved_matmul_flops": saved_flops,
+        "bytes_device_to_host": served.moved["device_to_host"],
+        "bytes_host_to_device": served.moved["host_to_device"],
+        "offloads": served.counts["offload"],
+        "reloads": served.counts["reload"],
+        "drops": served.counts["drop"],
+        "compute_busy_us": served.busy_us,
+        "end_us": served.end_us,
+        "compute_busy_fraction": rate(served.busy_us, served.end_us),
+        "latency_us": {name: percentiles([o[key] for o in done if o[key] is not None]) for name, key in LATENCIES},
+    }
+
+
+def summary(document: Mapping[str, Any]) -> str:
+    """A few human lines: latencies in ms, reuse, bytes moved, throughput and compile time."""
+    totals, engine = document["totals"], document["engine"]
+    ms = lambda v: "-" if v is None else f"{v / 1000:.2f}"  # noqa: E731
+    selected = sum(r["selected_tokens"] for r in document["requests"].values())
+    lines = [
+        f"served {totals['arrived']} requests: {totals['completed']} completed, {totals['stopped']} stopped, "
+        f"{totals['cancelled']} cancelled, {totals['rejected']} rejected in {totals['end_us'] / 1e6:.3f} s "
+        f"({selected / max(totals['end_us'], 1) * 1e6:.1f} tokens/s, compute busy {totals['compute_busy_fraction']})",
+    ]
+    for name, values in totals["latency_us"].items():
+        figures = "  ".join(f"{p} {ms(values[p])}" for p in ("p50", "p90", "p99"))
+        lines.append(f"  {name:<9} ms  {figures}  (n={values['count']})")
+    lines += [
+        f"  reuse: device hits {totals['hits_device']}, host hits {totals['hits_host']} of {totals['lookups']} lookups; "
+        f"token hit rate {totals['token_hit_rate']}",
+        f"  moved: {totals['bytes_device_to_host']} bytes to host ({totals['offloads']} offloads), "
+        f"{totals['bytes_host_to_device']} to device ({totals['reloads']} reloads), {totals['drops']} drops",
+        f"  compiled {engine['compiled_programs']} programs in {engine['compile_wall_us'] / 1e6:.2f} s before the clock "
+        f"started; {engine['compiles_during_run']} compiles during the run",
+    ]
+    return "\n".join(lines)
