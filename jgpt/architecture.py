@@ -15,6 +15,7 @@ argument, and both round-trip through JSON with the ontology's field names. The
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Union
 
@@ -34,7 +35,7 @@ def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _require_positive_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ApiError(name, f"must be a positive number, got {value!r}")
 
 
@@ -137,7 +138,7 @@ def architecture_from_json(document: Mapping[str, Any]) -> Architecture:
     if not isinstance(document, Mapping):
         raise ApiError("architecture", f"must be a JSON object, got {type(document).__name__}")
     position = document.get("position", "learned")
-    if position not in _BY_POSITION:
+    if not isinstance(position, str) or position not in _BY_POSITION:
         raise ApiError("position", f"unknown value {position!r}; supported: {', '.join(_BY_POSITION)}")
     cls = _BY_POSITION[position]
     fields = {f.name: f for f in dataclasses.fields(cls)}

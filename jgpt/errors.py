@@ -7,8 +7,11 @@ cheap (no jax), because kvsim and the CLI import it.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 
 class ApiError(Exception):
@@ -33,8 +36,40 @@ def library_failure(error: BaseException) -> bool:
     return isinstance(error, Exception) or (kind.__module__ == "pyo3_runtime" and kind.__name__ == "PanicException")
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command was, so that cleanup (`finally`, `except BaseException`)
+    removes temporary files and staging directories as it does for Ctrl-C."""
+
+
+def _terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+    raise Terminated
+
+
+@contextlib.contextmanager
+def termination_deferred() -> Iterator[None]:
+    """Hold a SIGTERM back until the block ends, then deliver it. For writes finished by a library's
+    own threads (orbax checkpoints), which an exception in the main thread would abandon half-way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            signal.raise_signal(signal.SIGTERM)
+
+
 def run_guarded(prog: str, command: Callable[[], int | None]) -> int:
-    """Run a command-line action; bad input becomes one line on stderr and exit code 2."""
+    """Run a command-line action; bad input becomes one line on stderr and exit code 2.
+
+    SIGTERM, like SIGINT, unwinds the command (exit 143, as a shell reports a TERM death).
+    """
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return command() or 0
     except ApiError as error:
@@ -43,3 +78,9 @@ def run_guarded(prog: str, command: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if main_thread:  # None: the previous handler was not set from Python, so it was the default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

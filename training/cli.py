@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from jgpt.errors import ApiError
+from jgpt.output_paths import output_directory
 
 # Command-line flag -> TrainingConfig field, for the fields a user commonly overrides.
 OVERRIDES = {
@@ -46,15 +48,18 @@ def train_command(prog: str, argv: list[str]) -> int:
     if architecture:
         changes["architecture"] = {**base.architecture, **architecture}
     config = from_json({**base.to_json(), **changes})
+    output_directory(config.out, "out", [args.config, config.data])
 
     from jgpt.artifact import save_artifact
+    from training.run_lock import run_lock
     from training.trainer import train
 
-    result = train(config, resume=args.resume, progress=not args.quiet)
-    artifact = save_artifact(
-        result.run.model.absolute(), config.model_architecture, result.weights, result.provenance, result.corpus.tokenizer,
-        overwrite=True,
-    )  # fmt: skip
+    with run_lock(Path(config.out)):
+        result = train(config, resume=args.resume, progress=not args.quiet)
+        artifact = save_artifact(
+            result.run.model.absolute(), config.model_architecture, result.weights, result.provenance,
+            result.corpus.tokenizer, overwrite=True,
+        )  # fmt: skip
     summary = {
         "model": str(artifact.path),
         "checkpoint_sha256": artifact.checkpoint_sha256,

@@ -9,7 +9,7 @@ with the same hash prepare the same checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,10 +17,15 @@ from typing import Any
 from jgpt.architecture import Architecture, architecture_from_json
 from jgpt.errors import ApiError
 from jgpt.identity import sha256_json
+from jgpt.json_input import read_json
+from jgpt.limits import CONVERSATION_LIMIT, PARAMETER_LIMIT, VOCABULARY_LIMIT, bounded
+from jgpt.weights import parameter_count
 
 SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
 BYTE_VOCABULARY = 260
+# Sequences per step: each is a window of ids and its activations (the shipped model uses 32).
+BATCH_LIMIT = 1 << 16
 # Where the run writes; not part of what the run prepares.
 LOCATION_FIELDS = ("out",)
 
@@ -65,6 +70,10 @@ class TrainingConfig:
     unroll: bool | int = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.out, str) or not self.out:
+            raise ApiError("out", f"must be a directory path (a non-empty string), got {self.out!r}")
+        if self.data is not None and (not isinstance(self.data, str) or not self.data):
+            raise ApiError("data", f"must be a text file path or null, got {self.data!r}")
         if self.tokenizer == "bpe" and self.data is None:
             raise ApiError("tokenizer", "bpe needs --data: the built-in conversations use byte tokens")
         ints = ("vocab_size", "train_conversations", "development_conversations", "steps", "batch_size",
@@ -75,7 +84,11 @@ class TrainingConfig:
                 raise ApiError(name, f"must be a positive integer, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ApiError("seed", f"must be a non-negative integer, got {self.seed!r}")
-        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
+        bounded(self.vocab_size, "vocab_size", 1, VOCABULARY_LIMIT)
+        for name in ("train_conversations", "development_conversations"):
+            bounded(getattr(self, name), name, 1, CONVERSATION_LIMIT)
+        bounded(self.batch_size, "batch_size", 1, BATCH_LIMIT)
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
             raise ApiError("warmup_steps", f"must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}")
         for name in ("learning_rate", "clip_norm"):
             if not _is_number(getattr(self, name)) or getattr(self, name) <= 0:
@@ -86,13 +99,16 @@ class TrainingConfig:
                 raise ApiError(name, f"is out of range: {value!r}")
         if not _is_number(self.development_fraction) or not 0 < self.development_fraction < 1:
             raise ApiError("development_fraction", f"must be in (0, 1), got {self.development_fraction!r}")
-        if self.tokenizer not in TOKENIZERS:
+        if not isinstance(self.tokenizer, str) or self.tokenizer not in TOKENIZERS:
             raise ApiError("tokenizer", f"unknown value {self.tokenizer!r}; supported: {', '.join(TOKENIZERS)}")
-        if self.selection not in SELECTIONS:
+        if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
             raise ApiError("selection", f"unknown value {self.selection!r}; supported: {', '.join(SELECTIONS)}")
         if not isinstance(self.unroll, (bool, int)) or (not isinstance(self.unroll, bool) and self.unroll <= 0):
             raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
         architecture = self.model_architecture  # validates the architecture's own fields
+        if parameter_count(architecture) > PARAMETER_LIMIT:
+            raise ApiError("architecture", f"{parameter_count(architecture):,} parameters exceed the limit of "
+                                           f"{PARAMETER_LIMIT:,} (jgpt.limits)")
         if self.context is not None:
             if isinstance(self.context, bool) or not isinstance(self.context, int) or self.context < 2:
                 raise ApiError("context", f"must be an integer of at least 2, got {self.context!r}")
@@ -130,7 +146,8 @@ class TrainingConfig:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite JSON number: NaN or Infinity here once crashed the run while writing run.json."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _plain(value: Any) -> Any:
@@ -150,11 +167,4 @@ def from_json(document: Any) -> TrainingConfig:
 
 
 def load(path: str | Path) -> TrainingConfig:
-    path = Path(path)
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ApiError("config", f"file not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ApiError("config", f"cannot read {path} as JSON: {error}") from None
-    return from_json(document)
+    return from_json(read_json(path, "config"))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from jgpt.errors import ApiError
+from jgpt.identity import read_bytes
 from jgpt.tokenizer import Tokenizer
 from training import conversation_corpus
 from training.batches import TokenRows, TokenStream, rows_from_sequences
@@ -103,7 +104,7 @@ def read_text(path: str) -> tuple[bytes, str]:
     file = Path(path)
     if not file.is_file():
         raise ApiError("data", f"file not found: {path}")
-    data = file.read_bytes()
+    data = read_bytes(file, "data")
     if not data.strip():
         raise ApiError("data", f"{path} is empty")
     try:

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from jgpt.identity import write_atomically
+
 
 def read(path: Path) -> list[dict]:
     if not path.exists():
@@ -16,9 +18,7 @@ def read(path: Path) -> list[dict]:
 def truncate_after(path: Path, step: int) -> None:
     """Drop records past `step`: a resumed run rewrites what the interrupted one logged after its checkpoint."""
     kept = [record for record in read(path) if record["step"] <= step]
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text("".join(json.dumps(record) + "\n" for record in kept))
-    os.replace(temporary, path)
+    write_atomically(path, "".join(json.dumps(record) + "\n" for record in kept).encode())
 
 
 def append(path: Path, record: dict) -> None:

@@ -6,6 +6,7 @@ import hashlib
 
 from jgpt.catalog import load_model, read_catalog
 from jgpt.errors import ApiError
+from jgpt.limits import CONVERSATION_LIMIT, bounded
 from jgpt.tokenizer import Tokenizer
 from training import conversation_corpus, sharding
 from training import corpus as corpora
@@ -17,10 +18,11 @@ def evaluate_model(
     model: str | None, *, data: str | None, development_fraction: float, conversations: int, seed: int | None
 ) -> dict:
     """Development loss and bits per byte; for conversations also exact match per skill."""
-    if not 0 < development_fraction < 1:
+    if not 0 < development_fraction < 1:  # NaN fails this too
         raise ApiError("development_fraction", f"must be in (0, 1), got {development_fraction}")
-    if conversations <= 0:
-        raise ApiError("conversations", f"must be a positive integer, got {conversations}")
+    bounded(conversations, "conversations", 1, CONVERSATION_LIMIT)
+    if seed is not None and seed < 0:
+        raise ApiError("seed", f"must be a non-negative integer, got {seed}")  # as `jgpt train` says
     if model is None:
         model = read_catalog().default_id()
     artifact = load_model(model)

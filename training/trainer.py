@@ -8,8 +8,8 @@ is touched, so a rejected run leaves nothing `--resume` could pick up.
 
 from __future__ import annotations
 
-import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +19,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from jgpt.errors import ApiError
+from jgpt.errors import ApiError, termination_deferred
 from jgpt.identity import canonical_json, write_atomically
+from jgpt.json_input import read_json
 from jgpt.weights import ModelWeights, initialize
 from training import corpus as corpora
 from training import metrics, optimizer, sharding
@@ -72,11 +73,23 @@ def _check_run_directory(run: RunDirectory, config: TrainingConfig, resume: bool
     if resume:
         if not has_checkpoints:
             raise ApiError("resume", f"{run.root} holds no checkpoint to resume from")
-        recorded = from_json(json.loads(run.config.read_text()))
+        recorded = from_json(read_json(run.config, "resume"))
         if recorded.preparation_run_sha256 != config.preparation_run_sha256:
             raise ApiError("resume", f"the configuration differs from the one {run.root} was started with")
     elif has_checkpoints or run.model.exists():
         raise ApiError("out", f"{run.root} already holds a run; pass --resume or choose another directory")
+
+
+def _sweep_staging(run: RunDirectory) -> None:
+    """Remove what a killed run left half-written (SIGKILL runs no cleanup): the artifact's
+    staging directories (`.model.*`) and temporaries (`.*.tmp`, the loss curve's `*.tmp.png`). Runs under the lock."""
+    for path in run.root.glob(".model.*"):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    for path in (*run.root.glob(".*.tmp"), *run.root.glob("*.tmp.png")):
+        path.unlink()
 
 
 def _write_json(path: Path, value) -> None:
@@ -84,7 +97,9 @@ def _write_json(path: Path, value) -> None:
 
 
 def _checkpoint_manager(run: RunDirectory) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False, create=True)
+    # cleanup_tmp_directories: a save killed half-way (SIGKILL) leaves orbax's tmp directory; the next run removes it.
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False, create=True,
+                                           cleanup_tmp_directories=True)
     return ocp.CheckpointManager(run.checkpoints.absolute(), options=options, item_names=("state", "best"))
 
 
@@ -102,6 +117,7 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
     _check_run_directory(run, config, resume)
 
     run.root.mkdir(parents=True, exist_ok=True)
+    _sweep_staging(run)
     _write_json(run.config, config.to_json())
     optimizer_ = optimizer.adamw(config)
     key = jax.random.key(config.seed)
@@ -116,54 +132,59 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
     state = jax.device_put(start(weights, optimizer_), replicated)
     best = _best_record(state.weights, math.inf, 0)
     manager = _checkpoint_manager(run)
-    if resume:
-        restored = manager.restore(
-            manager.latest_step(),
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(state),
-                best=ocp.args.StandardRestore(best),
-            ),
-        )
-        state, best = jax.device_put(restored.state, replicated), restored.best
-        metrics.truncate_after(run.metrics, int(state.step))
-    elif run.metrics.exists():
-        run.metrics.unlink()
-    data = jax.device_put(corpus.train, replicated)
+    try:
+        if resume:
+            with termination_deferred():
+                restored = manager.restore(
+                    manager.latest_step(),
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(state),
+                        best=ocp.args.StandardRestore(best),
+                    ),
+                )
+            state, best = jax.device_put(restored.state, replicated), restored.best
+            metrics.truncate_after(run.metrics, int(state.step))
+        elif run.metrics.exists():
+            run.metrics.unlink()
+        data = jax.device_put(corpus.train, replicated)
 
-    def evaluate(weights) -> tuple[float, float]:
-        return development_loss(development_step, weights, corpus.development, corpus.development_bytes, development_batch)
+        def evaluate(weights) -> tuple[float, float]:
+            return development_loss(development_step, weights, corpus.development, corpus.development_bytes, development_batch)
 
-    tokens_per_step = config.batch_size * config.window
-    bar = tqdm(total=config.steps, initial=int(state.step), disable=not progress, unit="step", dynamic_ncols=True)
-    clock, clock_step = time.perf_counter(), int(state.step)
-    while (step := int(state.step)) < config.steps:
-        state, step_metrics = train_step(state, data)
-        step += 1
-        record = {"step": step}
-        if step % config.log_every == 0 or step == config.steps:
-            elapsed = time.perf_counter() - clock
-            record |= {k: float(v) for k, v in step_metrics.items()}
-            record |= {
-                "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.steps,
-                                                          config.final_learning_rate_fraction)(step - 1)),
-                "tokens_per_second": tokens_per_step * (step - clock_step) / elapsed,
-                # CPU seconds this process has used: on a shared machine, a fairer cost than wall time.
-                "process_cpu_seconds": time.process_time(),
-            }  # fmt: skip
-            clock, clock_step = time.perf_counter(), step
-            bar.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_second']:,.0f}")
-        if step % config.eval_every == 0 or step == config.steps:
-            loss, bits = evaluate(state.weights)
-            record |= {"development_loss": loss, "development_bits_per_byte": bits}
-            if loss < best["development_loss"]:
-                best = _best_record(state.weights, loss, step)
-        if len(record) > 1:
-            metrics.append(run.metrics, record)
-        if step % config.checkpoint_every == 0 or step == config.steps:
-            manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), best=ocp.args.StandardSave(best)))
-        bar.update(1)
-    bar.close()
-    manager.wait_until_finished()
+        tokens_per_step = config.batch_size * config.window
+        bar = tqdm(total=config.steps, initial=int(state.step), disable=not progress, unit="step", dynamic_ncols=True)
+        clock, clock_step = time.perf_counter(), int(state.step)
+        while (step := int(state.step)) < config.steps:
+            state, step_metrics = train_step(state, data)
+            step += 1
+            record = {"step": step}
+            if step % config.log_every == 0 or step == config.steps:
+                elapsed = time.perf_counter() - clock
+                record |= {k: float(v) for k, v in step_metrics.items()}
+                record |= {
+                    "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.steps,
+                                                              config.final_learning_rate_fraction)(step - 1)),
+                    "tokens_per_second": tokens_per_step * (step - clock_step) / elapsed,
+                    # CPU seconds this process has used: on a shared machine, a fairer cost than wall time.
+                    "process_cpu_seconds": time.process_time(),
+                }  # fmt: skip
+                clock, clock_step = time.perf_counter(), step
+                bar.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_second']:,.0f}")
+            if step % config.eval_every == 0 or step == config.steps:
+                loss, bits = evaluate(state.weights)
+                record |= {"development_loss": loss, "development_bits_per_byte": bits}
+                if loss < best["development_loss"]:
+                    best = _best_record(state.weights, loss, step)
+            if len(record) > 1:
+                metrics.append(run.metrics, record)
+            if step % config.checkpoint_every == 0 or step == config.steps:
+                with termination_deferred():  # a checkpoint is written whole: SIGTERM waits for the save
+                    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                               best=ocp.args.StandardSave(best)))
+            bar.update(1)
+        bar.close()
+    finally:
+        manager.close()  # waits for orbax's threads: exiting under them logs tracebacks
 
     if config.selection == "final":
         selected, selected_step = state.weights, int(state.step)

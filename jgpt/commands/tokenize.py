@@ -9,6 +9,7 @@ from jgpt.encoding import BPE_MERGE, Encoding
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
 from jgpt.json_input import read_json
+from jgpt.limits import VOCABULARY_LIMIT, bounded
 from jgpt.output_paths import output_file
 from jgpt.tokenizer import FIRST_MERGE_ID, ROLES, Tokenizer, Turn, turns_from_json
 
@@ -23,11 +24,6 @@ examples:
                                                learn byte-level BPE merges from a UTF-8 text file
   jgpt tokenize --tokenizer tokenizer.json "héllo 👋"
 """
-
-
-# The learner allocates per vocabulary entry (10^9 aborted the process asking for 70 GB);
-# 2^17 holds every public byte-level vocabulary we know (Llama 3: 128,256).
-VOCABULARY_LIMIT = 1 << 17
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
@@ -76,8 +72,7 @@ def train(args: argparse.Namespace) -> int:
         raise ApiError("train", f"{', '.join(misplaced)} cannot be combined with --train")
     if args.vocab_size is None or args.out is None:
         raise ApiError("train", "--train needs --vocab-size N and --out FILE")
-    if not FIRST_MERGE_ID <= args.vocab_size <= VOCABULARY_LIMIT:
-        raise ApiError("--vocab-size", f"must be in [{FIRST_MERGE_ID}, {VOCABULARY_LIMIT}], got {args.vocab_size}")
+    bounded(args.vocab_size, "--vocab-size", FIRST_MERGE_ID, VOCABULARY_LIMIT)
     if args.min_frequency < 1:
         raise ApiError("--min-frequency", f"must be a positive integer, got {args.min_frequency}")
     output_file(args.out, "--out", [args.train])
