@@ -7,7 +7,8 @@ import json
 import sys
 
 from jgpt.errors import ApiError
-from jgpt.identity import read_bytes
+from jgpt.json_input import read_json
+from jgpt.output_paths import output_file
 
 SUMMARIES = {
     "generate": "greedy generation with a jitted KV-cached loop, streaming text or full evidence as JSON",
@@ -47,10 +48,13 @@ def _generate(argv: list[str]) -> int:
     from inference.policy import GenerationPolicy, InferenceRequest
     from jgpt.tokenizer import Turn
 
+    given_ids, policy = _parse_ids(args.ids) if args.ids else None, GenerationPolicy(args.max_new_tokens)
+    if args.observe is not None and not 0 <= args.observe < args.max_new_tokens:
+        raise ApiError("observe", f"step {args.observe} is outside 0..{args.max_new_tokens - 1}, the steps the budget allows")
     execution, tokenizer = _load(args.model)
     text = " ".join(args.prompt) if args.prompt else None
-    prompt_ids = _parse_ids(args.ids) if args.ids else tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
-    request = InferenceRequest("cli", prompt_ids, GenerationPolicy(args.max_new_tokens), text=text)
+    prompt_ids = given_ids or tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
+    request = InferenceRequest("cli", prompt_ids, policy, text=text)
     stream = None if args.json else _TextStream(tokenizer, execution.turn_end_id)
     generation = generate(
         execution, [request], reference=args.json, scores=False, observe_step=args.observe,
@@ -70,14 +74,13 @@ def _record(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, metavar="COMPUTATIONS.json", help="where to write the document")
     parser.add_argument("--no-reference", action="store_true", help="skip the full-prefix recompute of every work")
     args = parser.parse_args(argv)
-    data = read_bytes(args.workload, "workload")
-    try:
-        document = json.loads(data)
-    except json.JSONDecodeError as error:
-        raise ApiError("workload", f"{args.workload} is not JSON: {error}") from None
+    output_file(args.out, "--out", [args.workload])
+    document = read_json(args.workload, "workload")
 
     from inference.recording import read_workload, record, write_document
+    from jgpt.tokenizer import Tokenizer
 
+    read_workload(document, Tokenizer.bytes_only())  # its shape does not depend on the ids: refuse before loading
     execution, tokenizer = _load(args.model)
     requests = read_workload(document, tokenizer)
     computations = record(execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"])
@@ -96,6 +99,7 @@ def _serve(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the whole document instead of the summary")
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     args = parser.parse_args(argv)
+    output_file(args.out, "--out", [args.workload, args.system])
     document, system_document = _json_file(args.workload, "workload"), _json_file(args.system, "system")
 
     import signal
@@ -126,10 +130,7 @@ def _interrupt(signum, frame):
 
 
 def _json_file(path: str, field: str):
-    try:
-        return json.loads(read_bytes(path, field))
-    except json.JSONDecodeError as error:
-        raise ApiError(field, f"{path} is not JSON: {error}") from None
+    return read_json(path, field)
 
 
 def _load(model: str | None):
@@ -144,9 +145,12 @@ def _load(model: str | None):
 
 def _parse_ids(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in text.split(","))
+        ids = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ApiError("ids", f"must be comma-separated integers, got {text!r}") from None
+        raise ApiError("ids", f"must be comma-separated integers, got {text[:80]!r}") from None
+    if min(ids) < 0:
+        raise ApiError("ids", f"token ids are >= 0, got {min(ids)}")
+    return ids
 
 
 class _TextStream:

@@ -134,6 +134,10 @@ def generate(
     else:
         ran = _run_loop(execution, plan)
     outputs, logits = ran.output_ids, ran.logits
+    steps = max(map(len, outputs))
+    if observe_step is not None and observe_step >= steps:  # [] with exit 0 would read as "nothing to see"
+        raise ApiError("observe", f"step {observe_step} was not reached: generation ended after {steps} steps "
+                                  f"(0..{steps - 1})")
 
     references = None
     if reference:

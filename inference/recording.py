@@ -35,6 +35,8 @@ def read_workload(document: Any, tokenizer: Tokenizer, field: str = "workload") 
     assistant's turn after it), as `text` (one user turn), or as raw `prompt_ids`.
     """
     top = _object(document, field, required={"kind", "requests"}, optional={"customer_interaction"})
+    if not isinstance(top["kind"], str) or not top["kind"]:
+        raise ApiError(f"{field}.kind", f"must be the arrival policy's name (a non-empty string), got {top['kind']!r}")
     entries = top["requests"]
     if not isinstance(entries, list) or not entries:
         raise ApiError(f"{field}.requests", "must be a non-empty list of request arrivals")
