@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 from experiments.experiment_design import ExperimentDesign, default_catalog
+from jgpt.output_paths import output_directory, output_file
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -54,6 +55,7 @@ def _lab(command: str, argv: list[str]) -> int:
         print(json.dumps(lab.to_json(), indent=1) if args.json else describe(lab))
         return 0
     lab.refuse_if_planned()
+    output_directory(args.out, "--out")
     from experiments.experiment_execution import run_lab  # imports jax: only when running
 
     outcome = run_lab(lab, args.out, report=not args.no_report)
@@ -109,6 +111,8 @@ def _report(command: str, argv: list[str]) -> int:
     parser.add_argument("record", type=Path, help="record.json written by `jgpt lab run`")
     parser.add_argument("--out", required=True, type=Path, help="the HTML file to write")
     args = parser.parse_args(argv)
+    # The record and the JSON files beside it are what the report reads.
+    output_file(args.out, "--out", [args.record, *args.record.parent.glob("*.json")])
     from experiments.report import write_report
 
     print(write_report(args.record, args.out))

@@ -28,6 +28,7 @@ from experiments.experiment_spec import ExecutionSpec, ExperimentSpec
 from experiments.fields import expect_keys, expect_list, expect_text
 from experiments.workload import Workload, read_workload
 from jgpt.errors import ApiError
+from jgpt.json_input import read_json
 from jgpt.ontology import OntologyBinding
 
 LABS = Path(__file__).with_name("labs")
@@ -217,12 +218,7 @@ class ExperimentCatalog:
 def read_lab(path: Path) -> ExperimentDesign:
     """One lab file; errors name the file and the field."""
     path = Path(path)
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise ApiError(str(path), f"cannot read lab file: {error}") from None
-    except json.JSONDecodeError as error:
-        raise ApiError(str(path), f"is not JSON: {error}") from None
+    value = read_json(path, str(path))
     try:
         design = ExperimentDesign.from_json(value)
     except ApiError as error:

@@ -8,6 +8,7 @@ cheap (no jax), because kvsim and the CLI import it.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -81,6 +82,9 @@ def run_guarded(prog: str, command: Callable[[], int | None]) -> int:
     except Terminated:
         print(f"{prog}: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
+    except BrokenPipeError:  # `jgpt ... | head` stopped reading: end quietly, as a SIGPIPE death would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail too
+        return 128 + signal.SIGPIPE
     finally:
         if main_thread:  # None: the previous handler was not set from Python, so it was the default
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

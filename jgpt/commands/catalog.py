@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from jgpt.catalog import DEFAULT_CATALOG, add_model, describe, read_catalog, write_catalog
+from jgpt.catalog import DEFAULT_CATALOG, DEFAULT_ROLE, add_model, describe, read_catalog, write_catalog
+from jgpt.errors import ApiError
 
 EXAMPLES = """\
 examples:
@@ -47,13 +48,29 @@ def _table(catalog) -> str:
     return "\n".join([f"{catalog.path} (storage {catalog.base_url})", *lines])
 
 
+def _check_addition(args: argparse.Namespace) -> None:
+    """What `catalog add` can refuse before loading the artifact (the ModelDescriptor checks it all again)."""
+    if not args.id.strip():
+        raise ApiError("--id", "must be a non-empty model id")
+    if args.role not in (None, DEFAULT_ROLE):
+        raise ApiError("--role", f"must be {DEFAULT_ROLE!r} or absent, got {args.role!r}")
+    if any(stop_id < 0 for stop_id in args.stop_ids):
+        raise ApiError("--stop-ids", f"token ids are >= 0, got {min(args.stop_ids)}")
+
+
 def main(command: str, argv: list[str]) -> int:
     args = parser(f"jgpt {command}").parse_args(argv)
     catalog = read_catalog(args.catalog)
     if args.action == "add":
         from jgpt.artifact import load_artifact
 
-        model = describe(load_artifact(args.artifact), catalog, model_id=args.id, label=args.label,
+        _check_addition(args)
+        artifact = load_artifact(args.artifact)
+        for stop_id in args.stop_ids:
+            if stop_id >= artifact.architecture.vocabulary:
+                raise ApiError("--stop-ids", f"{stop_id} is not a token id of this model "
+                                             f"(0..{artifact.architecture.vocabulary - 1})")
+        model = describe(artifact, catalog, model_id=args.id, label=args.label,
                          role=args.role, inspection=args.inspection, stop_ids=tuple(args.stop_ids))
         catalog = add_model(catalog, model)
         write_catalog(catalog)
