@@ -28,7 +28,7 @@ from kvsim.compute_service import (
     DEVICE_TO_HOST,
     HOST_TO_DEVICE,
     PREFILL,
-    SIZE_TERMS,
+    term_names,
 )
 
 FORMAT = "jgpt-measured-run"
@@ -45,6 +45,7 @@ class MeasuredRun:
     document: dict  # the whole document, as read
     sha256: str  # of the file's bytes
     works: tuple[dict, ...]
+    slot_capacity: int
     prefill_window_buckets: tuple[int, ...]
     decode_batch_buckets: tuple[int, ...]
 
@@ -80,12 +81,15 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
         raise ApiError(f"{field}.version", f"kvsim reads version {VERSION}, got {top['version']!r}")
     fields.loose_mapping(top["execution"], f"{field}.execution", {"backend"})
     fields.loose_mapping(top["machine"], f"{field}.machine", set())
-    engine = fields.loose_mapping(top["engine"], f"{field}.engine", {"prefill_window_buckets", "decode_batch_buckets"})
+    engine = fields.loose_mapping(
+        top["engine"], f"{field}.engine", {"slot_capacity", "prefill_window_buckets", "decode_batch_buckets"}
+    )
     works = tuple(_work(w, f"{field}.works[{i}]") for i, w in enumerate(fields.array(top["works"], f"{field}.works")))
     return MeasuredRun(
         document=top,
         sha256=sha256,
         works=works,
+        slot_capacity=fields.integer(engine["slot_capacity"], f"{field}.engine.slot_capacity", 1),
         prefill_window_buckets=tuple(fields.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)),
         decode_batch_buckets=tuple(fields.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)),
     )
@@ -138,17 +142,24 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
     batches = tuple(sorted({b for run in runs for b in run.decode_batch_buckets}))
     fits, notes = [], []
     compute = {"model": CALIBRATED}
+    # With one slot capacity the per-slot terms cannot be told from the fixed ones: they are fit as 0.
+    vary = len({run.slot_capacity for run in runs}) > 1
     for kind in (PREFILL, DECODE):
-        works = [w for run in runs for w in run.works if w["kind"] == kind]
+        works = [(w, run.slot_capacity) for run in runs for w in run.works if w["kind"] == kind]
         if not works:
             raise ApiError("MEASURED", f"no {kind} works to fit")
-        size = [w["window"] if kind == PREFILL else w["executed_rows"] for w in works]
-        names = ("fixed_us", SIZE_TERMS[kind], "per_flop_us", "per_byte_us")
-        columns = [[1] * len(works), size, [w["matmul_flops"] for w in works], [w["logical_memory_bytes"] for w in works]]
-        kind_fit = _fit_kind(kind, names, columns, works)
+        columns = [
+            [1] * len(works),
+            [w["window"] if kind == PREFILL else w["executed_rows"] for w, _ in works],
+            [slots if vary else 0 for _, slots in works],
+            [w["matmul_flops"] for w, _ in works],
+            [w["logical_memory_bytes"] for w, _ in works],
+        ]
+        kind_fit = _fit_kind(kind, term_names(kind), columns, [w for w, _ in works])
         fits.append(kind_fit)
         compute[kind] = kind_fit.terms
     compute["step_overhead_us"] = _round(step_overhead_us(runs))
+    compute["slot_capacity"] = max(run.slot_capacity for run in runs)
     compute["prefill_window_buckets"], compute["decode_batch_buckets"] = list(windows), list(batches)
     fragment = {"compute_service": compute}
     transfer = {}
@@ -176,6 +187,9 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
     }
     if any(run.document["machine"] != first["machine"] for run in runs[1:]):
         notes.append("the measured runs come from different machines; the calibration names the first")
+    if not vary:
+        notes.append(f"every run had {runs[0].slot_capacity} slots, so per_slot_us is 0 and the fixed times hold the "
+                     "slots' share: calibrate on runs of two slot capacities to predict others")  # fmt: skip
     return fragment, fits, notes
 
 

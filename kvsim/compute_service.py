@@ -5,8 +5,9 @@ and the default: max(FLOPs / rate, bytes / rate), and latency + bytes / rate.
 The calibrated model (`CalibratedComputeService`, `CalibratedTransfer`) is what
 `jgpt kvsim calibrate` fits to an InferenceEngine's measured works: a fixed time
 per work, terms per executed position (prefill) or executed row (decode), per
-FLOP and per byte, a host step overhead before every work, and per-direction
-transfer latency plus time per byte (docs/kvsim.md, "Calibrated service").
+slot of the engine's KV slot capacity, per FLOP and per byte, a host step
+overhead before every work, and per-direction transfer latency plus time per
+byte (docs/kvsim.md, "Calibrated service").
 Every parameter is the exact rational of its JSON lexeme and every duration is
 rounded up to a whole microsecond, so records stay deterministic.
 """
@@ -63,15 +64,23 @@ class StateTransferConfig:
 
 @dataclass(frozen=True)
 class WorkTerms:
-    """t = fixed_us + size_us * executed size + per_flop_us * matmul_flops + per_byte_us * memory bytes."""
+    """t = fixed_us + size_us * executed size + per_slot_us * slot capacity + per_flop_us * matmul_flops
+    + per_byte_us * memory bytes."""
 
     fixed_us: Fraction
     size_us: Fraction  # per executed prefill position, or per executed decode row
+    per_slot_us: Fraction  # per KV slot every row of the work attends over (padded, so not in the FLOPs)
     per_flop_us: Fraction
     per_byte_us: Fraction
 
-    def time(self, size: int, matmul_flops: int, memory_bytes: int) -> Fraction:
-        return self.fixed_us + self.size_us * size + self.per_flop_us * matmul_flops + self.per_byte_us * memory_bytes
+    def time(self, size: int, slots: int, matmul_flops: int, memory_bytes: int) -> Fraction:
+        return (
+            self.fixed_us
+            + self.size_us * size
+            + self.per_slot_us * slots
+            + self.per_flop_us * matmul_flops
+            + self.per_byte_us * memory_bytes
+        )
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ class CalibratedComputeService:
     prefill: WorkTerms
     decode: WorkTerms
     step_overhead_us: Fraction  # host time between works (scheduling, the read of selected ids)
+    slot_capacity: int  # KV slots per row of the engine's compiled programs
     prefill_window_buckets: tuple[int, ...]  # the engine's compiled prefill windows, ascending
     decode_batch_buckets: tuple[int, ...]  # the engine's compiled decode batch sizes, ascending
 
@@ -90,9 +100,10 @@ class CalibratedComputeService:
         smallest batch bucket; beyond the largest bucket the size itself.
         """
         if phase == PREFILL:
-            time = self.prefill.time(executed(self.prefill_window_buckets, positions), matmul_flops, memory_bytes)
+            size, terms = executed(self.prefill_window_buckets, positions), self.prefill
         else:
-            time = self.decode.time(executed(self.decode_batch_buckets, rows), matmul_flops, memory_bytes)
+            size, terms = executed(self.decode_batch_buckets, rows), self.decode
+        time = terms.time(size, self.slot_capacity, matmul_flops, memory_bytes)
         return ceil_us(self.step_overhead_us), ceil_us(time)
 
 
@@ -130,12 +141,14 @@ def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | Cali
     top = fields.mapping(
         value,
         field,
-        {"model", "prefill", "decode", "step_overhead_us", "prefill_window_buckets", "decode_batch_buckets"},
-    )
+        {"model", "prefill", "decode", "step_overhead_us", "slot_capacity", "prefill_window_buckets",
+         "decode_batch_buckets"},
+    )  # fmt: skip
     return CalibratedComputeService(
-        prefill=_work_terms(top["prefill"], f"{field}.prefill", SIZE_TERMS[PREFILL]),
-        decode=_work_terms(top["decode"], f"{field}.decode", SIZE_TERMS[DECODE]),
+        prefill=_work_terms(top["prefill"], f"{field}.prefill", PREFILL),
+        decode=_work_terms(top["decode"], f"{field}.decode", DECODE),
         step_overhead_us=fields.number(top["step_overhead_us"], f"{field}.step_overhead_us"),
+        slot_capacity=fields.integer(top["slot_capacity"], f"{field}.slot_capacity", 1),
         prefill_window_buckets=_buckets(top["prefill_window_buckets"], f"{field}.prefill_window_buckets"),
         decode_batch_buckets=_buckets(top["decode_batch_buckets"], f"{field}.decode_batch_buckets"),
     )
@@ -161,9 +174,10 @@ def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService
         }
     return {
         "model": CALIBRATED,
-        "prefill": _work_terms_json(config.prefill, SIZE_TERMS[PREFILL]),
-        "decode": _work_terms_json(config.decode, SIZE_TERMS[DECODE]),
+        "prefill": _work_terms_json(config.prefill, PREFILL),
+        "decode": _work_terms_json(config.decode, DECODE),
         "step_overhead_us": fields.json_number(config.step_overhead_us),
+        "slot_capacity": config.slot_capacity,
         "prefill_window_buckets": list(config.prefill_window_buckets),
         "decode_batch_buckets": list(config.decode_batch_buckets),
     }
@@ -187,15 +201,20 @@ def _model(value: Any, field: str) -> str:
     return fields.string(value.get("model", ROOFLINE), f"{field}.model", (ROOFLINE, CALIBRATED))
 
 
-def _work_terms(value: Any, field: str, size_term: str) -> WorkTerms:
-    names = ("fixed_us", size_term, "per_flop_us", "per_byte_us")
+def term_names(phase: str) -> tuple[str, ...]:
+    """The JSON names of a kind of work's terms, in WorkTerms order."""
+    return ("fixed_us", SIZE_TERMS[phase], "per_slot_us", "per_flop_us", "per_byte_us")
+
+
+def _work_terms(value: Any, field: str, phase: str) -> WorkTerms:
+    names = term_names(phase)
     terms = fields.mapping(value, field, set(names))
     return WorkTerms(*(fields.number(terms[name], f"{field}.{name}") for name in names))
 
 
-def _work_terms_json(terms: WorkTerms, size_term: str) -> dict:
-    values = (terms.fixed_us, terms.size_us, terms.per_flop_us, terms.per_byte_us)
-    return {name: fields.json_number(v) for name, v in zip(("fixed_us", size_term, "per_flop_us", "per_byte_us"), values)}
+def _work_terms_json(terms: WorkTerms, phase: str) -> dict:
+    values = (terms.fixed_us, terms.size_us, terms.per_slot_us, terms.per_flop_us, terms.per_byte_us)
+    return {name: fields.json_number(v) for name, v in zip(term_names(phase), values, strict=True)}
 
 
 def _link_terms(value: Any, field: str) -> LinkTerms:

@@ -57,6 +57,7 @@ def predict(run: MeasuredRun, fragment: dict | None) -> CacheRun:
         system = system | {
             "compute_service": system["compute_service"]
             | {
+                "slot_capacity": run.slot_capacity,
                 "prefill_window_buckets": list(run.prefill_window_buckets),
                 "decode_batch_buckets": list(run.decode_batch_buckets),
             }

@@ -1,4 +1,4 @@
-"""One reuse rule: the recorder and kvsim reuse the same positions for every request of a workload.
+"""One reuse rule: the recorder, kvsim and the InferenceEngine reuse the same positions for every request.
 
 The rule (docs/kvsim.md, "KV residency"): an ended request retains one state,
 every position it computed; an identical sequence is not retained twice; a
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from inference.engine import InferenceEngine
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
@@ -65,11 +66,11 @@ def workload():
     tokenizer = artifact.tokenizer()
     execution = ModelExecution.from_artifact(artifact, tokenizer)
     requests = chat_requests(execution, tokenizer)
-    return requests, record(execution, requests, reference=False)
+    return execution, requests, record(execution, requests, reference=False)
 
 
 def test_recorder_and_kvsim_reuse_the_same_positions(workload):
-    requests, document = workload
+    _, requests, document = workload
     recorded = {r["request_id"]: r["computations"][0]["reused_positions"] for r in document["requests"]}
     run = record_value(simulate(parse_system(SYSTEM), parse_document(document)))
     simulated = {rid: outcome["reuse_positions"] for rid, outcome in run["outcomes"]["requests"].items()}
@@ -83,3 +84,12 @@ def test_recorder_and_kvsim_reuse_the_same_positions(workload):
     # ...so the one state both first turns left is taken by kiwi.1, and fig.1 recomputes its prompt.
     assert recorded["fig.1"] == 0 and recorded["kiwi.2"] == len(sequences["kiwi.1"])
     assert all(r.prompt_ids == tuple(d["prompt_ids"]) for r, d in zip(requests, document["requests"], strict=True))
+
+
+def test_the_engine_reuses_what_the_recorder_and_kvsim_reuse(workload):
+    execution, requests, document = workload
+    served = InferenceEngine(execution, parse_system(SYSTEM)).serve(requests, as_fast_as_possible=True)
+    recorded = {r["request_id"]: (r["computations"][0]["reused_positions"], r["output_ids"]) for r in document["requests"]}
+    assert {s.request.request_id: (s.reused, list(s.output_ids)) for s in served.requests} == recorded
+    tiers = {s.request.request_id: s.outcome["reuse_tier"] for s in served.requests}
+    assert tiers["fig.0"] is None and tiers["fig.1"] is None and tiers["kiwi.1"] == "device"
