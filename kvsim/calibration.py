@@ -175,7 +175,11 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
         transfer[other] = transfer[measured]
         notes.append(f"no {other} transfers were measured: they take the {measured} terms")
     if transfer:
-        fragment["transfer"] = {"model": CALIBRATED} | {d: transfer[d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)}
+        # An engine that says its transfers are synchronous runs them on its serving thread.
+        blocks = any(run.document["engine"].get("transfers") == "synchronous" for run in runs)
+        fragment["transfer"] = (
+            {"model": CALIBRATED} | {d: transfer[d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)} | {"blocks_compute": blocks}
+        )
     else:
         notes.append("no transfers were measured: the fragment leaves the system's transfer as it is")
     first = runs[0].document

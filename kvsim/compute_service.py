@@ -53,6 +53,7 @@ class ComputeServiceConfig:
 class StateTransferConfig:
     link_bytes_per_us: Fraction
     link_latency_us: Fraction
+    blocks_compute = False  # the spec's link runs concurrently with compute
 
     def duration_us(self, size: int) -> int:
         """Startup plus bytes over the rate, rounded up to a whole microsecond."""
@@ -117,6 +118,7 @@ class LinkTerms:
 class CalibratedTransfer:
     device_to_host: LinkTerms
     host_to_device: LinkTerms
+    blocks_compute: bool = False  # the engine runs transfers and works on one thread, one after another
 
     def transfer_us(self, direction: str, size: int) -> int:
         terms = self.device_to_host if direction == DEVICE_TO_HOST else self.host_to_device
@@ -161,8 +163,11 @@ def parse_transfer(value: Any, field: str) -> StateTransferConfig | CalibratedTr
             link_bytes_per_us=fields.positive_rate(transfer["link_bytes_per_us"], f"{field}.link_bytes_per_us"),
             link_latency_us=fields.number(transfer["link_latency_us"], f"{field}.link_latency_us"),
         )
-    top = fields.mapping(value, field, {"model", DEVICE_TO_HOST, HOST_TO_DEVICE})
-    return CalibratedTransfer(*(_link_terms(top[d], f"{field}.{d}") for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)))
+    top = fields.mapping(value, field, {"model", DEVICE_TO_HOST, HOST_TO_DEVICE}, {"blocks_compute"})
+    blocks = top.get("blocks_compute", False)
+    if not isinstance(blocks, bool):
+        raise ApiError(f"{field}.blocks_compute", f"expected true or false, got {blocks!r}")
+    return CalibratedTransfer(*(_link_terms(top[d], f"{field}.{d}") for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)), blocks)
 
 
 def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService) -> dict:
@@ -189,10 +194,14 @@ def transfer_json(config: StateTransferConfig | CalibratedTransfer) -> dict:
             "link_bytes_per_us": fields.json_number(config.link_bytes_per_us),
             "link_latency_us": fields.json_number(config.link_latency_us),
         }
-    return {"model": CALIBRATED} | {
-        direction: {"latency_us": fields.json_number(terms.latency_us), "per_byte_us": fields.json_number(terms.per_byte_us)}
-        for direction, terms in ((DEVICE_TO_HOST, config.device_to_host), (HOST_TO_DEVICE, config.host_to_device))
-    }
+    return (
+        {"model": CALIBRATED}
+        | {
+            direction: {"latency_us": fields.json_number(t.latency_us), "per_byte_us": fields.json_number(t.per_byte_us)}
+            for direction, t in ((DEVICE_TO_HOST, config.device_to_host), (HOST_TO_DEVICE, config.host_to_device))
+        }
+        | {"blocks_compute": config.blocks_compute}
+    )
 
 
 def _model(value: Any, field: str) -> str:

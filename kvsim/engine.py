@@ -92,6 +92,10 @@ class _Engine:
         self.link: deque[tuple] = deque()  # (direction, state, request_id, decision event)
         self.link_busy = False
         self.link_free_event = -1
+        # An engine that copies states on its one serving thread runs every work and transfer there, one
+        # after another in the order they start: each begins when the thread is free (`thread_free`).
+        self.one_thread = system.transfer.blocks_compute
+        self.thread_free = 0
         self.outcomes: dict[str, dict] = {}
         self.state_fate: dict[str, dict] = {}
 
@@ -256,7 +260,7 @@ class _Engine:
         causes = (decision,) if self.link_free_event < 0 else (decision, self.link_free_event)
         start = self.emit(request_id, "transfer_start", causes, state.state_id, state.size, direction=direction)
         self.link_busy = True
-        self.schedule(self.now + self.transfer.transfer_us(direction, state.size), _TRANSFER_END, (*transfer, start))
+        self.schedule(self.occupy(self.transfer.transfer_us(direction, state.size)), _TRANSFER_END, (*transfer, start))
 
     def on_transfer_end(self, transfer: tuple) -> None:
         direction, state, request_id, _, start = transfer
@@ -321,7 +325,14 @@ class _Engine:
             )
         self.compute_busy = True
         self.busy_us += busy
-        self.schedule(self.now + duration, _COMPUTE_END, (batch, starts, memory))
+        self.schedule(self.occupy(duration), _COMPUTE_END, (batch, starts, memory))
+
+    def occupy(self, duration: int) -> int:
+        """When something started now for `duration` ends (after what the serving thread runs first, if one)."""
+        if not self.one_thread:
+            return self.now + duration
+        self.thread_free = max(self.now, self.thread_free) + duration
+        return self.thread_free
 
     def work_cost(self, request: _Request) -> tuple[int, int]:
         spec = request.spec

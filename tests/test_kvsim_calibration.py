@@ -285,3 +285,25 @@ def test_calibrate_and_predict_commands(document, tmp_path, capsys):
     service.write_text(json.dumps({"compute_service": {"model": "calibrated"}}))
     code, _, err = run_cli(capsys, "predict", str(other), "--service", str(service))
     assert code == 2 and "system.compute_service.decode: missing required field" in err
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_a_link_that_blocks_compute_runs_works_and_transfers_one_at_a_time(document, blocks):
+    """An engine that copies states on its serving thread: each work or transfer runs once the thread is free."""
+    service = copy.deepcopy(TRUTH)
+    service["transfer"]["blocks_compute"] = blocks
+    system = parse_system(merge_service(conversation_system("continuous_batching"), service))
+    record = record_value(simulate(system, parse_document(document)))
+    events = record["events"]
+    ends = {e["causes"][0]: e["time_us"] for e in events if e["kind"] in ("compute_end", "transfer_end")}
+    started = [e for e in events if e["kind"] == "transfer_start" or (e["kind"] == "compute_start" and
+               e["event_id"] in ends)]  # one start per batch: the one its compute_end names  # fmt: skip
+    finishes = [ends[e["event_id"]] for e in started]
+    one_thread = all(a <= b for a, b in zip(finishes, finishes[1:]))
+    assert one_thread == blocks and sum(e["kind"] == "transfer_start" for e in started) > 10
+    if blocks:  # a transfer takes its own duration once the thread is free
+        for before, (event, end) in zip(finishes, zip(started[1:], finishes[1:])):
+            if event["kind"] == "transfer_start":
+                begin = max(event["time_us"], before)
+                assert end - begin == system.transfer.transfer_us(event["transfer_direction"], event["bytes"])
+    assert record["declaration"]["system"]["transfer"]["blocks_compute"] is blocks
