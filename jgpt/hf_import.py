@@ -9,7 +9,8 @@ projections as `[in, out]` (its Conv1D) and Llama projections as `[out, in]`
 A head tied to the embedding is copied; GPT-2's missing lm bias becomes zeros.
 
 Everything read is checked before anything model-sized is allocated: every size in
-config.json is a positive integer of at most DIMENSION_LIMIT, every number finite,
+config.json is a positive integer of at most DIMENSION_LIMIT, the parameters they
+imply at most jgpt.limits.PARAMETER_LIMIT, every number finite,
 every shard the index names lies inside the directory, and every tensor's shape (read
 from the safetensors headers alone) is the one the config implies. So memory follows
 the files' size, never a number written in them. A tokenizer.json must be a jgpt
@@ -30,8 +31,10 @@ from jgpt.architecture import Architecture, LlamaArchitecture, ModelArchitecture
 from jgpt.errors import ApiError, library_failure
 from jgpt.identity import require_finite
 from jgpt.json_input import read_json
+from jgpt.limits import PARAMETER_LIMIT
+from jgpt.output_paths import output_directory
 from jgpt.paths import confined
-from jgpt.weights import InitializationProvenance, ModelWeights
+from jgpt.weights import InitializationProvenance, ModelWeights, parameter_count
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 # The largest vocabulary, width, context, layer or head count read from config.json: past
@@ -279,6 +282,9 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
         raise ApiError("config.json:model_type", f"{model_type!r} is not one of {', '.join(_MODEL_TYPES)}")
     read_architecture, shapes, read_weights, prefix = _FAMILIES[family]
     architecture = read_architecture(config)
+    if parameter_count(architecture) > PARAMETER_LIMIT:
+        raise ApiError("config.json", f"describes {parameter_count(architecture):,} parameters, "
+                                      f"more than jgpt's limit of {PARAMETER_LIMIT:,}")
     _check_shapes(weight_files, prefix, architecture, shapes)
     tensors = {}
     for path in weight_files:
@@ -298,6 +304,7 @@ def import_hf(directory: str | Path, out: str | Path, *, overwrite: bool = False
     """Convert a local Hugging Face model directory into a jgpt ModelArtifact at `out`."""
     from jgpt.artifact import save_artifact
 
+    output_directory(out, "out")  # a file, or a path under one, is refused before any work
     source, target = Path(directory).resolve(), Path(out).resolve()
     if source.is_relative_to(target):
         raise ApiError("out", f"{out} is (or holds) the model directory being imported; choose another")

@@ -231,3 +231,18 @@ def test_catalog_any_hostile_catalog_is_listed_or_refused_naming_a_catalog_field
     if code != 0:
         line = assert_refused(["catalog", "--catalog", path], inputs=[path], watch=[root])
         assert any(f"error: {name}" in line for name in ("catalog", "models", "storage.base_url")), line
+
+
+def test_import_hf_refuses_an_output_that_is_a_file_or_under_one_before_any_work(hf, tmp_path):
+    (tmp_path / "a-file").write_text("mine")
+    for out in (tmp_path / "a-file", tmp_path / "a-file" / "artifact"):
+        assert_refused(["import-hf", hf, "--out", out], inputs=[tmp_path / "a-file"], watch=[tmp_path], field="out")
+
+
+def test_import_hf_refuses_a_config_past_the_parameter_limit(hf, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(hf, model)
+    config = json.loads((hf / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "n_layer": DIMENSION_LIMIT, "n_embd": 4096, "n_head": 32}))
+    assert "more than jgpt's limit" in assert_refused(["import-hf", model, "--out", tmp_path / "out"], watch=[tmp_path],
+                                                      field="config.json")
