@@ -35,6 +35,7 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/train_step.py
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/kvsim.py
+	$(BIN)/python bench/engine.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -57,6 +57,12 @@ def batch_bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+class _Scalars:
+    """`stop_codes` over plain ints: numpy's `where` costs ~20 us a call, per row per step."""
+
+    where = staticmethod(lambda condition, chosen, otherwise: chosen if condition else otherwise)
+
+
 # -- the compiled programs over the slot state ---------------------------------------------------------------
 
 def _row_axes(state: KVState) -> KVState:
@@ -494,7 +500,7 @@ class _Serving:
             if selected != turn_end:
                 request.published += 1
             budget, prompt = spec.generation.max_new_tokens, len(spec.prompt_ids)
-            code = int(stop_codes(np, selected, request.step, budget, prompt, context, turn_end))
+            code = stop_codes(_Scalars, selected, request.step, budget, prompt, context, turn_end)
             if code:
                 request.stop_reason = STOP_REASONS[code]
                 self.finish(request, "complete" if request.stop_reason == STOP_TURN_END else "stop", request.stop_reason)
