@@ -103,6 +103,13 @@ def _continuations(rows: list[tuple]) -> dict[int, int]:
 
 def azure(text: str, context: int = 4096) -> list[Conversation]:
     reader = csv.DictReader(io.StringIO(text))
+    try:
+        return _azure_rows(reader, context)
+    except csv.Error as error:  # e.g. a bare carriage return inside a field
+        raise ApiError(f"trace line {reader.line_num + 1}", f"unreadable CSV: {error}") from None
+
+
+def _azure_rows(reader: csv.DictReader, context: int) -> list[Conversation]:
     missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
     if missing:
         raise ApiError("trace header", f"missing column {sorted(missing)[0]}")

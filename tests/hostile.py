@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
@@ -87,6 +88,28 @@ def assert_refused(argv: list, *, inputs: Iterable[str | os.PathLike] = (),
     assert contents(inputs) == before, f"an input changed\n{shown}"
     assert snapshot(watch) == listed, f"files left behind: {_difference(listed, snapshot(watch))}\n{shown}"
     return lines[0]
+
+
+def assert_clean(argv: list, *, inputs: Iterable[str | os.PathLike] = (), watch: Iterable[str | os.PathLike] = (),
+                 accepted: tuple[int, ...] = (0,)) -> int:
+    """Run `jgpt ARGV` on input that may or may not be valid: either an `accepted` exit code, or a
+    clean refusal (as `assert_refused`). No traceback and untouched inputs either way; returns the code."""
+    inputs, watch = list(inputs), list(watch)
+    before, listed = contents(inputs), snapshot(watch)
+    code, stdout, stderr = run_jgpt(argv)
+    shown = f"jgpt {' '.join(map(str, argv))}\nexit {code}\nstdout: {stdout[-2000:]}\nstderr: {stderr[-2000:]}"
+    assert "Traceback" not in stderr + stdout, shown
+    assert contents(inputs) == before, f"an input changed\n{shown}"
+    if code in accepted:
+        return code
+    lines = error_line(stderr)
+    assert code == 2 and len(lines) == 1 and _FIELD.search(lines[0]), shown
+    assert snapshot(watch) == listed, f"files left behind: {_difference(listed, snapshot(watch))}\n{shown}"
+    return code
+
+
+# `jgpt CMD: error: FIELD: reason`, or argparse's `jgpt CMD: error: argument ...`
+_FIELD = re.compile(r"^jgpt [a-z-]+: error: \S.*?: \S")
 
 
 def _difference(before: dict[str, frozenset[str]], after: dict[str, frozenset[str]]) -> dict[str, list[str]]:
@@ -162,13 +185,35 @@ def _replace(value: Any, path: tuple, replacement: Any) -> Any:
 
 
 @st.composite
-def mutated_json(draw, document: Any) -> bytes:
-    """`document` with one value (anywhere in it) replaced by hostile JSON text, or one member deleted."""
-    path = draw(st.sampled_from(_paths(document)))
-    if path and draw(st.integers(0, 4)) == 0:
+def mutated_json(draw, document: Any, where=lambda path: True, wrong_type: bool = False) -> bytes:
+    """`document` with one value replaced by hostile JSON text, or one member deleted.
+
+    `where(path)` chooses which values may change (a path is a tuple of keys and indices);
+    `wrong_type` replaces a value only by one of another JSON type (never null, which may be
+    allowed), so that the result is surely invalid for a reader that checks types.
+    """
+    path = draw(st.sampled_from([p for p in _paths(document) if where(p)]))
+    if path and not wrong_type and draw(st.integers(0, 4)) == 0:
         return json.dumps(_replace(document, path, _DELETE)).encode()
     text = json.dumps(_replace(document, path, _SENTINEL)).encode()
-    return text.replace(json.dumps(_SENTINEL).encode(), draw(hostile_lexemes()), 1)
+    lexeme = draw(_other_type(_value_at(document, path)) if wrong_type else hostile_lexemes())
+    return text.replace(json.dumps(_SENTINEL).encode(), lexeme, 1)
+
+
+def _value_at(value: Any, path: tuple) -> Any:
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _json_type(value: Any) -> str:
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+
+
+def _other_type(original: Any) -> st.SearchStrategy[bytes]:
+    same = _json_type(original)
+    values = json_values().filter(lambda v: v is not None and _json_type(v) != same)
+    return st.one_of(values.map(lambda v: json.dumps(v).encode()), deep_json(), st.sampled_from(NON_FINITE[:5]))
 
 
 def hostile_outputs(root: Path, input_: Path) -> list[tuple[str, Path]]:
