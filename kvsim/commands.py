@@ -87,7 +87,7 @@ def main(command: str, argv: list[str]) -> int:
     if args.action == "run":
         if args.out:
             output_file(args.out, "--out", [args.input])
-        run = simulate(**load_input(args.input))
+        run = simulate(**load_input(args.input, out=args.out))
         print(summary_table({"id": run_id(run), "outcomes": run.outcomes}))
         if args.out:
             write_atomically(args.out, record_chunks(run))
@@ -134,6 +134,8 @@ def main(command: str, argv: list[str]) -> int:
     else:
         if not 1 <= args.requests <= REQUEST_LIMIT:
             raise ApiError("--requests", f"must be in [1, {REQUEST_LIMIT}], got {args.requests}")
+        if args.seed < 0:  # random.Random(-n) is random.Random(n): two seeds, one workload
+            raise ApiError("--seed", f"must be >= 0, got {args.seed}")
         items = conversations(args.requests, args.seed)
         source = f"kvsim.synthetic conversations(requests={args.requests}, seed={args.seed})"
     if not items:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jgpt.identity import read_bytes
+from jgpt.output_paths import output_file
 from kvsim import fields
 from kvsim.cache_run import load_json
 from kvsim.recorded import parse_document
@@ -25,8 +26,9 @@ from kvsim.system import parse_system
 from kvsim.workload import parse_interaction, parse_workload
 
 
-def load_input(path: Path) -> dict:
-    """The keyword arguments of `simulate`, validated from an input file."""
+def load_input(path: Path, out: Path | None = None) -> dict:
+    """The keyword arguments of `simulate`, validated from an input file; `out`, where the record
+    will be written, must not be the computations file the input names."""
     top = fields.mapping(
         load_json(read_bytes(path, "INPUT"), "INPUT"),
         "input",
@@ -36,6 +38,8 @@ def load_input(path: Path) -> dict:
     document = top["computations"]
     if isinstance(document, str):
         source = path.parent / document
+        if out is not None:
+            output_file(out, "--out", [source])
         document = load_json(read_bytes(source, "computations"), f"computations ({source})")
     return {
         "system": parse_system(top["system"]),

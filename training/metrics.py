@@ -6,13 +6,15 @@ import json
 import os
 from pathlib import Path
 
-from jgpt.identity import write_atomically
+from jgpt.identity import read_bytes, write_atomically
+from jgpt.json_input import parse_json
 
 
 def read(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = read_bytes(path, "metrics").splitlines()
+    return [parse_json(line, "metrics", source=f"{path} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
 
 
 def truncate_after(path: Path, step: int) -> None:
