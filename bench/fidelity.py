@@ -126,6 +126,7 @@ def main() -> None:
           f"hit rates exact in {sum(r['exact'] for r in table if r['kind'] == 'hit')} of "
           f"{sum(r['kind'] == 'hit' for r in table)}; bench took {time.monotonic() - started:.0f} s")  # fmt: skip
     (args.out_dir / "fidelity.json").write_text(json.dumps(table, indent=1) + "\n")
+    (args.out_dir / "fidelity.md").write_text(markdown(table))
     if args.plot:
         plot(table, args.plot)
         print(f"plot: {args.plot}")
@@ -184,6 +185,27 @@ def render(table: list[dict]) -> str:
         )
     lines.append(f"(latencies in us; measured = median over repeats, spread = (max - min) / median; * misses {GOAL:.0%})")
     return "\n".join(lines)
+
+
+def markdown(table: list[dict]) -> str:
+    """The tables docs/kvsim.md shows: latencies in ms, then hit rates."""
+    lines = [
+        "| workload | policy | field | measured ms | spread | calibrated ms | error | hypothetical ms | error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in (r for r in table if r["kind"] == "latency"):
+        lines.append(
+            f"| {r['workload']} | {r['policy']} | {r['field']} | {r['measured'] / 1000:.2f} | {100 * r['spread']:.0f}% | "
+            f"{r['calibrated'] / 1000:.2f} | {100 * r['calibrated_error']:+.1f}% | {r['hypothetical'] / 1000:.2f} | "
+            f"{100 * r['hypothetical_error']:+.1f}% |"
+        )
+    lines += ["", "| workload | policy | field | measured (each repeat) | predicted | |", "|---|---|---|---|---|---|"]
+    for r in (r for r in table if r["kind"] == "hit"):
+        measured = ", ".join(_num(v) for v in r["measured"])
+        predicted = ", ".join(sorted({_num(v) for v in r["predicted"]}))
+        lines.append(f"| {r['workload']} | {r['policy']} | {r['field']} | {measured} | {predicted} | "
+                     f"{'exact' if r['exact'] else 'differs'} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def plot(table: list[dict], path: Path) -> None:
