@@ -66,6 +66,9 @@ def simulate(
         ontology_binding = OntologyBinding.from_json(DEFAULT_BINDING if ontology_binding is None else ontology_binding)
     workload = resolve_workload(computations, workload, interaction)
     result = engine.run(system, computations, workload, interaction)
+    if result.end_us > fields.LIMIT:  # every input is within the limit, but a tiny rate stretches time past it
+        raise ApiError("system", f"the run's virtual time reaches 10^{len(str(result.end_us)) - 1} us, past 2^53 (285 years): "
+                                 f"a rate is too small for the work")
     declaration = {
         "model": computations.model,
         "system": system_json(system),

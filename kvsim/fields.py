@@ -55,6 +55,8 @@ def positive_rate(value: Any, field: str) -> Fraction:
     rate = number(value, field, minimum=None)
     if rate <= 0:
         raise ApiError(field, f"must be positive, got {value}")
+    if rate < Fraction(1, LIMIT):  # work divided by it must stay a float-sized duration
+        raise ApiError(field, f"must be at least 2^-53, got {value}")
     return rate
 
 
