@@ -19,6 +19,7 @@ The machine is shared: run it on a quiet one for figures worth quoting.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -35,7 +36,8 @@ from inference.execution import ModelExecution  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from jgpt.catalog import load_model, read_catalog  # noqa: E402
 from kvsim.calibration import fit, fit_table, read_measured_run  # noqa: E402
-from kvsim.fidelity import compare, predict  # noqa: E402
+from kvsim.compute_service import CalibratedComputeService, CalibratedTransfer  # noqa: E402
+from kvsim.fidelity import compare, predict, predicted_system  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 POLICIES = ("serialized", "continuous_batching")
@@ -59,12 +61,13 @@ def system(policy: str, active: int, device_positions: int, host_positions: int,
 def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
     """name -> (Workload document, system for a policy). Names starting with "calibration" are fitted."""
     ample = 1 << 20  # positions: nothing is ever evicted
-    calibration = chat_workload(conversations=10, turns=3, spread_us=1_500_000, seed=11)
+    calibration = chat_workload(conversations=12, turns=3, spread_us=600_000, seed=11)
     return {
         # The calibration workload, served whole with a host tier under a tight device budget (every kind of
-        # work occurs; the engine's slots hold the context) and as its first turns only (half the slots).
-        "calibration": (calibration, lambda p: system(p, 4, 384, 2048, kv_bytes)),
-        "calibration, first turns": (_first_turns(calibration), lambda p: system(p, 4, ample, 0, kv_bytes)),
+        # work occurs, decode batches of up to 8 rows, the engine's slots hold the context), and its first
+        # turns only, arriving ten times as fast (fewer slots).
+        "calibration": (calibration, lambda p: system(p, 8, 768, 4096, kv_bytes)),
+        "calibration, first turns": (_first_turns(calibration, 10), lambda p: system(p, 8, ample, 0, kv_bytes)),
         "multi-turn chat": (
             chat_workload(conversations=12, turns=4, spread_us=2_000_000, seed=0),
             lambda p: system(p, 4, ample, 0, kv_bytes),
@@ -77,8 +80,9 @@ def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
     }
 
 
-def _first_turns(document: dict) -> dict:
-    return document | {"requests": [r for r in document["requests"] if r["request_id"].endswith("t0")]}
+def _first_turns(document: dict, faster: int) -> dict:
+    first = [r | {"arrival_us": r["arrival_us"] // faster} for r in document["requests"] if r["request_id"].endswith("t0")]
+    return document | {"requests": first}
 
 
 def _longest_turns(document: dict) -> dict:
@@ -163,6 +167,56 @@ def fidelity(runs: dict, fragment: dict) -> list[dict]:
                 "hypothetical_error": (hypothetical - median) / median,
             })  # fmt: skip
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReplayedCompute(CalibratedComputeService):
+    """Each work takes the wall time the engine measured for it, after the host gap the engine left before it."""
+
+    walls: tuple = ()
+    taken: list = dataclasses.field(default_factory=list)
+
+    def work_us(self, phase, positions, rows, matmul_flops, memory_bytes):
+        self.taken.append(phase)
+        return self.walls[len(self.taken) - 1] if len(self.taken) <= len(self.walls) else (0, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReplayedTransfer(CalibratedTransfer):
+    walls: dict = dataclasses.field(default_factory=dict)
+    taken: dict = dataclasses.field(default_factory=dict)
+
+    def transfer_us(self, direction, size):
+        index = self.taken[direction] = self.taken.get(direction, -1) + 1
+        return self.walls[direction][index] if index < len(self.walls[direction]) else 0
+
+
+def replayed_error(run, fragment: dict) -> float:
+    """The largest latency error of kvsim fed every measured work's and transfer's own wall time (each after
+    the host time the engine's serving thread spent before it): the error kvsim's rules alone leave.
+
+    kvsim and the engine take the same decisions in the same order, so kvsim's n-th work is the
+    engine's n-th (and likewise per transfer direction) as long as the durations agree.
+    """
+    requests = run.document["requests"]
+    compute, transfers = [], {"device_to_host": [], "host_to_device": []}
+    previous = 0  # the end of what the serving thread ran last
+    for work in run.document["works"]:  # in the order the thread ran them
+        ready = max(previous, *(requests[r]["arrival_us"] for r in work["request_ids"]))
+        gap = max(0, work["start_us"] - ready)
+        if work["kind"] in ("prefill", "decode"):
+            compute.append((gap, work["wall_us"]))
+        else:
+            transfers["device_to_host" if work["kind"] == "offload" else "host_to_device"].append(gap + work["wall_us"])
+        previous = work["end_us"]
+    system = parse_system(predicted_system(run, fragment))
+    replayed = dataclasses.replace(
+        system,
+        compute_service=_ReplayedCompute(**vars(system.compute_service), walls=tuple(compute)),
+        transfer=_ReplayedTransfer(**vars(system.transfer), walls=transfers),
+    )
+    rows = compare(run.document["totals"], predict(run, fragment, replayed).outcomes["totals"])
+    return max(abs(r.error) for r in rows if r.error is not None and r.field != "compute_busy_us")
 
 
 def render(table: list[dict]) -> str:

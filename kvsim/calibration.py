@@ -99,10 +99,12 @@ def _work(value: Any, field: str) -> dict:
     work = fields.loose_mapping(
         value,
         field,
-        {"kind", "rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes", "start_us",
-         "end_us", "wall_us"},
+        {"kind", "request_ids", "rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes",
+         "start_us", "end_us", "wall_us"},
     )  # fmt: skip
     fields.string(work["kind"], f"{field}.kind", WORK_KINDS)
+    for index, request_id in enumerate(fields.array(work["request_ids"], f"{field}.request_ids")):
+        fields.string(request_id, f"{field}.request_ids[{index}]")
     for name in ("rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes", "start_us",
                  "end_us", "wall_us"):  # fmt: skip
         fields.integer(work[name], f"{field}.{name}")
@@ -164,7 +166,9 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
     fragment = {"compute_service": compute}
     transfer = {}
     for kind, direction in DIRECTIONS.items():
-        works = [w for run in runs for w in run.works if w["kind"] == kind]
+        # A transfer's time includes the host time before it, as the serving thread spent it.
+        works = [w | {"wall_us": gap + w["wall_us"]} for run in runs
+                 for gap, w in zip(host_gaps(run), run.works, strict=True) if w["kind"] == kind]  # fmt: skip
         if works:
             kind_fit = _fit_kind(kind, ("latency_us", "per_byte_us"), [[1] * len(works), [w["bytes"] for w in works]], works)
             fits.append(kind_fit)
@@ -215,24 +219,25 @@ def _fit_kind(kind: str, names: tuple[str, ...], columns: list[list[int]], works
     )
 
 
-def step_overhead_us(runs: list[MeasuredRun]) -> float:
-    """Mean host time between consecutive compute works while requests were waiting for service.
+def host_gaps(run: MeasuredRun) -> list[int]:
+    """Per work, in the order the engine's serving thread ran them: the host time it spent before the work.
 
-    A gap counts when some request had arrived by the end of the earlier work and
-    had not yet ended (the engine had work to start, so the gap is its own time:
-    scheduling and bookkeeping), and no transfer overlaps it (the time of a
-    transfer, or of waiting for one, is the transfer terms' to model).
+    That is the time from when the thread could have started it (the end of what it ran before, or the
+    arrival of the work's last request if later) to its start: scheduling and bookkeeping (admission,
+    retaining a finished request's state, the read of selected ids), never idle time.
     """
-    gaps = []
-    for run in runs:
-        spans = [(r["arrival_us"], r["end_us"]) for r in run.document["requests"].values() if r["admitted_us"] is not None]
-        compute = [w for w in run.works if w["kind"] in (PREFILL, DECODE)]
-        transfers = [(w["start_us"], w["end_us"]) for w in run.works if w["kind"] in DIRECTIONS]
-        for earlier, later in zip(compute, compute[1:]):
-            gap = (earlier["end_us"], later["start_us"])
-            waiting = any(arrival <= gap[0] < end for arrival, end in spans)
-            if waiting and not any(start < gap[1] and gap[0] < end for start, end in transfers):
-                gaps.append(gap[1] - gap[0])
+    requests = run.document["requests"]
+    gaps, previous = [], 0
+    for work in run.works:
+        ready = max(previous, *(requests[r]["arrival_us"] for r in work["request_ids"]))
+        gaps.append(max(0, work["start_us"] - ready))
+        previous = work["end_us"]
+    return gaps
+
+
+def step_overhead_us(runs: list[MeasuredRun]) -> float:
+    """Mean host time before a compute work (the host time before a transfer is the transfer's)."""
+    gaps = [g for run in runs for g, w in zip(host_gaps(run), run.works, strict=True) if w["kind"] in (PREFILL, DECODE)]
     return float(np.mean(gaps)) if gaps else 0.0
 
 

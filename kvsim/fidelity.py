@@ -16,7 +16,7 @@ from kvsim.cache_run import CacheRun, simulate
 from kvsim.calibration import MeasuredRun, merge_service
 from kvsim.compute_service import CALIBRATED
 from kvsim.recorded import parse_document
-from kvsim.system import parse_system
+from kvsim.system import KVResidencySystemConfig, parse_system
 from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_workload
 
 LATENCIES = tuple((name, p) for name in ("ttft", "tpot", "e2e") for p in ("p50", "p90"))
@@ -48,20 +48,26 @@ class Comparison:
         }
 
 
-def predict(run: MeasuredRun, fragment: dict | None) -> CacheRun:
-    """Simulate the measured run; `fragment` None keeps the system's own (hypothetical) service rates."""
+def predicted_system(run: MeasuredRun, fragment: dict | None) -> dict:
+    """The run's system JSON with the fragment's service (None: its own rates) and the run's executed shapes."""
+    system = run.document["system"] if fragment is None else merge_service(run.document["system"], fragment)
+    if system["compute_service"].get("model") != CALIBRATED:
+        return system
+    # The executed shapes are the engine's compile plan for this run, not fitted values.
+    shapes = {
+        "slot_capacity": run.slot_capacity,
+        "prefill_window_buckets": list(run.prefill_window_buckets),
+        "decode_batch_buckets": list(run.decode_batch_buckets),
+    }
+    return system | {"compute_service": system["compute_service"] | shapes}
+
+
+def predict(run: MeasuredRun, fragment: dict | None, system: KVResidencySystemConfig | None = None) -> CacheRun:
+    """Simulate the measured run; `fragment` None keeps the system's own (hypothetical) service rates.
+
+    `system` replaces the predicted one outright (diagnostics that feed kvsim other durations)."""
     document = run.document
-    system = document["system"] if fragment is None else merge_service(document["system"], fragment)
-    if system["compute_service"].get("model") == CALIBRATED:
-        # The executed shapes are the engine's compile plan for this run, not fitted values.
-        system = system | {
-            "compute_service": system["compute_service"]
-            | {
-                "slot_capacity": run.slot_capacity,
-                "prefill_window_buckets": list(run.prefill_window_buckets),
-                "decode_batch_buckets": list(run.decode_batch_buckets),
-            }
-        }
+    system = system or parse_system(predicted_system(run, fragment), "system")
     interaction = document.get("customer_interaction")
     interaction = None if interaction is None else parse_interaction(interaction, "measured.customer_interaction")
     declared = parse_workload(document["workload"], "measured.workload")
@@ -70,7 +76,7 @@ def predict(run: MeasuredRun, fragment: dict | None) -> CacheRun:
     workload = Workload(declared.kind, tuple(RequestArrival(a.request_id, served[a.request_id]["arrival_us"]) for a in declared.requests))
     submitted = interaction is not None and any(a.kind == "submit" for a in interaction.actions)
     return simulate(
-        parse_system(system, "system"),
+        system,
         parse_document(document["computations"], "measured.computations"),
         None if submitted else workload,
         interaction,

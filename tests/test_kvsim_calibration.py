@@ -19,7 +19,7 @@ from jgpt import cli
 from jgpt.errors import ApiError
 from kvsim import parse_document, parse_system, record_json, record_value, rerun, simulate
 from kvsim.analytic import AnalyticModel, analytic_computations
-from kvsim.calibration import FORMAT, fit, merge_service, nnls, read_measured_run, step_overhead_us
+from kvsim.calibration import FORMAT, fit, host_gaps, merge_service, nnls, read_measured_run, step_overhead_us
 from kvsim.compute_service import CalibratedComputeService, CalibratedTransfer, LinkTerms, WorkTerms
 from kvsim.fidelity import compare, predict
 from kvsim.recorded import document_json
@@ -43,6 +43,7 @@ TRUTH = {
         "model": "calibrated",
         "device_to_host": {"latency_us": 20, "per_byte_us": 0.001},
         "host_to_device": {"latency_us": 35, "per_byte_us": 0.002},
+        "blocks_compute": True,  # like the engine: one serving thread
     },
 }
 MACHINE = {"platform": "test", "machine": "x86_64", "processor": "", "cpu_count": 2, "jax_version": "-",
@@ -68,7 +69,10 @@ def document():
 
 
 def measured_run(system: dict, document: dict, service: dict, slots: int = 256) -> dict:
-    """A measured-run document of what kvsim, run with `service` at `slots` slots, did: its events become the works."""
+    """A measured-run document of what kvsim, run with `service` at `slots` slots, did: its events become the works.
+
+    kvsim plays an engine with one serving thread: each work or transfer begins when the thread is
+    free, a compute work after the step overhead."""
     service = service | {"compute_service": service["compute_service"] | {"slot_capacity": slots}}
     record = record_value(simulate(parse_system(merge_service(system, service)), parse_document(document)))
     specs = {r.request_id: r for r in parse_document(document).requests}
@@ -83,12 +87,17 @@ def measured_run(system: dict, document: dict, service: dict, slots: int = 256) 
             batch.append(event)
             if index + 1 < len(events) and events[index + 1]["kind"] == "compute_start":
                 continue  # the rest of the batch starts with it
-            works.append(_compute_work(batch, specs, outcomes, steps, ends[batch[0]["event_id"]], overhead))
+            works.append(_compute_work(batch, specs, outcomes, steps, ends[batch[0]["event_id"]]))
             batch = []
         elif event["kind"] == "transfer_start":
             kind = "offload" if event["transfer_direction"] == "device_to_host" else "reload"
             end = ends[event["event_id"]]
             works.append(_work(kind, [event["request_id"]], 0, 0, 0, 0, 0, event["bytes"], event["time_us"], end))
+    previous = 0
+    for work in sorted(works, key=lambda w: w["end_us"]):  # the thread's order; start_us held the dispatch time
+        begin = max(work["start_us"], previous) + (overhead if work["kind"] in ("prefill", "decode") else 0)
+        work.update(start_us=begin, wall_us=work["end_us"] - begin)
+        previous = work["end_us"]
     return {
         "format": FORMAT,
         "version": 1,
@@ -97,17 +106,18 @@ def measured_run(system: dict, document: dict, service: dict, slots: int = 256) 
         "execution": document["execution"],
         "machine": MACHINE,
         "system": system_json(parse_system(system)),
-        "engine": {"prefill_window_buckets": WINDOWS, "decode_batch_buckets": BATCHES, "slot_capacity": slots},
+        "engine": {"prefill_window_buckets": WINDOWS, "decode_batch_buckets": BATCHES, "slot_capacity": slots,
+                   "transfers": "synchronous"},
         "workload": record["declaration"]["workload"],
         "customer_interaction": None,
         "computations": document,
-        "works": sorted(works, key=lambda w: w["start_us"]),
+        "works": sorted(works, key=lambda w: w["end_us"]),
         "requests": outcomes,
         "totals": record["outcomes"]["totals"],
     }
 
 
-def _compute_work(batch, specs, outcomes, steps, end, overhead) -> dict:
+def _compute_work(batch, specs, outcomes, steps, end) -> dict:
     flops = memory = 0
     for event in batch:
         spec, step = specs[event["request_id"]], steps[event["request_id"]]
@@ -121,10 +131,10 @@ def _compute_work(batch, specs, outcomes, steps, end, overhead) -> dict:
     if batch[0]["phase"] == "prefill":
         positions = len(specs[head].prompt_ids) - outcomes[head]["reuse_positions"]
         window = next(w for w in WINDOWS if w >= positions)
-        return _work("prefill", [head], 1, window, flops, memory, positions, 0, batch[0]["time_us"] + overhead, end)
+        return _work("prefill", [head], 1, window, flops, memory, positions, 0, batch[0]["time_us"], end)
     rows = next(b for b in BATCHES if b >= len(batch))
     ids = [e["request_id"] for e in batch]
-    return _work("decode", ids, rows, 1, flops, memory, len(batch), 0, batch[0]["time_us"] + overhead, end)
+    return _work("decode", ids, rows, 1, flops, memory, len(batch), 0, batch[0]["time_us"], end)
 
 
 def _work(kind, ids, rows, window, flops, memory, processed, size, start, end) -> dict:
@@ -159,7 +169,7 @@ def test_calibrated_durations_round_up_exactly():
     assert compute.work_us("decode", 1, 3, 99, 10_005) == (30, 440)
     assert compute.work_us("decode", 1, 9, 0, 0) == (30, 150 + 40 * 9 + 128)  # beyond the largest bucket: the rows
     transfer = parse_system(merge_service(EXAMPLE["system"], TRUTH)).transfer
-    assert transfer == CalibratedTransfer(LinkTerms(20, Fraction(1, 1000)), LinkTerms(35, Fraction(2, 1000)))
+    assert transfer == CalibratedTransfer(LinkTerms(20, Fraction(1, 1000)), LinkTerms(35, Fraction(2, 1000)), True)
     assert transfer.transfer_us("device_to_host", 1500) == 22 and transfer.transfer_us("host_to_device", 1500) == 38
 
 
@@ -239,17 +249,17 @@ def test_calibration_recovers_the_service_that_produced_the_works(document, poli
     assert max(abs(row.error) for row in hypothetical if row.error is not None) > 0.5
 
 
-def test_step_overhead_counts_gaps_while_requests_wait_and_no_transfer_runs():
-    def work(kind, start, end):
-        return _work(kind, ["a"], 1, 16, 0, 0, 1, 0, start, end)
+def test_step_overhead_is_the_host_time_before_compute_works_never_idle_time():
+    def work(kind, request, start, end):
+        return _work(kind, [request], 1, 16, 0, 0, 1, 0, start, end)
 
-    works = [work("prefill", 0, 100), work("decode", 150, 200), work("offload", 220, 250), work("decode", 300, 400),
-             work("decode", 470, 500), work("decode", 5000, 5100)]  # fmt: skip
-    # a is served until 500; 400 -> 5000 is idle time (b arrives at 4990), and 200 -> 300 holds a transfer.
-    requests = {"a": {"arrival_us": 0, "admitted_us": 0, "end_us": 500},
-                "b": {"arrival_us": 4990, "admitted_us": 4990, "end_us": 5100}}  # fmt: skip
+    works = [work("prefill", "a", 0, 100), work("decode", "a", 150, 200), work("offload", "a", 220, 250),
+             work("decode", "a", 300, 400), work("decode", "a", 470, 500), work("prefill", "b", 5000, 5100)]  # fmt: skip
+    # Idle from 500 until b arrives at 4990; the offload's 20 us before it are the transfer's, not compute's.
+    requests = {"a": {"arrival_us": 0}, "b": {"arrival_us": 4990}}
     run = type("Run", (), {"document": {"requests": requests}, "works": works})
-    assert step_overhead_us([run]) == (50 + 70) / 2
+    assert host_gaps(run) == [0, 50, 20, 50, 70, 10]
+    assert step_overhead_us([run]) == (0 + 50 + 50 + 70 + 10) / 5
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
