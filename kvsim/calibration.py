@@ -84,7 +84,14 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
     engine = fields.loose_mapping(
         top["engine"], f"{field}.engine", {"slot_capacity", "prefill_window_buckets", "decode_batch_buckets"}
     )
+    requests = fields.loose_mapping(top["requests"], f"{field}.requests", set())
+    for request_id, outcome in requests.items():
+        fields.integer(fields.loose_mapping(outcome, f"{field}.requests.{request_id}", {"arrival_us"})["arrival_us"],
+                       f"{field}.requests.{request_id}.arrival_us")  # fmt: skip
     works = tuple(_work(w, f"{field}.works[{i}]") for i, w in enumerate(fields.array(top["works"], f"{field}.works")))
+    for index, work in enumerate(works):
+        if unknown := [r for r in work["request_ids"] if r not in requests]:
+            raise ApiError(f"{field}.works[{index}].request_ids", f"request {unknown[0]!r} is not in {field}.requests")
     return MeasuredRun(
         document=top,
         sha256=sha256,
@@ -119,7 +126,7 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     The optimum is the unconstrained least-squares solution on its own support, so
     trying every support and keeping the best non-negative solution finds it (2^n
-    small solves; calibration has at most four columns).
+    small solves; calibration has at most five columns).
     """
     n = a.shape[1]
     scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # conditioning: columns of unit size
