@@ -37,6 +37,12 @@ def library_failure(error: BaseException) -> bool:
     return isinstance(error, Exception) or (kind.__module__ == "pyo3_runtime" and kind.__name__ == "PanicException")
 
 
+def one_line(text: str) -> str:
+    """`text` with line breaks and other unprintable characters escaped: a field name read from a
+    file (a key holding a carriage return) must not split the one error line."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
 class Terminated(BaseException):
     """SIGTERM, raised where the command was, so that cleanup (`finally`, `except BaseException`)
     removes temporary files and staging directories as it does for Ctrl-C."""
@@ -74,7 +80,7 @@ def run_guarded(prog: str, command: Callable[[], int | None]) -> int:
     try:
         return command() or 0
     except ApiError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

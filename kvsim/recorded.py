@@ -26,6 +26,17 @@ STOP_REASONS = ("turn_end", "max_new_tokens", "context")
 FIRST_MERGED_ID = 260
 
 
+# token_key packs ids as 32-bit unsigned integers.
+TOKEN_ID_LIMIT = 1 << 32
+
+
+def _token_ids(value: Any, field: str) -> list[int]:
+    ids = fields.integers(value, field)
+    if ids and max(ids) >= TOKEN_ID_LIMIT:
+        raise ApiError(f"{field}[{ids.index(max(ids))}]", f"token ids are below 2^32, got {max(ids)}")
+    return ids
+
+
 def token_key(ids: Sequence[int]) -> bytes:
     """Token ids as fixed-width bytes: a prefix of ids is a prefix of the key (4 bytes per id)."""
     return array("I", ids).tobytes()
@@ -127,11 +138,11 @@ def _parse_request(value: Any, field: str) -> RecordedRequest:
             "decode_steps",
         },
     )
-    prompt = fields.integers(item["prompt_ids"], f"{field}.prompt_ids")
+    prompt = _token_ids(item["prompt_ids"], f"{field}.prompt_ids")
     if not prompt:
         raise ApiError(f"{field}.prompt_ids", "a prompt needs at least one id")
     budget = fields.integer(item["max_new_tokens"], f"{field}.max_new_tokens", 1)
-    output = fields.integers(item["output_ids"], f"{field}.output_ids")
+    output = _token_ids(item["output_ids"], f"{field}.output_ids")
     if not 1 <= len(output) <= budget:
         raise ApiError(f"{field}.output_ids", f"expected 1 to max_new_tokens={budget} ids, got {len(output)}")
     outcome = _parse_outcome(item["outcome"], f"{field}.outcome", output, budget)

@@ -185,19 +185,30 @@ def _replace(value: Any, path: tuple, replacement: Any) -> Any:
 
 
 @st.composite
-def mutated_json(draw, document: Any, where=lambda path: True, wrong_type: bool = False) -> bytes:
+def mutated_json(draw, document: Any, where=lambda path, value: True, wrong_type: bool = False,
+                 replacements: st.SearchStrategy[bytes] | None = None) -> bytes:
     """`document` with one value replaced by hostile JSON text, or one member deleted.
 
-    `where(path)` chooses which values may change (a path is a tuple of keys and indices);
+    `where(path, value)` chooses which values may change (a path is a tuple of keys and indices);
     `wrong_type` replaces a value only by one of another JSON type (never null, which may be
-    allowed), so that the result is surely invalid for a reader that checks types.
+    allowed), so that the result is surely invalid for a reader that checks types;
+    `replacements` draws the new JSON text instead.
     """
-    path = draw(st.sampled_from([p for p in _paths(document) if where(p)]))
-    if path and not wrong_type and draw(st.integers(0, 4)) == 0:
+    path = draw(st.sampled_from([p for p in _paths(document) if where(p, _value_at(document, p))]))
+    if path and not wrong_type and replacements is None and draw(st.integers(0, 4)) == 0:
         return json.dumps(_replace(document, path, _DELETE)).encode()
     text = json.dumps(_replace(document, path, _SENTINEL)).encode()
-    lexeme = draw(_other_type(_value_at(document, path)) if wrong_type else hostile_lexemes())
+    if replacements is None:
+        replacements = _other_type(_value_at(document, path)) if wrong_type else hostile_lexemes()
+    lexeme = draw(replacements)
     return text.replace(json.dumps(_SENTINEL).encode(), lexeme, 1)
+
+
+def extreme_numbers() -> st.SearchStrategy[bytes]:
+    """Finite JSON numbers at and past the edges: zero, tiny, 2^53, 1e308, negative."""
+    edges = st.sampled_from([0, 1, -1, 2**53, 2**53 + 1, 2**63, 10**30, 1e308, 5e-324, 1e-300, 0.5, -0.0])
+    return st.one_of(edges, st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False)).map(
+        lambda n: json.dumps(n).encode())
 
 
 def _value_at(value: Any, path: tuple) -> Any:

@@ -29,8 +29,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hostile import (
-    FUZZ, HOSTILE_SCALARS, NON_FINITE, assert_clean, assert_refused, deep_json, hostile_json, hostile_outputs, mutated_json,
-    run_jgpt,
+    FUZZ, HOSTILE_SCALARS, NON_FINITE, assert_clean, assert_refused, deep_json, extreme_numbers, hostile_json, hostile_outputs,
+    mutated_json, run_jgpt,
 )  # fmt: skip
 
 DATA = Path(__file__).parent / "data"
@@ -75,12 +75,12 @@ class Reader:
     field: str  # what a refusal of the whole file names
     document: object
     accepted: tuple[int, ...] = (0,)
-    where: callable = lambda path: True  # which values a mutation may change
+    where: callable = lambda path, value: True  # which values a mutation may change
     wrong_type: bool = False
     reads_non_finite: bool = False  # parses NaN and refuses it later, naming the member that holds it
 
 
-def _viewed(path: tuple) -> bool:
+def _viewed(path: tuple, value) -> bool:
     """Paths plot and perfetto read (kvsim.record_view checks exactly these)."""
     from kvsim.record_view import EVENT, OUTCOME
 
@@ -145,6 +145,19 @@ def test_deep_or_non_finite_json_is_refused_naming_the_input(tmp_path, name, dat
     source, out = _prepare(tmp_path, data)
     named = None if reader.reads_non_finite and data.startswith(b'{"x"') else f": {reader.field}"
     assert_refused(reader.argv(source, out), inputs=[source], watch=[tmp_path], field=named)
+
+
+@FUZZ
+@given(data=mutated_json(EXAMPLE, lambda path, value: type(value) in (int, float), replacements=extreme_numbers()))
+def test_every_record_kvsim_run_writes_can_be_viewed(tmp_path, data):
+    """What kvsim accepts it can also draw: 1e308 as a link latency once passed `run` and broke `plot`."""
+    from kvsim.cache_run import read_record
+    from kvsim.perfetto import trace_events
+    from kvsim.record_view import check_viewable
+
+    source, out = _prepare(tmp_path, data)
+    if assert_clean(["kvsim", "run", source, "--out", out], inputs=[source], watch=[tmp_path]) == 0:
+        assert trace_events(check_viewable(read_record(out.read_bytes())))["traceEvents"]
 
 
 WRITERS = {
