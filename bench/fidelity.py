@@ -126,6 +126,9 @@ def main() -> None:
     print(fit_table(fits, notes))
     table = fidelity(runs, fragment)
     print(render(table))
+    print("\nkvsim fed every work's and transfer's measured time (its rules alone), largest latency error over repeats:")
+    for (name, policy), measured in runs.items():
+        print(f"  {name:<26}{policy:<21}{100 * max(replayed_error(r, fragment) for r in measured):.2f}%")
     print(f"\nworst latency error: calibrated {_worst(table, 'calibrated')}, hypothetical {_worst(table, 'hypothetical')}; "
           f"hit rates exact in {sum(r['exact'] for r in table if r['kind'] == 'hit')} of "
           f"{sum(r['kind'] == 'hit' for r in table)}; bench took {time.monotonic() - started:.0f} s")  # fmt: skip
@@ -162,7 +165,7 @@ def fidelity(runs: dict, fragment: dict) -> list[dict]:
             hypothetical = statistics.median(h[index].predicted for _, h in per_repeat)
             rows.append({
                 "workload": name, "policy": policy, "field": first.field, "kind": "latency", "measured": median,
-                "spread": (max(values) - min(values)) / median if median else 0.0, "calibrated": calibrated,
+                "low": min(values), "high": max(values), "spread": (max(values) - min(values)) / median if median else 0.0, "calibrated": calibrated,
                 "calibrated_error": (calibrated - median) / median, "hypothetical": hypothetical,
                 "hypothetical_error": (hypothetical - median) / median,
             })  # fmt: skip
@@ -270,16 +273,19 @@ def plot(table: list[dict], path: Path) -> None:
 
     latency = [row for row in table if row["kind"] == "latency"]
     figure, axes = plt.subplots(figsize=(6, 5.5))
+    measured = [r["measured"] / 1000 for r in latency]
+    band = [[(r["measured"] - r["low"]) / 1000 for r in latency], [(r["high"] - r["measured"]) / 1000 for r in latency]]
     for key, marker, label in (("calibrated", "o", "calibrated service"), ("hypothetical", "x", "hypothetical rates")):
-        axes.scatter([r["measured"] / 1000 for r in latency], [r[key] / 1000 for r in latency], marker=marker, label=label)
-    low = min(min(r["measured"], r["calibrated"], r["hypothetical"]) for r in latency) / 1000 / 1.5
-    high = max(max(r["measured"], r["calibrated"], r["hypothetical"]) for r in latency) / 1000 * 1.5
+        axes.errorbar(measured, [r[key] / 1000 for r in latency], xerr=band, fmt=marker, elinewidth=0.6, label=label)
+    low = min(min(r["low"], r["calibrated"], r["hypothetical"]) for r in latency) / 1000 / 1.5
+    high = max(max(r["high"], r["calibrated"], r["hypothetical"]) for r in latency) / 1000 * 1.5
     line = [low, high]
     axes.plot(line, line, color="black", linewidth=0.8, label="predicted = measured")
     axes.fill_between(line, [v * (1 - GOAL) for v in line], [v * (1 + GOAL) for v in line], color="grey", alpha=0.2,
                       label=f"within {GOAL:.0%}")  # fmt: skip
     axes.set(xscale="log", yscale="log", xlim=line, ylim=line, xlabel="measured on the engine (ms)",
-             ylabel="predicted by kvsim (ms)", title="kvsim vs InferenceEngine: TTFT, TPOT, E2E p50/p90")  # fmt: skip
+             ylabel="predicted by kvsim (ms)", title="kvsim vs InferenceEngine: TTFT, TPOT, E2E p50/p90\n"
+             "(measured: median of the repeats, bars: their range)")  # fmt: skip
     axes.legend(loc="upper left")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

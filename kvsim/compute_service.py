@@ -88,7 +88,7 @@ class WorkTerms:
 class CalibratedComputeService:
     prefill: WorkTerms
     decode: WorkTerms
-    step_overhead_us: Fraction  # host time between works (scheduling, the read of selected ids)
+    step_overhead_us: Fraction  # host time before each compute work (scheduling, bookkeeping)
     slot_capacity: int  # KV slots per row of the engine's compiled programs
     prefill_window_buckets: tuple[int, ...]  # the engine's compiled prefill windows, ascending
     decode_batch_buckets: tuple[int, ...]  # the engine's compiled decode batch sizes, ascending

@@ -106,4 +106,8 @@ def comparison_table(rows: list[Comparison]) -> str:
 
 
 def _show(value) -> str:
-    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 10 else f"{value:.0f}"  # rates, or microseconds (TPOT)
+    return str(value)
