@@ -158,13 +158,14 @@ def fidelity(runs: dict, fragment: dict) -> list[dict]:
                              "measured": values, "predicted": [c[index].predicted for c, _ in per_repeat],
                              "exact": exact})  # fmt: skip
                 continue
-            if first.field == "compute_busy_us" or any(v is None for v in values):
+            if any(v is None for v in values):
                 continue
             median = statistics.median(values)
             calibrated = statistics.median(c[index].predicted for c, _ in per_repeat)
             hypothetical = statistics.median(h[index].predicted for _, h in per_repeat)
             rows.append({
-                "workload": name, "policy": policy, "field": first.field, "kind": "latency", "measured": median,
+                "workload": name, "policy": policy, "field": first.field.removesuffix("_us"), "measured": median,
+                "kind": "busy" if first.field == "compute_busy_us" else "latency",
                 "low": min(values), "high": max(values), "spread": (max(values) - min(values)) / median if median else 0.0, "calibrated": calibrated,
                 "calibrated_error": (calibrated - median) / median, "hypothetical": hypothetical,
                 "hypothetical_error": (hypothetical - median) / median,
@@ -250,7 +251,7 @@ def markdown(table: list[dict]) -> str:
         "| workload | policy | field | measured ms | spread | calibrated ms | error | hypothetical ms | error |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in (r for r in table if r["kind"] == "latency"):
+    for r in (r for r in table if r["kind"] != "hit"):
         lines.append(
             f"| {r['workload']} | {r['policy']} | {r['field']} | {r['measured'] / 1000:.2f} | {100 * r['spread']:.0f}% | "
             f"{r['calibrated'] / 1000:.2f} | {100 * r['calibrated_error']:+.1f}% | {r['hypothetical'] / 1000:.2f} | "
