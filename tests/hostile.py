@@ -50,7 +50,7 @@ def run_jgpt(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def error_line(stderr: str) -> list[str]:
+def error_lines(stderr: str) -> list[str]:
     """The lines of stderr after argparse's usage block (which argparse prints before its one error line)."""
     lines = stderr.splitlines()
     if lines and lines[0].startswith("usage:"):
@@ -80,7 +80,7 @@ def assert_refused(argv: list, *, inputs: Iterable[str | os.PathLike] = (),
     code, stdout, stderr = run_jgpt(argv)
     shown = f"jgpt {' '.join(map(str, argv))}\nexit {code}\nstdout: {stdout[-2000:]}\nstderr: {stderr[-2000:]}"
     assert "Traceback" not in stderr + stdout, shown
-    lines = error_line(stderr)
+    lines = error_lines(stderr)
     assert code == 2, shown
     assert len(lines) == 1 and ": error: " in lines[0], shown
     if field is not None:
@@ -102,7 +102,7 @@ def assert_clean(argv: list, *, inputs: Iterable[str | os.PathLike] = (), watch:
     assert contents(inputs) == before, f"an input changed\n{shown}"
     if code in accepted:
         return code
-    lines = error_line(stderr)
+    lines = error_lines(stderr)
     assert code == 2 and len(lines) == 1 and _FIELD.search(lines[0]), shown
     assert snapshot(watch) == listed, f"files left behind: {_difference(listed, snapshot(watch))}\n{shown}"
     return code
