@@ -207,7 +207,10 @@ def replay(record_path: Path) -> dict[str, Any]:
         recorded = _verified(record_path.parent, arm.get("cache_run"), f"{field}.cache_run")
         if arm.get("recording") not in range(len(documents)) or isinstance(arm.get("recording"), bool):
             raise ApiError(f"{field}.recording", f"must be the index of one of the {len(documents)} recordings")
-        run = _simulate(execution, documents[arm["recording"]], workload, lab)
+        try:
+            run = _simulate(execution, documents[arm["recording"]], workload, lab)
+        except ApiError as error:
+            raise ApiError(f"{field}.{error.field}", error.reason) from None
         if record_json(run) != recorded:
             raise ApiError(f"{field}.cache_run", f"replaying arm {arm.get('label')!r} gave different bytes")
         if run.declaration["system"] != arm.get("system"):
@@ -265,9 +268,21 @@ def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: W
     execution = documents[0].get("execution")
     execution = execution if isinstance(execution, dict) else {}
     provenance = execution.get("provenance")
+    generations = []
+    for i, (arm, spec) in enumerate(zip(arms, executions)):
+        try:
+            generations.append(_generation(spec))
+            named = spec.value("model.model_id")
+        except ApiError as error:
+            raise ApiError(f"record.arms[{i}].execution.{error.field}", error.reason) from None
+        model_id = recordings[arm["recording"]]["model"].get("model_id")
+        inference = {"model.model_id": model_id} | {f"generation.{k}": v for k, v in generations[-1].items()}
+        # "default" is resolved to the catalog's default model when the lab runs
+        if recordings[arm["recording"]].get("inference") != inference or named not in (model_id, "default"):
+            raise ApiError(f"record.recordings[{arm['recording']}].inference", f"is not what arm {i}'s controls resolve to")
     expected = {
         "id": _execution_id(lab, arms, recordings, workload),
-        "bindings": {"workload": workload.to_json(_generation(executions[0])), "models": [r["model"] for r in recordings]},
+        "bindings": {"workload": workload.to_json(generations[0]), "models": [r["model"] for r in recordings]},
         "provenance": {**(provenance if isinstance(provenance, dict) else {}), "backend": execution.get("backend")},
     }
     for name, value in expected.items():

@@ -19,13 +19,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from experiments.experiment_design import default_catalog
 from experiments.experiment_execution import _dumps, _execution_id, model_bindings, replay, run_lab
 from experiments.generation_defaults import DEFAULTS, GenerationDefaults, generation_defaults
 from experiments.report import write_report
 from jgpt.errors import ApiError
-from tests.hostile import assert_refused
+from tests.hostile import FUZZ, assert_refused, mutated_json, run_jgpt
 from tests.test_experiments_run import _chromium
 
 LAB = "prefix-reuse-multi-turn"
@@ -218,3 +220,31 @@ def test_record_integrity_edited_provenance_labels_and_walkthrough_are_refused(r
         with pytest.raises(ApiError) as error:
             replay(_edited(run, tmp_path / name, change))
         assert error.value.field == field
+
+
+# --- hostile records ----------------------------------------------------------------------------------
+
+def _canonical(document: bytes) -> bytes:
+    """A mutated record as `lab run` would have written it, when it still is finite JSON; else as it is."""
+    try:
+        return _dumps(json.loads(document))
+    except (ValueError, RecursionError):
+        return document
+
+
+@FUZZ
+@given(data=st.data())
+def test_record_integrity_any_hostile_record_is_refused_naming_a_record_field(run, tmp_path_factory, data):
+    directory = tmp_path_factory.mktemp("hostile") / "run"
+    shutil.copytree(run.directory, directory)
+    record = json.loads((directory / "record.json").read_text())
+    mutated = _canonical(data.draw(mutated_json(record)))
+    (directory / "record.json").write_bytes(mutated)
+    code, _, err = run_jgpt(["report", directory / "record.json", "--out", directory.parent / "page.html"])
+    if code == 0:  # only what replay cannot re-derive may change: the lab's contract, sources or wording
+        accepted = json.loads(mutated)
+        assert {k: v for k, v in accepted.items() if k != "lab"} == {k: v for k, v in record.items() if k != "lab"}
+        return
+    line = assert_refused(["report", directory / "record.json", "--out", directory.parent / "page.html"],
+                          inputs=list(directory.iterdir()), watch=[directory.parent])
+    assert "error: record" in line, line
