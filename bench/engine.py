@@ -40,10 +40,11 @@ sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != 
 
 from bench.workloads import burst_workload, chat_workload  # noqa: E402
 from inference.commands import _load  # noqa: E402
-from inference.engine import InferenceEngine, _decode_rows, read_served_workload  # noqa: E402
+from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.generation import generate  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from inference.policy import GenerationPolicy, InferenceRequest  # noqa: E402
+from inference.slot_execution import SlotExecution  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 BUDGET = 64
@@ -85,13 +86,13 @@ def engine_step_us(execution, requests) -> tuple[float, float, object]:
 
 def bare_step_us(execution, plan, steps: int = 60) -> float:
     """The jitted batched decode call alone on the engine's shapes, with one host read of the ids per step."""
-    e, rows = execution, plan.slot_rows
-    slots = e.empty_state(rows, plan.slot_capacity)
-    ids, counts = np.zeros(rows, np.int32), np.ones(rows, np.int32)
+    programs = SlotExecution(execution, plan)
+    slots = programs.empty_slots()
+    ids, counts = np.zeros(plan.slot_rows, np.int32), np.ones(plan.slot_rows, np.int32)
     times = []
     for _ in range(steps):
         started = time.perf_counter()
-        chosen, slots = _decode_rows(e.weights, e.layer_weights, e.architecture, slots, ids, counts, rows=rows, unroll=e.scan_unroll)
+        chosen, slots = programs.decode_rows(slots, ids, counts)
         ids = np.asarray(chosen)
         times.append(time.perf_counter() - started)  # every step attends over all C slots, whatever the lengths
     return statistics.median(times[5:]) * 1e6

@@ -15,36 +15,33 @@ arrival that falls inside a work is seen, in its place in the order, as soon as
 the work returns. Transfers (offload, reload) run synchronously on the loop too,
 one at a time in FIFO order; kvsim's link runs concurrently with compute.
 
-Execution uses fixed compiled shapes, all compiled before the clock starts:
-active requests own the rows [0, n) of one slot KVState of R rows and C slots;
-a prefill runs alone on a batch-of-one state (window bucketed like
-`ModelExecution.window`) and writes its row into the slots; a batched decode
-step is one jitted call over the first `batch_bucket(n)` rows; a serialized
-decode step is one jitted call on one row. The slot state is donated to every
-call, so XLA updates it in place.
+Execution uses fixed compiled shapes (`inference/slot_execution.py`), all
+compiled before the clock starts; the engine counts any XLA compilation while
+the clock runs. Retained states move between the slot rows and their
+exact-length arrays through host numpy slicing and padding, which compiles
+nothing per length.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from inference.execution import ModelExecution, advance, bucket, capacity_bucket
+from inference.execution import ModelExecution, bucket
 from inference.generation import STOP_REASONS, stop_codes
 from inference.policy import STOP_TURN_END, InferenceRequest, check_prompt
 from inference.recording import read_workload
+from inference.slot_execution import EnginePlan, SlotExecution, batch_bucket
 from inference.state_manager import DEVICE, HOST, RetainedState, StateManager, check_budget, nbytes, to_device, to_host, token_key
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
-from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
+from kvsim.system import KVResidencySystemConfig
 from kvsim.workload import CustomerInteraction, parse_interaction
 
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
@@ -52,91 +49,10 @@ DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
-def batch_bucket(n: int) -> int:
-    """Rows a batched decode step runs for n active rows: the next power of two."""
-    return 1 << max(0, n - 1).bit_length()
-
-
 class _Scalars:
     """`stop_codes` over plain ints: numpy's `where` costs ~20 us a call, per row per step."""
 
     where = staticmethod(lambda condition, chosen, otherwise: chosen if condition else otherwise)
-
-
-# -- the compiled programs over the slot state ---------------------------------------------------------------
-
-def _row_axes(state: KVState) -> KVState:
-    """The row (batch) axis of each leaf."""
-    return state.replace(keys=1, values=1, token_ids=0, lengths=0)
-
-
-def _rows(state: KVState, start, n: int) -> KVState:
-    return jax.tree.map(lambda x, axis: jax.lax.dynamic_slice_in_dim(x, start, n, axis), state, _row_axes(state))
-
-
-def _put_rows(state: KVState, part: KVState, start) -> KVState:
-    axes = _row_axes(state)
-    return jax.tree.map(lambda x, y, axis: jax.lax.dynamic_update_slice_in_dim(x, y, start, axis), state, part, axes)
-
-
-@functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
-def _prefill_into(weights, layer_weights, architecture, slots, start, window_ids, count, row, *, unroll):
-    """Prefill one request from `start` (its reused prefix, capacity C) and write its row into the slots."""
-    logits, state = advance(weights, architecture, start, window_ids, count, unroll, layer_weights)
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, state, row)
-
-
-@functools.partial(jax.jit, static_argnames=("architecture", "rows", "unroll"), donate_argnames="slots")
-def _decode_rows(weights, layer_weights, architecture, slots, ids, counts, *, rows, unroll):
-    """One decode step of the first `rows` rows; rows with count 0 keep their length."""
-    logits, part = advance(weights, architecture, _rows(slots, 0, rows), ids[:, None], counts, unroll, layer_weights)
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, part, 0)
-
-
-@functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
-def _decode_row(weights, layer_weights, architecture, slots, row, token, *, unroll):
-    """One decode step of one row alone (serialized service)."""
-    one = jnp.ones((1,), jnp.int32)
-    logits, part = advance(weights, architecture, _rows(slots, row, 1), token.reshape(1, 1), one, unroll, layer_weights)
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, part, row)
-
-
-@jax.jit
-def _extract_row(slots, row):
-    return _rows(slots, row, 1)
-
-
-@functools.partial(jax.jit, donate_argnames="slots")
-def _move_row(slots, source, target):
-    return _put_rows(slots, _rows(slots, source, 1), target)
-
-
-PROGRAMS = (_prefill_into, _decode_rows, _decode_row, _extract_row, _move_row)
-
-
-# -- the plan: every shape a run can need ---------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class EnginePlan:
-    slot_rows: int  # R
-    slot_capacity: int  # C
-    prefill_window_buckets: tuple[int, ...]
-    decode_batch_buckets: tuple[int, ...]  # (1,) when serialized: one row decodes alone
-    batching: bool
-
-    @classmethod
-    def of(cls, execution: ModelExecution, system: KVResidencySystemConfig, requests: Sequence[InferenceRequest]):
-        context = execution.architecture.context
-        most = max(len(r.prompt_ids) + r.generation.max_new_tokens - 1 for r in requests)
-        rows = batch_bucket(min(system.scheduling.max_active_requests, len(requests)))
-        windows = sorted({bucket(n, context) for n in range(1, max(len(r.prompt_ids) for r in requests) + 1)})
-        batching = system.scheduling.policy == CONTINUOUS_BATCHING
-        batches = tuple(1 << i for i in range(rows.bit_length())) if batching else (1,)
-        return cls(rows, capacity_bucket(min(most, context), context), tuple(windows), batches, batching)
-
-    def slot_buffer_bytes(self, execution: ModelExecution) -> int:
-        return self.slot_rows * self.slot_capacity * execution.costs.kv_bytes_per_position
 
 
 # -- what a run returns -----------------------------------------------------------------------------------------
@@ -225,8 +141,9 @@ class _Serving:
         self.moved = {DEVICE_TO_HOST: 0, HOST_TO_DEVICE: 0}
         self.counts = {"offload": 0, "reload": 0, "drop": 0}
         self.rows: list[_Request] = []  # slot row -> its request; active rows are [0, len)
-        self.slots = execution.empty_state(plan.slot_rows, plan.slot_capacity)
-        self.empty_start = execution.empty_state(1, plan.slot_capacity)
+        self.programs = SlotExecution(execution, plan)
+        self.slots = self.programs.empty_slots()
+        self.empty_start = self.programs.empty_start()
 
     # -- the clock -------------------------------------------------------
 
@@ -440,10 +357,7 @@ class _Serving:
         window[0, :count] = prompt[reused:]
         request.row = len(self.rows)
         self.rows.append(request)
-        chosen, self.slots = _prefill_into(
-            e.weights, e.layer_weights, e.architecture, self.slots, start, window, np.asarray([count], np.int32),
-            request.row, unroll=e.scan_unroll,
-        )  # fmt: skip
+        chosen, self.slots = self.programs.prefill_into(self.slots, start, window, count, request.row)
         request.held = None
         costs = e.costs
         work = ("prefill", [request], 1, window.shape[1], count, reused, costs.matmul_flops(reused, len(prompt)),
@@ -461,25 +375,20 @@ class _Serving:
         return template.replace(**jax.device_put(dict(keys=keys, values=values, token_ids=token_ids, lengths=lengths)))
 
     def decode(self, batch: list[_Request]) -> tuple[list[int], tuple]:
-        e, costs = self.execution, self.execution.costs
+        costs = self.execution.costs
         positions = [len(r.spec.prompt_ids) + r.step - 1 for r in batch]
         if self.batching:
             rows = batch_bucket(len(self.rows))
             ids, counts = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
             for request in batch:
                 ids[request.row], counts[request.row] = request.output[-1], 1
-            chosen, self.slots = _decode_rows(
-                e.weights, e.layer_weights, e.architecture, self.slots, ids, counts, rows=rows, unroll=e.scan_unroll
-            )
+            chosen, self.slots = self.programs.decode_rows(self.slots, ids, counts)
             chosen = np.asarray(chosen)  # the one host read of the step
             selected = [int(chosen[r.row]) for r in batch]
         else:
             (request,) = batch
             rows = 1
-            chosen, self.slots = _decode_row(
-                e.weights, e.layer_weights, e.architecture, self.slots, request.row,
-                np.int32(request.output[-1]), unroll=e.scan_unroll,
-            )  # fmt: skip
+            chosen, self.slots = self.programs.decode_row(self.slots, request.row, request.output[-1])
             selected = [int(np.asarray(chosen)[0])]
         # A batch reads the fixed bytes of a work (the weights) once, not once per request.
         memory = sum(costs.memory_bytes(p, p + 1) for p in positions) - costs.fixed_memory_bytes * (len(batch) - 1)
@@ -532,14 +441,14 @@ class _Serving:
 
     def row_arrays(self, row: int, positions: int) -> tuple[jax.Array, jax.Array]:
         """A row's first `positions` slots as exact-length device arrays [layers, kv_heads, positions, head_dim]."""
-        one = _extract_row(self.slots, row)
+        one = self.programs.extract_row(self.slots, row)
         return to_device(tuple(np.asarray(x)[:, 0, :, :positions] for x in (one.keys, one.values)))
 
     def release_row(self, request: _Request) -> None:
         """Keep the active rows compacted: the last active row moves into the freed one."""
         last = self.rows.pop()
         if last is not request:
-            self.slots = _move_row(self.slots, last.row, request.row)
+            self.slots = self.programs.move_row(self.slots, last.row, request.row)
             last.row = request.row
             self.rows[request.row] = last
         request.row = None
@@ -599,7 +508,7 @@ class InferenceEngine:
         """
         plan = EnginePlan.of(self.execution, self.system, requests)
         serving = _Serving(self.execution, self.system, plan, observe)
-        compiled, compile_wall_us = self.compile(plan, serving)
+        serving.slots, compiled, compile_wall_us = serving.programs.compile(serving.slots)
         ordered = [_Request(r, 0 if as_fast_as_possible else r.arrival_us) for r in requests]
         compiles = []
         listener = lambda event, duration, **_: compiles.append(event) if event == COMPILE_EVENT else None  # noqa: E731
@@ -616,33 +525,6 @@ class InferenceEngine:
             plan, compiled, compile_wall_us, len(compiles), as_fast_as_possible, served, tuple(serving.works),
             serving.busy_us, end_us, dict(serving.moved), dict(serving.counts),
         )  # fmt: skip
-
-    def compile(self, plan: EnginePlan, serving: _Serving) -> tuple[int, int]:
-        """Run every program of the plan once on the serving's own buffers: (programs, wall microseconds)."""
-        e, started = self.execution, time.monotonic_ns()
-        programs = 0
-        for window in plan.prefill_window_buckets:
-            zeros = np.zeros((1, window), np.int32)
-            _, serving.slots = _prefill_into(
-                e.weights, e.layer_weights, e.architecture, serving.slots, serving.empty_start, zeros,
-                np.ones(1, np.int32), 0, unroll=e.scan_unroll,
-            )  # fmt: skip
-            programs += 1
-        if plan.batching:
-            for rows in plan.decode_batch_buckets:
-                zeros = np.zeros(rows, np.int32)
-                _, serving.slots = _decode_rows(
-                    e.weights, e.layer_weights, e.architecture, serving.slots, zeros, zeros, rows=rows, unroll=e.scan_unroll
-                )
-                programs += 1
-        else:
-            _, serving.slots = _decode_row(
-                e.weights, e.layer_weights, e.architecture, serving.slots, 0, np.int32(0), unroll=e.scan_unroll
-            )
-            programs += 1
-        jax.block_until_ready(_extract_row(serving.slots, 0))
-        serving.slots = jax.block_until_ready(_move_row(serving.slots, 0, 0))
-        return programs + 2, (time.monotonic_ns() - started) // 1000
 
 
 def read_served_workload(

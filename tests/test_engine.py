@@ -36,7 +36,7 @@ def turns(conversation: int, turn: int) -> list[dict]:
 
 def workload(gap_us: int, cancel_at_us: int | None = None) -> dict:
     requests = [
-        {"request_id": f"c{c}t{t}", "arrival_us": t * gap_us + c * gap_us // 10,
+        {"request_id": f"c{c}t{t}", "arrival_us": t * gap_us + c,
          "request": {"turns": turns(c, t), "generation": {"max_new_tokens": 8 + 4 * c}}}
         for t in range(2) for c in range(3)
     ]  # fmt: skip
@@ -80,7 +80,7 @@ TIGHT_DEVICE, TIGHT_HOST = 110 * 4096, 100 * 4096
 @pytest.fixture(scope="module", params=["continuous_batching", "serialized"])
 def mixed(request, model):
     """Ragged prompts, reuse from device and host, batching, and a cancel, under a tight device budget."""
-    document = workload(gap_us=150_000, cancel_at_us=1)
+    document = workload(gap_us=300_000, cancel_at_us=1)
     return request.param, *serve(model, document, system(request.param, 4, TIGHT_DEVICE, TIGHT_HOST))
 
 
@@ -125,7 +125,7 @@ def test_no_compile_during_the_run(mixed):
 
 def test_reuse_decisions_equal_kvsims(model):
     """One active request at a time, all arriving at once: the order is fixed, so kvsim decides the same."""
-    document = serve(model, workload(gap_us=0), system("serialized", 1, 80 * 4096, TIGHT_HOST), as_fast_as_possible=True)[2]
+    document = serve(model, workload(gap_us=1000), system("serialized", 1, 80 * 4096, TIGHT_HOST), as_fast_as_possible=True)[2]
     run = simulate(
         parse_system(document["system"]), parse_document(document["computations"]), parse_workload(document["workload"])
     )

@@ -1,0 +1,158 @@
+"""SlotExecution: the fixed-shape jitted programs the InferenceEngine serves with.
+
+Active requests own rows of one **slot** KVState of R rows and C slots (R a
+power of two at least the active requests, C the capacity bucket of the most
+positions any request can reach). A prefill runs alone on a batch-of-one state
+of C slots (its window bucketed as `ModelExecution.window` buckets prompts) and
+writes its row into the slots; a batched decode step runs the first
+`batch_bucket(n)` rows in one call; a serialized step runs one row; a finished
+row is extracted (to retain its state) and the last active row moved into it.
+Every program takes the slot state donated, so XLA updates it in place, and
+selects ids (argmax) on the device. `compile` runs each program of a plan once,
+so a run never waits on a compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference.execution import ModelExecution, advance, bucket, capacity_bucket
+from inference.policy import InferenceRequest
+from jgpt.kv_state import KVState
+from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
+
+
+def batch_bucket(n: int) -> int:
+    """Rows a batched decode step runs for n active rows: the next power of two."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _row_axes(state: KVState) -> KVState:
+    """The row (batch) axis of each leaf."""
+    return state.replace(keys=1, values=1, token_ids=0, lengths=0)
+
+
+def _rows(state: KVState, start, n: int) -> KVState:
+    return jax.tree.map(lambda x, axis: jax.lax.dynamic_slice_in_dim(x, start, n, axis), state, _row_axes(state))
+
+
+def _put_rows(state: KVState, part: KVState, start) -> KVState:
+    axes = _row_axes(state)
+    return jax.tree.map(lambda x, y, axis: jax.lax.dynamic_update_slice_in_dim(x, y, start, axis), state, part, axes)
+
+
+@functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
+def _prefill_into(weights, layer_weights, architecture, slots, start, window_ids, count, row, *, unroll):
+    """Prefill one request from `start` (its reused prefix, capacity C) and write its row into the slots."""
+    logits, state = advance(weights, architecture, start, window_ids, count, unroll, layer_weights)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, state, row)
+
+
+@functools.partial(jax.jit, static_argnames=("architecture", "rows", "unroll"), donate_argnames="slots")
+def _decode_rows(weights, layer_weights, architecture, slots, ids, counts, *, rows, unroll):
+    """One decode step of the first `rows` rows; rows with count 0 keep their length."""
+    logits, part = advance(weights, architecture, _rows(slots, 0, rows), ids[:, None], counts, unroll, layer_weights)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, part, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
+def _decode_row(weights, layer_weights, architecture, slots, row, token, *, unroll):
+    """One decode step of one row alone (serialized service)."""
+    one = jnp.ones((1,), jnp.int32)
+    logits, part = advance(weights, architecture, _rows(slots, row, 1), token.reshape(1, 1), one, unroll, layer_weights)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, part, row)
+
+
+@jax.jit
+def _extract_row(slots, row):
+    return _rows(slots, row, 1)
+
+
+@functools.partial(jax.jit, donate_argnames="slots")
+def _move_row(slots, source, target):
+    return _put_rows(slots, _rows(slots, source, 1), target)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePlan:
+    """Every shape a run can need, from its system and requests."""
+
+    slot_rows: int  # R
+    slot_capacity: int  # C
+    prefill_window_buckets: tuple[int, ...]
+    decode_batch_buckets: tuple[int, ...]  # (1,) when serialized: one row decodes alone
+    batching: bool
+
+    @classmethod
+    def of(cls, execution: ModelExecution, system: KVResidencySystemConfig, requests: Sequence[InferenceRequest]):
+        context = execution.architecture.context
+        most = max(len(r.prompt_ids) + r.generation.max_new_tokens - 1 for r in requests)
+        rows = batch_bucket(min(system.scheduling.max_active_requests, len(requests)))
+        windows = sorted({bucket(n, context) for n in range(1, max(len(r.prompt_ids) for r in requests) + 1)})
+        batching = system.scheduling.policy == CONTINUOUS_BATCHING
+        batches = tuple(1 << i for i in range(rows.bit_length())) if batching else (1,)
+        return cls(rows, capacity_bucket(min(most, context), context), tuple(windows), batches, batching)
+
+    def slot_buffer_bytes(self, execution: ModelExecution) -> int:
+        return self.slot_rows * self.slot_capacity * execution.costs.kv_bytes_per_position
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotExecution:
+    """One model's slot programs under one plan; every method returns the new slot state."""
+
+    execution: ModelExecution
+    plan: EnginePlan
+
+    def _bound(self, program, *args, **static):
+        e = self.execution
+        return program(e.weights, e.layer_weights, e.architecture, *args, unroll=e.scan_unroll, **static)
+
+    def empty_slots(self) -> KVState:
+        return self.execution.empty_state(self.plan.slot_rows, self.plan.slot_capacity)
+
+    def empty_start(self) -> KVState:
+        return self.execution.empty_state(1, self.plan.slot_capacity)
+
+    def prefill_into(self, slots, start: KVState, window_ids: np.ndarray, count: int, row: int):
+        """(first id [1], slots): `count` ids of `window_ids [1, W]` processed after `start`'s prefix, into `row`."""
+        return self._bound(_prefill_into, slots, start, window_ids, np.asarray([count], np.int32), row)
+
+    def decode_rows(self, slots, ids: np.ndarray, counts: np.ndarray):
+        """(ids [rows], slots): one decode step of the first len(ids) rows (count 0: the row keeps its length)."""
+        return self._bound(_decode_rows, slots, ids, counts, rows=len(ids))
+
+    def decode_row(self, slots, row: int, token: int):
+        """(id [1], slots): one decode step of one row."""
+        return self._bound(_decode_row, slots, row, np.int32(token))
+
+    def extract_row(self, slots, row: int) -> KVState:
+        return _extract_row(slots, row)
+
+    def move_row(self, slots, source: int, target: int) -> KVState:
+        return _move_row(slots, source, target)
+
+    def compile(self, slots: KVState) -> tuple[KVState, int, int]:
+        """Run every program of the plan once: (slots, programs, wall microseconds)."""
+        plan, started, programs = self.plan, time.monotonic_ns(), 0
+        for window in plan.prefill_window_buckets:
+            _, slots = self.prefill_into(slots, self.empty_start(), np.zeros((1, window), np.int32), 1, 0)
+            programs += 1
+        if plan.batching:
+            for rows in plan.decode_batch_buckets:
+                _, slots = self.decode_rows(slots, np.zeros(rows, np.int32), np.zeros(rows, np.int32))
+                programs += 1
+        else:
+            _, slots = self.decode_row(slots, 0, 0)
+            programs += 1
+        jax.block_until_ready(self.extract_row(slots, 0))
+        slots = jax.block_until_ready(self.move_row(slots, 0, 0))
+        return slots, programs + 2, (time.monotonic_ns() - started) // 1000
