@@ -21,15 +21,16 @@ MAX_PROMPT_BYTES = 96
 def chat_workload(conversations: int = 16, turns: int = 4, spread_us: int = 5_000_000, max_new_tokens: int = 24,
                   seed: int = 0) -> dict:  # fmt: skip
     """`conversations` chats of up to `turns` user turns each; chats start uniformly over the first half of
-    `spread_us` and each later turn follows the one before by a drawn gap, so arrivals span about `spread_us`."""
+    `spread_us` and each later turn follows the one before by a drawn gap of at most half the spread over the
+    turns, so arrivals span about `spread_us`."""
     rng = random.Random(f"jgpt-bench-chat/{seed}")
     arrivals = []
     for c, chat in enumerate(_chats(conversations, turns, seed)):
         at = rng.randrange(spread_us // 2)
-        gap = spread_us // (2 * max(1, len(chat)))
+        gap = spread_us // (2 * max(1, len(chat) - 1))
         for t, prompt_turns in enumerate(chat):
             arrivals.append((at, f"c{c}t{t}", prompt_turns))
-            at += rng.randrange(gap // 2, gap + 1)
+            at += rng.randrange(gap * 3 // 4, gap + 1)
     arrivals.sort(key=lambda a: a[0])
     return _document("multi_turn_chat", arrivals, max_new_tokens)
 

@@ -172,3 +172,14 @@ def test_bad_input_is_refused_with_kvsims_field_names(tmp_path, capsys, change, 
     error = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(error) == 1 and field in error[0]
     assert not out.exists()
+
+
+def test_an_interrupted_serve_writes_nothing(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(InferenceEngine, "serve", interrupted)
+    out = tmp_path / "measured.json"
+    code = cli.main(["serve", str(DATA / "engine_workload.json"), "--system", str(DATA / "engine_system.json"), "--out", str(out)])
+    assert code == 130 and "interrupted" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
