@@ -19,7 +19,6 @@ The machine is shared: run it on a quiet one for figures worth quoting.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import statistics
@@ -36,8 +35,7 @@ from inference.execution import ModelExecution  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from jgpt.catalog import load_model, read_catalog  # noqa: E402
 from kvsim.calibration import fit, fit_table, read_measured_run  # noqa: E402
-from kvsim.compute_service import CalibratedComputeService, CalibratedTransfer  # noqa: E402
-from kvsim.fidelity import compare, predict, predicted_system  # noqa: E402
+from kvsim.fidelity import compare, predict, replay  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 POLICIES = ("serialized", "continuous_batching")
@@ -128,7 +126,7 @@ def main() -> None:
     print(render(table))
     print("\nkvsim fed every work's and transfer's measured time (its rules alone), largest latency error over repeats:")
     for (name, policy), measured in runs.items():
-        print(f"  {name:<26}{policy:<21}{100 * max(replayed_error(r, fragment) for r in measured):.2f}%")
+        print(f"  {name:<26}{policy:<21}{100 * max(replayed_error(r) for r in measured):.2f}%")
     print(f"\nworst latency error: calibrated {_worst(table, 'calibrated')}, hypothetical {_worst(table, 'hypothetical')}; "
           f"hit rates exact in {sum(r['exact'] for r in table if r['kind'] == 'hit')} of "
           f"{sum(r['kind'] == 'hit' for r in table)}; bench took {time.monotonic() - started:.0f} s")  # fmt: skip
@@ -173,54 +171,10 @@ def fidelity(runs: dict, fragment: dict) -> list[dict]:
     return rows
 
 
-@dataclasses.dataclass(frozen=True)
-class _ReplayedCompute(CalibratedComputeService):
-    """Each work takes the wall time the engine measured for it, after the host gap the engine left before it."""
-
-    walls: tuple = ()
-    taken: list = dataclasses.field(default_factory=list)
-
-    def work_us(self, phase, positions, rows, matmul_flops, memory_bytes):
-        self.taken.append(phase)
-        return self.walls[len(self.taken) - 1] if len(self.taken) <= len(self.walls) else (0, 0)
-
-
-@dataclasses.dataclass(frozen=True)
-class _ReplayedTransfer(CalibratedTransfer):
-    walls: dict = dataclasses.field(default_factory=dict)
-    taken: dict = dataclasses.field(default_factory=dict)
-
-    def transfer_us(self, direction, size):
-        index = self.taken[direction] = self.taken.get(direction, -1) + 1
-        return self.walls[direction][index] if index < len(self.walls[direction]) else 0
-
-
-def replayed_error(run, fragment: dict) -> float:
-    """The largest latency error of kvsim fed every measured work's and transfer's own wall time (each after
-    the host time the engine's serving thread spent before it): the error kvsim's rules alone leave.
-
-    kvsim and the engine take the same decisions in the same order, so kvsim's n-th work is the
-    engine's n-th (and likewise per transfer direction) as long as the durations agree.
-    """
-    requests = run.document["requests"]
-    compute, transfers = [], {"device_to_host": [], "host_to_device": []}
-    previous = 0  # the end of what the serving thread ran last
-    for work in run.document["works"]:  # in the order the thread ran them
-        ready = max(previous, *(requests[r]["arrival_us"] for r in work["request_ids"]))
-        gap = max(0, work["start_us"] - ready)
-        if work["kind"] in ("prefill", "decode"):
-            compute.append((gap, work["wall_us"]))
-        else:
-            transfers["device_to_host" if work["kind"] == "offload" else "host_to_device"].append(gap + work["wall_us"])
-        previous = work["end_us"]
-    system = parse_system(predicted_system(run, fragment))
-    replayed = dataclasses.replace(
-        system,
-        compute_service=_ReplayedCompute(**vars(system.compute_service), walls=tuple(compute)),
-        transfer=_ReplayedTransfer(**vars(system.transfer), walls=transfers),
-    )
-    rows = compare(run.document["totals"], predict(run, fragment, replayed).outcomes["totals"])
-    return max(abs(r.error) for r in rows if r.error is not None and r.field != "compute_busy_us")
+def replayed_error(run) -> float:
+    """The largest latency error of kvsim fed every work's and transfer's measured time (`kvsim.fidelity.replay`)."""
+    rows = compare(run.document["totals"], replay(run))
+    return max(abs(r.error) for r in rows if r.error is not None)
 
 
 def render(table: list[dict]) -> str:

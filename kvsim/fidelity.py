@@ -5,19 +5,22 @@
 transfer, or its own hypothetical rates), its recorded computations (the ids the
 engine selected), its arrivals and its customer interaction. `compare` lines
 the prediction's totals up against the measured totals, which carry kvsim's
-field names.
+field names. `replay` is the check of kvsim's rules alone: every work and
+transfer takes the time the engine measured for it, so if kvsim takes the
+engine's decisions in the engine's order, every outcome agrees exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from kvsim.cache_run import CacheRun, simulate
-from kvsim.calibration import MeasuredRun, merge_service
-from kvsim.compute_service import CALIBRATED
+from kvsim import engine
+from kvsim.cache_run import CacheRun, _outcomes, simulate
+from kvsim.calibration import MeasuredRun, host_gaps, merge_service
+from kvsim.compute_service import CALIBRATED, DECODE, DEVICE_TO_HOST, HOST_TO_DEVICE, PREFILL
 from kvsim.recorded import parse_document
 from kvsim.system import KVResidencySystemConfig, parse_system
-from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_workload
+from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_workload, resolve_workload
 
 LATENCIES = tuple((name, p) for name in ("ttft", "tpot", "e2e") for p in ("p50", "p90"))
 EXACT = ("hit_rate_device", "hit_rate_host", "token_hit_rate")
@@ -66,21 +69,56 @@ def predict(run: MeasuredRun, fragment: dict | None, system: KVResidencySystemCo
     """Simulate the measured run; `fragment` None keeps the system's own (hypothetical) service rates.
 
     `system` replaces the predicted one outright (diagnostics that feed kvsim other durations)."""
+    return simulate(system or parse_system(predicted_system(run, fragment), "system"), *_served(run))
+
+
+def replay(run: MeasuredRun) -> dict:
+    """The outcomes' totals of kvsim with every work and transfer taking the engine's measured time for it."""
+    durations = _MeasuredDurations(run)
+    system = replace(parse_system(run.document["system"], "system"), compute_service=durations, transfer=durations)
+    computations, workload, interaction = _served(run)
+    workload = resolve_workload(computations, workload, interaction)
+    return _outcomes(engine.run(system, computations, workload, interaction), computations, workload)["totals"]
+
+
+class _MeasuredDurations:
+    """A compute service and a transfer in one, for one replay: kvsim's n-th work takes the engine's n-th
+    measured wall time after the host time the engine's serving thread spent before it (its step overhead);
+    the n-th transfer each way likewise, the host time before it included."""
+
+    def __init__(self, run: MeasuredRun):
+        self.blocks_compute = run.document["engine"].get("transfers") == "synchronous"
+        self.works: list[tuple[int, int]] = []
+        self.transfers: dict[str, list[int]] = {DEVICE_TO_HOST: [], HOST_TO_DEVICE: []}
+        for gap, work in zip(host_gaps(run), run.works, strict=True):
+            if work["kind"] in (PREFILL, DECODE):
+                self.works.append((gap, work["wall_us"]))
+            else:
+                self.transfers[DEVICE_TO_HOST if work["kind"] == "offload" else HOST_TO_DEVICE].append(gap + work["wall_us"])
+        self.works.reverse()
+        for times in self.transfers.values():
+            times.reverse()
+
+    def work_us(self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int) -> tuple[int, int]:
+        return self.works.pop() if self.works else (0, 0)  # more works than the engine ran: the outcomes will say
+
+    def transfer_us(self, direction: str, size: int) -> int:
+        times = self.transfers[direction]
+        return times.pop() if times else 0
+
+
+def _served(run: MeasuredRun) -> tuple:
+    """(computations, workload, interaction) of what the engine served, as `simulate` takes them."""
     document = run.document
-    system = system or parse_system(predicted_system(run, fragment), "system")
     interaction = document.get("customer_interaction")
     interaction = None if interaction is None else parse_interaction(interaction, "measured.customer_interaction")
     declared = parse_workload(document["workload"], "measured.workload")
     served = document["requests"]
     # The arrivals the engine used (all at 0 when it served as fast as possible).
-    workload = Workload(declared.kind, tuple(RequestArrival(a.request_id, served[a.request_id]["arrival_us"]) for a in declared.requests))
+    arrivals = tuple(RequestArrival(a.request_id, served[a.request_id]["arrival_us"]) for a in declared.requests)
     submitted = interaction is not None and any(a.kind == "submit" for a in interaction.actions)
-    return simulate(
-        system,
-        parse_document(document["computations"], "measured.computations"),
-        None if submitted else workload,
-        interaction,
-    )
+    computations = parse_document(document["computations"], "measured.computations")
+    return computations, None if submitted else Workload(declared.kind, arrivals), interaction
 
 
 def compare(measured: dict, predicted: dict) -> list[Comparison]:

@@ -11,16 +11,21 @@ one of them only and a duplicate sequence is skipped.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from inference.engine import InferenceEngine
 from inference.execution import ModelExecution
 from inference.generation import generate
+from inference.measured_run import measured_run
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.recording import record
 from jgpt.catalog import load_model, read_catalog
 from jgpt.tokenizer import Turn
 from kvsim import parse_document, parse_system, record_value, simulate
+from kvsim.calibration import read_measured_run
+from kvsim.fidelity import compare, replay
 
 BUDGET = 12
 # (conversation, user turns); "fig" opens exactly as "kiwi" does.
@@ -93,3 +98,20 @@ def test_the_engine_reuses_what_the_recorder_and_kvsim_reuse(workload):
     assert {s.request.request_id: (s.reused, list(s.output_ids)) for s in served.requests} == recorded
     tiers = {s.request.request_id: s.outcome["reuse_tier"] for s in served.requests}
     assert tiers["fig.0"] is None and tiers["fig.1"] is None and tiers["kiwi.1"] == "device"
+
+
+def test_kvsim_fed_the_engines_measured_times_reproduces_its_outcomes_exactly(workload):
+    """Batching, a device budget for about one and a half requests and a host tier: if kvsim takes the engine's decisions in
+    the engine's order, giving each work and transfer the engine's measured time reproduces every outcome."""
+    execution, requests, _ = workload
+    longest = max(len(r.prompt_ids) + BUDGET - 1 for r in requests) * execution.costs.kv_bytes_per_position
+    system = parse_system(SYSTEM | {
+        "scheduling": {"max_active_requests": 3, "policy": "continuous_batching"},
+        "kv_cache": {"device_kv_bytes": longest * 3 // 2, "host_kv_bytes": 1 << 30},
+    })  # fmt: skip
+    served = InferenceEngine(execution, system).serve(requests, as_fast_as_possible=True)
+    document = json.loads(json.dumps(measured_run(execution, system, served, kind="chat")))
+    assert document["totals"]["offloads"] > 0 and document["totals"]["hits_host"] > 0
+    assert any(work["rows"] > 1 for work in document["works"])  # a batched decode step
+    rows = compare(document["totals"], replay(read_measured_run(document, "0" * 64)))
+    assert [(row.field, row.predicted) for row in rows] == [(row.field, row.measured) for row in rows]
