@@ -259,6 +259,46 @@ def _check_recording(entry: Mapping[str, Any], document: Any, observations: Any,
         if not isinstance(predictions, list) or [p.get("next_id") if isinstance(p, dict) else None
                                                  for p in predictions] != sequence[1:]:
             raise ApiError(f"{where}.predictions", "do not predict the recorded sequence position by position")
+        _check_inspected(request, where)
+
+
+def _check_inspected(request: Mapping[str, Any], where: str) -> None:
+    """The types the report's panels read, so a crafted observations file is refused, not half drawn."""
+    n = len(request["tokens"])
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    integer = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    shaped = {
+        "tokens": all(isinstance(t.get("piece"), str) and isinstance(t.get("kind"), str) for t in request["tokens"]),
+        "spans": isinstance(request.get("spans"), list) and all(
+            isinstance(s, dict) and integer(s.get("token_start")) and integer(s.get("token_end"))
+            and 0 <= s["token_start"] <= s["token_end"] <= n and (s.get("turn") is None or integer(s["turn"]))
+            for s in request["spans"]),
+        "predictions": all(
+            p.get("position") == k and number(p.get("next_probability")) and isinstance(p.get("candidates"), list)
+            and all(isinstance(c, dict) and integer(c.get("id")) and isinstance(c.get("piece"), str)
+                    and number(c.get("probability")) for c in p["candidates"])
+            for k, p in enumerate(request["predictions"])),
+        "attention": isinstance(request.get("attention"), list) and bool(request["attention"]) and all(
+            isinstance(o, dict) and isinstance(o.get("id"), str) and integer(o.get("layer"))
+            and isinstance(o.get("shape"), list) and len(o["shape"]) >= 2 and all(map(integer, o["shape"]))
+            and o["shape"][0] == n - 1 and _causal(o.get("values"), n - 1, o["shape"][1], number)
+            for o in request["attention"]),
+        "observation_ids": isinstance(request.get("observation_ids"), list)
+        and all(isinstance(i, str) for i in request["observation_ids"])
+        and isinstance(request.get("attention"), list)
+        and all(o.get("id") in request["observation_ids"] for o in request["attention"] if isinstance(o, dict)),
+    }
+    wrong = next((name for name, ok in shaped.items() if not ok), None)
+    if wrong is not None:
+        raise ApiError(f"{where}.{wrong}", "do not have the shape and types the report reads")
+
+
+def _causal(values: Any, positions: int, heads: int, number) -> bool:
+    """[position][head][slot <= position] numbers, as recording writes attention weights."""
+    return isinstance(values, list) and len(values) == positions and all(
+        isinstance(row, list) and len(row) == heads
+        and all(isinstance(slots, list) and len(slots) == q + 1 and all(map(number, slots)) for slots in row)
+        for q, row in enumerate(values))
 
 
 def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: Workload,

@@ -248,3 +248,29 @@ def test_record_integrity_any_hostile_record_is_refused_naming_a_record_field(ru
     line = assert_refused(["report", directory / "record.json", "--out", directory.parent / "page.html"],
                           inputs=list(directory.iterdir()), watch=[directory.parent])
     assert "error: record" in line, line
+
+
+@FUZZ
+@given(data=st.data())
+def test_record_integrity_any_hostile_observations_file_is_refused_naming_it(run, tmp_path_factory, data):
+    """Observations rewritten with a matching hash in the record: refused naming them, or still drawable."""
+    directory = tmp_path_factory.mktemp("observations") / "run"
+    shutil.copytree(run.directory, directory)
+    record = json.loads((directory / "record.json").read_text())
+    entry = record["recordings"][0]["observations"]
+    observations = json.loads((directory / entry["path"]).read_text())
+    observations["requests"] = observations["requests"][:1]  # a smaller document: more mutations hit what matters
+    mutated = _canonical(data.draw(mutated_json(observations)))
+    (directory / entry["path"]).write_bytes(mutated)
+    entry.update(sha256=hashlib.sha256(mutated).hexdigest(), bytes=len(mutated))
+    (directory / "record.json").write_bytes(_dumps(record))
+    try:
+        replay(directory / "record.json")
+    except ApiError as error:
+        assert error.field.startswith("record.recordings[0].observations"), error
+    else:  # what write_report builds from it must still be a valid InspectionState
+        from experiments.inspection import Inspectable
+
+        computations = json.loads((directory / record["recordings"][0]["computations"]["path"]).read_text())
+        works = {r["request_id"]: r["computations"] for r in computations["requests"]}
+        Inspectable(json.loads(mutated), record["recordings"][0]["walkthrough"], works).initial()
