@@ -8,7 +8,9 @@ from pathlib import Path
 EXAMPLES = """\
 example:
   jgpt import-hf ~/models/tiny-gpt2 --out checkpoints/tiny-gpt2
-      reads config.json + model.safetensors (+ tokenizer.json if present); downloads nothing
+      reads config.json + model.safetensors (+ tokenizer.json if present); downloads nothing.
+      Sizes and shapes are checked before any tensor is loaded; a tokenizer.json must be a
+      jgpt tokenizer (move a foreign one aside to import the weights alone).
 """
 
 
@@ -19,7 +21,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
                     "jgpt ModelArtifact with verified identities.")
     p.add_argument("directory", type=Path, metavar="DIR", help="holds config.json and model.safetensors")
     p.add_argument("--out", type=Path, required=True, metavar="ARTIFACT_DIR", help="artifact directory to create")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing artifact at --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a jgpt artifact at --out (never another directory, a file, or DIR itself)")
     return p
 
 
