@@ -272,6 +272,17 @@ def _verify_assets(path: Path, manifest: Mapping[str, Any]) -> tuple[ModelAsset,
     return assets
 
 
+def _refuse_unlisted(path: Path, weights: Path, assets: tuple[ModelAsset, ...]) -> None:
+    """Orbax reads whatever lies under weights/: every file there must be a verified asset, and no
+    symbolic link to a directory may hide one (os.walk does not follow them, and lists them)."""
+    listed = {asset.path for asset in assets}
+    for root, directories, files in os.walk(weights):
+        for name in [*files, *(d for d in directories if os.path.islink(os.path.join(root, d)))]:
+            relative = Path(root, name).relative_to(path).as_posix()
+            if relative not in listed:
+                raise ApiError("checkpoint_sha256", f"{relative} in {path} is not an asset its manifest lists")
+
+
 def load_artifact(path: str | os.PathLike) -> ModelArtifact:
     """Read an artifact, verifying manifest, assets, tokenizer and the canonical weights identity."""
     path = Path(path).absolute()
@@ -282,8 +293,10 @@ def load_artifact(path: str | os.PathLike) -> ModelArtifact:
     if tokenizer_sha256 is not None and (not tokenizer.is_file() or file_sha256(tokenizer) != tokenizer_sha256):
         raise ApiError("tokenizer_sha256", f"{path / TOKENIZER} does not hash to {tokenizer_sha256}")
     architecture = architecture_from_json(manifest["architecture"])
+    weights_directory = confined(path, WEIGHTS, "checkpoint_sha256")
+    _refuse_unlisted(path, weights_directory, assets)
     try:
-        weights = _restore_weights(confined(path, WEIGHTS, "checkpoint_sha256"), architecture)
+        weights = _restore_weights(weights_directory, architecture)
     except Exception as error:  # orbax and tensorstore raise many types for unreadable data
         raise ApiError("checkpoint_sha256", f"weights in {path} cannot be read: {error}") from None
     actual = checkpoint_sha256(weights)

@@ -214,3 +214,14 @@ def test_path_confinement_catalog_local_storage(tmp_path, artifact):
     catalog = catalog_file(tmp_path / "store" / "catalog.json", ".", {"path": "link", "sha256": "0" * 64, "bytes": 1})
     with pytest.raises(ApiError, match="symbolic link"):
         resolve_model("m", catalog)
+
+
+def test_path_confinement_manifest_unlisted_files_and_linked_directories_under_weights(artifact, tmp_path):
+    (tmp_path / "outside").mkdir()
+    for name, make in (("extra", lambda p: p.write_bytes(b"x")), ("linked", lambda p: p.symlink_to(tmp_path / "outside"))):
+        copy = tmp_path / f"copy-{name}"
+        shutil.copytree(artifact, copy)
+        make(copy / "weights" / name)
+        with pytest.raises(ApiError) as error:
+            load_artifact(copy)
+        assert error.value.field == "checkpoint_sha256" and f"weights/{name}" in error.value.reason
