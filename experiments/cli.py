@@ -67,8 +67,9 @@ def _lab(command: str, argv: list[str]) -> int:
 REPLAY_PROVES = """\
 Replay proves: every file the record names lies in its directory and has the size and
 SHA-256 the record gives; the record's id is the identity of the lab, arms and recorded
-computations it consumed; its model bindings, provenance and workload are those of the
-recorded computations; the inspected observations are of the sequences they hold; every
+computations it consumed; its model bindings, provenance, workload, inference controls,
+arm labels and architecture walkthrough are those its lab and recorded computations give;
+the inspected observations are of the sequences they hold, in the shape the report reads; every
 arm's cache run, system and outcomes are what kvsim computes again, byte for byte; each
 bound model's checkpoint_sha256 and tokenizer_sha256 match this machine's catalog entry
 or artifact manifest when it has one (otherwise it says so).

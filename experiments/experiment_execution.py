@@ -16,8 +16,9 @@ re-run by a replay (its wall times are measurements, not reproducible values).
 What replay proves, and what not: the files are the ones the record names (each
 path inside the record's directory, at most RECORD_FILE_LIMIT bytes, SHA-256 equal);
 the record's `id` is the identity of what it says it consumed; its model bindings,
-provenance and workload are those of its recorded computations; the inspected
-observations are of the sequences those computations hold; every arm's cache run,
+provenance, workload, inference controls, arm labels and walkthrough are those its lab
+and recorded computations give; the inspected observations are of the sequences those
+computations hold, in the shape the report reads; every arm's cache run,
 system and outcomes are what kvsim computes from them. It does not prove that the
 named model produced the computations (nothing is re-generated), nor the predicted
 probabilities or attention weights (no forward pass is run): a record edited
