@@ -30,6 +30,7 @@ from kvsim.compute_service import (
     PREFILL,
     term_names,
 )
+from kvsim.workload import parse_workload
 
 FORMAT = "jgpt-measured-run"
 VERSION = 1
@@ -79,8 +80,10 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
         raise ApiError(f"{field}.format", f"expected {FORMAT!r}, got {top['format']!r}")
     if top["version"] != VERSION:
         raise ApiError(f"{field}.version", f"kvsim reads version {VERSION}, got {top['version']!r}")
-    fields.loose_mapping(top["execution"], f"{field}.execution", {"backend"})
+    execution = fields.loose_mapping(top["execution"], f"{field}.execution", {"backend"})
+    fields.loose_mapping(execution["backend"], f"{field}.execution.backend", set())
     fields.loose_mapping(top["machine"], f"{field}.machine", set())
+    fields.loose_mapping(top["system"], f"{field}.system", set())
     engine = fields.loose_mapping(
         top["engine"], f"{field}.engine", {"slot_capacity", "prefill_window_buckets", "decode_batch_buckets"}
     )
@@ -92,6 +95,10 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
     for index, work in enumerate(works):
         if unknown := [r for r in work["request_ids"] if r not in requests]:
             raise ApiError(f"{field}.works[{index}].request_ids", f"request {unknown[0]!r} is not in {field}.requests")
+    for index, arrival in enumerate(parse_workload(top["workload"], f"{field}.workload").requests):
+        if arrival.request_id not in requests:
+            raise ApiError(f"{field}.workload.requests[{index}]", f"request {arrival.request_id!r} is not in {field}.requests")
+    _check_totals(top["totals"], f"{field}.totals")
     return MeasuredRun(
         document=top,
         sha256=sha256,
@@ -100,6 +107,25 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
         prefill_window_buckets=tuple(fields.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)),
         decode_batch_buckets=tuple(fields.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)),
     )
+
+
+def _check_totals(value: Any, field: str) -> None:
+    """The totals a prediction is compared with: latency percentiles, hit rates, compute busy time."""
+    totals = fields.loose_mapping(value, field, {"latency_us", "hit_rate_device", "hit_rate_host", "token_hit_rate",
+                                                 "compute_busy_us"})  # fmt: skip
+    latency = fields.loose_mapping(totals["latency_us"], f"{field}.latency_us", {"ttft", "tpot", "e2e"})
+    for name in ("ttft", "tpot", "e2e"):
+        percentiles = fields.loose_mapping(latency[name], f"{field}.latency_us.{name}", {"p50", "p90"})
+        for p in ("p50", "p90"):
+            _optional_number(percentiles[p], f"{field}.latency_us.{name}.{p}")
+    for name in ("hit_rate_device", "hit_rate_host", "token_hit_rate"):
+        _optional_number(totals[name], f"{field}.{name}")
+    fields.integer(totals["compute_busy_us"], f"{field}.compute_busy_us")
+
+
+def _optional_number(value: Any, field: str) -> None:
+    if value is not None:
+        fields.number(value, field)
 
 
 def _work(value: Any, field: str) -> dict:
@@ -255,8 +281,11 @@ def _round(value: float) -> float | int:
 
 
 def read_service(value: Any, field: str = "--service") -> dict:
-    """A system fragment as calibrate writes it; its parts are checked when merged into a system."""
-    return fields.mapping(value, field, set(), {"compute_service", "transfer", "calibration"})
+    """A system fragment as calibrate writes it; its parts are checked in full when merged into a system."""
+    fragment = fields.mapping(value, field, set(), {"compute_service", "transfer", "calibration"})
+    for name, part in fragment.items():
+        fields.loose_mapping(part, f"{field}.{name}", set())
+    return fragment
 
 
 def merge_service(system: dict, fragment: dict) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from kvsim import engine
 from kvsim.cache_run import CacheRun, _outcomes, simulate
 from kvsim.calibration import MeasuredRun, host_gaps, merge_service
-from kvsim.compute_service import CALIBRATED, DECODE, DEVICE_TO_HOST, HOST_TO_DEVICE, PREFILL
+from kvsim.compute_service import DECODE, DEVICE_TO_HOST, HOST_TO_DEVICE, PREFILL, CalibratedComputeService
 from kvsim.recorded import parse_document
 from kvsim.system import KVResidencySystemConfig, parse_system
 from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_workload, resolve_workload
@@ -54,7 +54,7 @@ class Comparison:
 def predicted_system(run: MeasuredRun, fragment: dict | None) -> dict:
     """The run's system JSON with the fragment's service (None: its own rates) and the run's executed shapes."""
     system = run.document["system"] if fragment is None else merge_service(run.document["system"], fragment)
-    if system["compute_service"].get("model") != CALIBRATED:
+    if not isinstance(parse_system(system, "system").compute_service, CalibratedComputeService):
         return system
     # The executed shapes are the engine's compile plan for this run, not fitted values.
     shapes = {

@@ -14,7 +14,10 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from hostile import FUZZ, assert_clean, mutated_json
 from jgpt import cli
 from jgpt.errors import ApiError
 from kvsim import parse_document, parse_system, record_json, record_value, rerun, simulate
@@ -317,3 +320,32 @@ def test_a_link_that_blocks_compute_runs_works_and_transfers_one_at_a_time(docum
                 begin = max(event["time_us"], before)
                 assert end - begin == system.transfer.transfer_us(event["transfer_direction"], event["bytes"])
     assert record["declaration"]["system"]["transfer"]["blocks_compute"] is blocks
+
+
+@pytest.fixture(scope="module")
+def small_measured(tmp_path_factory):
+    """A small measured run and its fitted fragment, as files (for the hostile-input checks)."""
+    model = AnalyticModel(layers=2, width=64, ffn=256, vocabulary=260, precision_bytes=4)
+    document = document_json(analytic_computations(model, conversations(12, seed=5), "test"))
+    measured = measured_run(conversation_system("continuous_batching"), document, TRUTH)
+    fragment, _, _ = fit([read_measured_run(measured, "0" * 64)])
+    directory = tmp_path_factory.mktemp("measured")
+    (directory / "measured.json").write_text(json.dumps(measured))
+    (directory / "service.json").write_text(json.dumps(fragment))
+    return measured, fragment, directory
+
+
+@FUZZ
+@given(data=st.data())
+def test_hostile_measured_runs_and_fragments_are_accepted_or_refused_cleanly(small_measured, tmp_path, data):
+    measured, fragment, directory = small_measured
+    which = data.draw(st.sampled_from(["measured", "service"]))
+    bad = tmp_path / f"{which}.json"
+    bad.write_bytes(data.draw(mutated_json(measured if which == "measured" else fragment)))
+    others = {"measured": directory / "measured.json", "service": directory / "service.json"} | {which: bad}
+    inputs = list(others.values())
+    assert_clean(["kvsim", "predict", others["measured"], "--service", others["service"]], inputs=inputs)
+    if which == "measured":
+        out = tmp_path / "out" / "fragment.json"
+        out.parent.mkdir(exist_ok=True)
+        assert_clean(["kvsim", "calibrate", bad, "--out", out], inputs=inputs, watch=[out.parent])
