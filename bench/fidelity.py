@@ -84,7 +84,7 @@ def _first_turns(document: dict, faster: int) -> dict:
 
 
 def _longest_turns(document: dict) -> dict:
-    """Only the later turns of each chat (the longest prompts); the first turns stay as warm states to reuse."""
+    """Only the later turns of each chat, the longest prompts (a chat's first one served finds nothing to reuse)."""
     requests = [r for r in document["requests"] if not r["request_id"].endswith("t0")]
     return document | {"kind": "long_prompts", "requests": requests}
 

@@ -19,7 +19,7 @@ from kvsim.cache_run import CacheRun, _outcomes, simulate
 from kvsim.calibration import MeasuredRun, host_gaps, merge_service
 from kvsim.compute_service import DECODE, DEVICE_TO_HOST, HOST_TO_DEVICE, PREFILL, CalibratedComputeService
 from kvsim.recorded import parse_document
-from kvsim.system import KVResidencySystemConfig, parse_system
+from kvsim.system import parse_system
 from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_workload, resolve_workload
 
 LATENCIES = tuple((name, p) for name in ("ttft", "tpot", "e2e") for p in ("p50", "p90"))
@@ -65,11 +65,9 @@ def predicted_system(run: MeasuredRun, fragment: dict | None) -> dict:
     return system | {"compute_service": system["compute_service"] | shapes}
 
 
-def predict(run: MeasuredRun, fragment: dict | None, system: KVResidencySystemConfig | None = None) -> CacheRun:
-    """Simulate the measured run; `fragment` None keeps the system's own (hypothetical) service rates.
-
-    `system` replaces the predicted one outright (diagnostics that feed kvsim other durations)."""
-    return simulate(system or parse_system(predicted_system(run, fragment), "system"), *_served(run))
+def predict(run: MeasuredRun, fragment: dict | None) -> CacheRun:
+    """Simulate the measured run; `fragment` None keeps the system's own (hypothetical) service rates."""
+    return simulate(parse_system(predicted_system(run, fragment), "system"), *_served(run))
 
 
 def replay(run: MeasuredRun) -> dict:
