@@ -11,7 +11,6 @@ import json
 import math
 import shutil
 import tracemalloc
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -23,7 +22,7 @@ from jgpt.errors import ApiError
 from jgpt.hf_import import DIMENSION_LIMIT, convert
 from jgpt.tokenizer import Tokenizer
 from tests.hostile import FUZZ, assert_refused, mutated_json, run_jgpt
-from tests.test_path_confinement import artifact, reseal, tiny_gpt2  # noqa: F401  (artifact is a fixture)
+from tests.test_path_confinement import artifact, tiny_gpt2  # noqa: F401  (artifact is a fixture)
 
 SIZES = ("vocab_size", "n_embd", "n_positions", "n_layer", "n_head")
 NOT_A_SIZE = st.one_of(
