@@ -57,7 +57,7 @@ def mooncake(text: str, block_tokens: int = 512, context: int = 4096) -> list[Co
         length = fields.integer(row["input_length"], f"{at}.input_length", 1)
         output = fields.integer(row["output_length"], f"{at}.output_length", 1)
         hashes = fields.integers(row["hash_ids"], f"{at}.hash_ids")
-        _fits(length, output, context, at, "input_length")
+        _fits(length, output, context, at, ("input_length", "output_length"))
         used = _within_limit(used + length + output, at)
         if not (len(hashes) - 1) * block_tokens < length <= len(hashes) * block_tokens:
             raise ApiError(
@@ -125,7 +125,7 @@ def _azure_rows(reader: csv.DictReader, context: int) -> list[Conversation]:
             raise ApiError(at, f"unreadable row: {error}") from None
         if prompt_tokens < 1 or generated < 1:
             raise ApiError(at, "ContextTokens and GeneratedTokens must be positive")
-        _fits(prompt_tokens, generated, context, at, "ContextTokens")
+        _fits(prompt_tokens, generated, context, at, ("ContextTokens", "GeneratedTokens"))
         used = _within_limit(used + prompt_tokens + generated, at)
         start = moment if start is None else start
         arrival = (moment - start) // _MICROSECOND
@@ -149,8 +149,9 @@ def _utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo is None else moment.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def _fits(prompt: int, output: int, context: int, at: str, name: str) -> None:
+def _fits(prompt: int, output: int, context: int, at: str, names: tuple[str, str]) -> None:
     if prompt + output > context:
+        name = names[0] if prompt >= context else names[1]  # the prompt alone, or the output past it
         raise ApiError(f"{at}.{name}", f"{prompt} prompt and {output} output tokens exceed the model's context "
                                        f"{context} (see --context)")
 

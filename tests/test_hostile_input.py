@@ -348,3 +348,77 @@ def _canonical_record() -> bytes:
     from kvsim.inputs import load_input
 
     return record_json(simulate(**load_input(DATA / "kvsim_worked_example.json")))
+
+
+# -- the issue's own examples, one by one ------------------------------------------------------
+
+def _edited(document, edit) -> bytes:
+    copy = json.loads(json.dumps(document))
+    edit(copy)
+    return json.dumps(copy).encode()
+
+
+def _long_prompt(row: dict) -> None:
+    row.update(input_length=10_000, hash_ids=list(range(20)))
+
+
+ISSUE_EXAMPLES = {
+    # class 5: non-finite numbers
+    "train --learning-rate inf": (None, lambda i, o: ["train", "--learning-rate", "inf", "--out", o], "learning_rate"),
+    "train config NaN": (b'{"learning_rate": NaN}', lambda i, o: ["train", "--config", i, "--out", o], "config"),
+    "train config out 5": (b'{"out": 5}', lambda i, o: ["train", "--config", i], "out"),
+    "kvsim link_latency_us 1e308": (
+        _edited(EXAMPLE, lambda d: d["system"]["transfer"].update(link_latency_us=1e308)),
+        lambda i, o: ["kvsim", "run", i, "--out", o], "system.transfer.link_latency_us"),
+    "kvsim a rate of 5e-324": (
+        _edited(EXAMPLE, lambda d: d["system"]["compute_service"].update(compute_flops_per_us=5e-324)),
+        lambda i, o: ["kvsim", "run", i, "--out", o], "system.compute_service.compute_flops_per_us"),
+    # class 9: validation gaps
+    "catalog add --stop-ids -5": (json.dumps(CATALOG).encode(), lambda i, o: [
+        "catalog", "--catalog", i, "add", NO_MODEL, "--id", "x", "--label", "y", "--stop-ids", "-5", "1000000000"],
+        "--stop-ids"),
+    "catalog add empty --id": (json.dumps(CATALOG).encode(), lambda i, o: [
+        "catalog", "--catalog", i, "add", NO_MODEL, "--id", "", "--label", "y"], "--id"),
+    "catalog add --role admin": (json.dumps(CATALOG).encode(), lambda i, o: [
+        "catalog", "--catalog", i, "add", NO_MODEL, "--id", "x", "--label", "y", "--role", "admin"], "--role"),
+    "workload kind a number": (_edited(WORKLOAD, lambda d: d.update(kind=5)),
+                               lambda i, o: ["record", i, "--out", o, "--model", NO_MODEL], "workload.kind"),
+    "workload kind an object": (_edited(WORKLOAD, lambda d: d.update(kind={})),
+                                lambda i, o: ["record", i, "--out", o, "--model", NO_MODEL], "workload.kind"),
+    "kvsim stop_reason whatever": (
+        _edited(EXAMPLE, lambda d: d["computations"]["requests"][0]["outcome"].update(stop_reason="whatever")),
+        lambda i, o: ["kvsim", "run", i, "--out", o], "outcome.stop_reason"),
+    "import-trace a 10,000-token prompt": (
+        _edited(MOONCAKE[0], _long_prompt), lambda i, o: ["kvsim", "import-trace", i, "--format", "mooncake", "--out", o],
+        "trace line 1.input_length"),
+    "eval --seed -1": (None, lambda i, o: ["eval", "--seed", "-1", "--model", NO_MODEL], "seed"),
+    "--block-tokens 0 names itself": (
+        json.dumps(MOONCAKE[0]).encode(),
+        lambda i, o: ["kvsim", "import-trace", i, "--format", "mooncake", "--block-tokens", "0", "--out", o],
+        "--block-tokens"),
+    "synthesize --requests -1 names itself": (None, lambda i, o: ["kvsim", "synthesize", "--requests", "-1", "--out", o],
+                                              "--requests"),
+    # resource bounds
+    "tokenize --train --vocab-size 10^9": (b"corpus text\n", lambda i, o: [
+        "tokenize", "--train", i, "--vocab-size", "1000000000", "--out", o], "--vocab-size"),
+    "synthesize --requests 10^9": (None, lambda i, o: ["kvsim", "synthesize", "--requests", "1000000000", "--out", o],
+                                   "--requests"),
+    "trace output_length 5e7": (
+        _edited(MOONCAKE[0], lambda row: row.update(output_length=50_000_000)),
+        lambda i, o: ["kvsim", "import-trace", i, "--format", "mooncake", "--block-tokens", "4", "--out", o],
+        "trace line 1.output_length"),
+    "--block-tokens 10^8": (
+        json.dumps(MOONCAKE[0]).encode(),
+        lambda i, o: ["kvsim", "import-trace", i, "--format", "mooncake", "--block-tokens", "100000000", "--out", o],
+        "--block-tokens"),
+    "eval --conversations 10^9": (None, lambda i, o: ["eval", "--conversations", "1000000000", "--model", NO_MODEL],
+                                  "conversations"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ISSUE_EXAMPLES)
+def test_the_issues_examples_are_refused_naming_the_field(tmp_path, name):
+    data, argv, field = ISSUE_EXAMPLES[name]
+    source, out = _prepare(tmp_path, data or b"")
+    line = assert_refused(argv(source, out), inputs=[source], watch=[tmp_path])
+    assert f": error: {field}: " in line or f".{field}: " in line, line

@@ -236,6 +236,14 @@ def test_generate_cli_json_and_plain(artifact_dir, capsys):
     assert code == 2 and "ids" in err and err.count("\n") == 1
 
 
+def test_generate_refuses_an_observe_step_the_generation_never_reached(artifact_dir, capsys):
+    """It used to print no observations and exit 0. The context (64) ends this generation after a few steps."""
+    ids = ",".join(map(str, [257] + [72] * 58 + [259, 258]))
+    code, _, err = run_cli(capsys, "generate", "--model", str(artifact_dir), "--max-new-tokens", "10", "--json",
+                           "--observe", "8", "--ids", ids)  # fmt: skip
+    assert code == 2 and err.count("\n") == 1 and "observe: step 8 was not reached: generation ended after" in err
+
+
 def generate_ids(artifact_dir, prompt, budget):
     from inference.commands import _load
     from inference.generation import generate
