@@ -21,8 +21,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -56,26 +58,27 @@ CATALOG = json.loads((REPO / "checkpoints" / "catalog.json").read_text())
 NO_MODEL = "/nonexistent/jgpt-model"
 
 
-def _record() -> dict:
-    """A kvsim record of the worked example (what replay, plot and perfetto read)."""
-    from kvsim.cache_run import record_value, simulate
+def _record() -> bytes:
+    """A kvsim record of the worked example (what replay, plot and perfetto read), as kvsim writes it."""
+    from kvsim.cache_run import record_json, simulate
     from kvsim.inputs import load_input
 
-    return record_value(simulate(**load_input(DATA / "kvsim_worked_example.json")))
+    return record_json(simulate(**load_input(DATA / "kvsim_worked_example.json")))
 
 
-RECORD = _record()
+RECORD_BYTES = _record()
+RECORD = json.loads(RECORD_BYTES)
 
 
 @dataclass(frozen=True)
 class Reader:
     """An entry point that reads one JSON file: how to call it, the field it names, a valid document."""
 
-    argv: callable  # (input path, output path) -> argv
+    argv: Callable[[Path, Path], list]  # (input path, output path) -> argv
     field: str  # what a refusal of the whole file names
-    document: object
+    document: Any
     accepted: tuple[int, ...] = (0,)
-    where: callable = lambda path, value: True  # which values a mutation may change
+    where: Callable[[tuple, Any], bool] = lambda path, value: True  # which values a mutation may change
     wrong_type: bool = False
     reads_non_finite: bool = False  # parses NaN and refuses it later, naming the member that holds it
 
@@ -336,18 +339,11 @@ def test_the_fuzz_fixtures_are_accepted_as_given(tmp_path):
     """The valid documents the mutations start from are valid: a refusal above is the mutation's doing."""
     for name in ("tokenize --turns", "kvsim run", "kvsim replay", "kvsim plot", "kvsim perfetto", "catalog"):
         reader = READERS[name]
-        data = _canonical_record() if reader.document is RECORD else json.dumps(reader.document).encode()
+        data = RECORD_BYTES if reader.document is RECORD else json.dumps(reader.document).encode()
         (tmp_path / name).mkdir()
         source, out = _prepare(tmp_path / name, data)
         code, _, stderr = run_jgpt(reader.argv(source, out))
         assert code == 0, f"{name}: {stderr}"
-
-
-def _canonical_record() -> bytes:
-    from kvsim.cache_run import record_json, simulate
-    from kvsim.inputs import load_input
-
-    return record_json(simulate(**load_input(DATA / "kvsim_worked_example.json")))
 
 
 # -- the issue's own examples, one by one ------------------------------------------------------
