@@ -6,9 +6,13 @@ error line (after argparse's usage block, if argparse refused), no traceback, ev
 file byte-identical, and nothing new in the watched directories (no half-written output,
 no temporary file).
 
+`assert_clean(argv, ...)` is for input that may be valid: the command either exits with
+an accepted code or refuses as above; inputs are untouched either way.
+
 The hypothesis strategies build the input: `hostile_json()` (wrong types, deep nesting,
 non-finite or oversized numbers, random bytes), `mutated_json(document)` (a valid
-document with one value replaced by something hostile, or a key deleted), and
+document with one value replaced by something hostile, or a key deleted),
+`extreme_numbers()` (finite numbers at and past the edges), and
 `hostile_outputs(root, input)` (a directory, a missing parent, a file as parent, the
 input itself, a link to the input).
 
