@@ -63,7 +63,12 @@ def write_plots(record: dict, directory: Path) -> list[Path]:
 def _save(figure, path: Path, plt) -> Path:
     figure.tight_layout()
     temporary = path.with_suffix(".tmp.png")
-    figure.savefig(temporary, dpi=110)
-    plt.close(figure)
-    temporary.replace(path)
+    try:
+        figure.savefig(temporary, dpi=110)
+        temporary.replace(path)
+    except BaseException:  # SIGTERM included: leave no half-drawn file
+        temporary.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(figure)
     return path
