@@ -157,3 +157,20 @@ def test_sigterm_cleanup_of_an_artifact_save_removes_its_staging(tmp_path):
         code = process.wait(DEADLINE)
     assert code == TERMINATED and process.stderr.read().strip() == "save: terminated"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_cleanup_waits_for_a_deferred_block_then_terminates():
+    """An orbax save runs under termination_deferred: SIGTERM lets it finish, then ends the command."""
+    from jgpt.errors import run_guarded, termination_deferred
+
+    steps, before = [], signal.getsignal(signal.SIGTERM)
+
+    def command():
+        with termination_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            steps.append("the save finished")
+        steps.append("after the save")  # never reached: the held-back SIGTERM ends the command here
+
+    assert run_guarded("test", command) == TERMINATED
+    assert steps == ["the save finished"]
+    assert signal.getsignal(signal.SIGTERM) == before  # run_guarded put the previous handler back
