@@ -34,7 +34,8 @@ def _lab(command: str, argv: list[str]) -> int:
     replayed.add_argument("record", type=Path, help="record.json written by `jgpt lab run`")
     args = parser.parse_args(argv)
     if args.action == "replay":
-        from experiments.experiment_execution import model_bindings, replay
+        from experiments.experiment_execution import replay
+        from experiments.record_integrity import model_bindings
 
         record = replay(args.record)
         notes = model_bindings(record)

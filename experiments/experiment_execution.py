@@ -22,8 +22,8 @@ computations hold, in the shape the report reads; every arm's cache run,
 system and outcomes are what kvsim computes from them. It does not prove that the
 named model produced the computations (nothing is re-generated), nor the predicted
 probabilities or attention weights (no forward pass is run): a record edited
-consistently everywhere, hashes included, passes. `model_bindings` additionally
-compares the model identities with this machine's catalog or artifact when present.
+consistently everywhere, hashes included, passes. `record_integrity.model_bindings`
+additionally compares the model identities with this machine's catalog or artifact.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from experiments.controls import CONTROLS
 from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
+from experiments.record_integrity import check_recording
 from experiments.workload import Workload
 from jgpt.architecture import architecture_from_json
 from jgpt.errors import ApiError
@@ -198,7 +199,7 @@ def replay(record_path: Path) -> dict[str, Any]:
                               f"{field}.computations")
         observations = parse_json(_verified(record_path.parent, entry.get("observations"), f"{field}.observations"),
                                   f"{field}.observations")
-        _check_recording(entry, document, observations, field)
+        check_recording(entry, document, observations, field)
         documents.append(document)
     executions = []
     for i, arm in enumerate(arms):
@@ -229,77 +230,6 @@ def _list(record: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value or not all(isinstance(entry, dict) for entry in value):
         raise ApiError(f"record.{name}", "must be a non-empty list of objects")
     return value
-
-
-def _check_recording(entry: Mapping[str, Any], document: Any, observations: Any, field: str) -> None:
-    """The recording's model binding is its computations' model, and its observations are of their sequences."""
-    model = entry.get("model")
-    if not isinstance(model, dict) or not isinstance(document, dict) \
-            or {k: v for k, v in model.items() if k != "model_id"} != document.get("model"):
-        raise ApiError(f"{field}.model", "is not the model its recorded computations name")
-    checkpoint = model.get("checkpoint_sha256")
-    if not isinstance(observations, dict) or not isinstance(checkpoint, str) or observations.get("run_id") != checkpoint[:12]:
-        raise ApiError(f"{field}.observations", "were not observed on the model of its recorded computations")
-    recorded = {r.get("request_id"): r for r in document.get("requests") or [] if isinstance(r, dict)}
-    inspected = observations.get("requests")
-    if not isinstance(inspected, list) or not inspected:
-        raise ApiError(f"{field}.observations", "must inspect at least one request")
-    for k, request in enumerate(inspected):
-        where = f"{field}.observations.requests[{k}]"
-        computed = recorded.get(request.get("request_id")) if isinstance(request, dict) else None
-        if computed is None:
-            raise ApiError(where, "is not a request of the recorded computations")
-        prompt, output = computed.get("prompt_ids"), computed.get("output_ids")
-        if not isinstance(prompt, list) or not isinstance(output, list):
-            raise ApiError(f"{field}.computations", f"request {computed['request_id']!r} lacks its prompt_ids or output_ids")
-        sequence = prompt + output
-        tokens, predictions = request.get("tokens"), request.get("predictions")
-        if not isinstance(tokens, list) or [t.get("id") if isinstance(t, dict) else None for t in tokens] != sequence \
-                or request.get("prompt_length") != len(prompt):
-            raise ApiError(f"{where}.tokens", "are not the sequence the recorded computations hold")
-        if not isinstance(predictions, list) or [p.get("next_id") if isinstance(p, dict) else None
-                                                 for p in predictions] != sequence[1:]:
-            raise ApiError(f"{where}.predictions", "do not predict the recorded sequence position by position")
-        _check_inspected(request, where)
-
-
-def _check_inspected(request: Mapping[str, Any], where: str) -> None:
-    """The types the report's panels read, so a crafted observations file is refused, not half drawn."""
-    n = len(request["tokens"])
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-    integer = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    shaped = {
-        "tokens": all(isinstance(t.get("piece"), str) and isinstance(t.get("kind"), str) for t in request["tokens"]),
-        "spans": isinstance(request.get("spans"), list) and all(
-            isinstance(s, dict) and integer(s.get("token_start")) and integer(s.get("token_end"))
-            and 0 <= s["token_start"] <= s["token_end"] <= n and (s.get("turn") is None or integer(s["turn"]))
-            for s in request["spans"]),
-        "predictions": all(
-            p.get("position") == k and number(p.get("next_probability")) and isinstance(p.get("candidates"), list)
-            and all(isinstance(c, dict) and integer(c.get("id")) and isinstance(c.get("piece"), str)
-                    and number(c.get("probability")) for c in p["candidates"])
-            for k, p in enumerate(request["predictions"])),
-        "attention": isinstance(request.get("attention"), list) and bool(request["attention"]) and all(
-            isinstance(o, dict) and isinstance(o.get("id"), str) and integer(o.get("layer"))
-            and isinstance(o.get("shape"), list) and len(o["shape"]) >= 2 and all(map(integer, o["shape"]))
-            and o["shape"][0] == n - 1 and _causal(o.get("values"), n - 1, o["shape"][1], number)
-            for o in request["attention"]),
-        "observation_ids": isinstance(request.get("observation_ids"), list)
-        and all(isinstance(i, str) for i in request["observation_ids"])
-        and isinstance(request.get("attention"), list)
-        and all(o.get("id") in request["observation_ids"] for o in request["attention"] if isinstance(o, dict)),
-    }
-    wrong = next((name for name, ok in shaped.items() if not ok), None)
-    if wrong is not None:
-        raise ApiError(f"{where}.{wrong}", "do not have the shape and types the report reads")
-
-
-def _causal(values: Any, positions: int, heads: int, number) -> bool:
-    """[position][head][slot <= position] numbers, as recording writes attention weights."""
-    return isinstance(values, list) and len(values) == positions and all(
-        isinstance(row, list) and len(row) == heads
-        and all(isinstance(slots, list) and len(slots) == q + 1 and all(map(number, slots)) for slots in row)
-        for q, row in enumerate(values))
 
 
 def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: Workload,
@@ -338,28 +268,6 @@ def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: W
             raise ApiError(f"record.recordings[{n}].model.architecture.{error.field}", error.reason) from None
         if entry.get("walkthrough") != walkthrough(architecture).to_json():
             raise ApiError(f"record.recordings[{n}].walkthrough", "is not the walkthrough of the recorded model's architecture")
-
-
-def model_bindings(record: Mapping[str, Any]) -> list[str]:
-    """Compare each model the record binds with this machine's catalog entry or artifact manifest.
-
-    Cheap (no weights are read; an artifact's manifest seal is checked). A model that is
-    not here is reported as unchecked, not refused. ApiError when a model is here and differs.
-    """
-    from jgpt.catalog import declared_identity
-
-    lines = []
-    for n, model in enumerate(record["bindings"]["models"]):
-        declared = declared_identity(model["model_id"])
-        if declared is None:
-            lines.append(f"{model['model_id']}: not on this machine; its identity is not checked")
-            continue
-        source, identities = declared
-        for name, value in identities.items():
-            if model.get(name) != value:
-                raise ApiError(f"record.bindings.models[{n}].{name}", f"{model.get(name)} is not the {value} of {source}")
-        lines.append(f"{model['model_id']}: checkpoint_sha256 and tokenizer_sha256 match {source}")
-    return lines
 
 
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
