@@ -160,3 +160,15 @@ def test_record_integrity_any_hostile_observations_file_is_refused_naming_it(lab
         computations = json.loads((directory / record["recordings"][0]["computations"]["path"]).read_text())
         works = {r["request_id"]: r["computations"] for r in computations["requests"]}
         Inspectable(json.loads(mutated), record["recordings"][0]["walkthrough"], works).initial()
+
+
+def test_record_integrity_file_entries_are_bounded_and_sized_before_reading(lab_run, tmp_path):
+    from experiments.experiment_execution import RECORD_FILE_LIMIT
+
+    for name, bytes_ in (("huge", RECORD_FILE_LIMIT + 1), ("short", 10)):
+        path = _edited(lab_run, tmp_path / name,
+                       lambda d, r: r["recordings"][0]["computations"].update(bytes=bytes_))
+        with pytest.raises(ApiError) as error:
+            replay(path)
+        assert error.value.field == "record.recordings[0].computations"
+        assert ("at most" if name == "huge" else "size") in error.value.reason

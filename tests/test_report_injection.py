@@ -105,3 +105,14 @@ def test_report_injection_refused_fragment_is_shown_as_text(poisoned, tmp_path):
     dom = _chromium(tmp_path, "--dump-dom", page.as_uri() + "#surface=%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E")
     assert not re.search(MARKED, dom) and "<img src=x" not in dom
     assert "selection refused: unknown surface &lt;img src=x onerror=alert(1)&gt;" in dom
+
+
+def test_report_of_a_directory_with_a_symlink_loop_and_foreign_files_reads_only_what_the_record_names(lab_run, tmp_path):
+    directory = tmp_path / "run"
+    shutil.copytree(lab_run.directory, directory)
+    (directory / "loop").symlink_to(directory)  # copying the directory would recurse without end
+    (directory / "elsewhere").symlink_to(tmp_path)
+    (directory / "big.bin").write_bytes(b"\0" * (1 << 20))
+    page = write_report(directory / "record.json", tmp_path / "page.html")
+    assert page.read_text().count("data:image/png;base64,") == 2 + len(lab_run.record["arms"])
+    assert not (directory / "plots").exists()
