@@ -19,8 +19,8 @@ from typing import Any
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
 
-# The deepest document jgpt writes nests under 10 levels; 64 leaves room for hand-written
-# files while staying far below the decoder's recursion limit.
+# jgpt's own documents nest a few levels (the worked kvsim input 6; a tensor observation adds
+# one per axis); 64 leaves room for hand-written files, far below the decoder's recursion limit.
 DEPTH_LIMIT = 64
 
 # A string literal (skipped whole, so brackets inside text do not count) or one bracket.
