@@ -3,8 +3,8 @@
 Active requests own rows of one **slot** KVState of R rows and C slots (R a
 power of two at least the active requests, C the capacity bucket of the most
 positions any request can reach). A prefill runs alone on a batch-of-one state
-of C slots (its window bucketed as `ModelExecution.window` buckets prompts) and
-writes its row into the slots; a batched decode step runs the first
+of C slots (ModelExecution's program, its window bucketed as
+`ModelExecution.window` buckets prompts) and its row is written into the slots; a batched decode step runs the first
 `batch_bucket(n)` rows in one call; a serialized step runs one row; a finished
 row is extracted (to retain its state) and the last active row moved into it.
 Every program takes the slot state donated, so XLA updates it in place, and
@@ -48,11 +48,9 @@ def _put_rows(state: KVState, part: KVState, start) -> KVState:
     return jax.tree.map(lambda x, y, axis: jax.lax.dynamic_update_slice_in_dim(x, y, start, axis), state, part, axes)
 
 
-@functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
-def _prefill_into(weights, layer_weights, architecture, slots, start, window_ids, count, row, *, unroll):
-    """Prefill one request from `start` (its reused prefix, capacity C) and write its row into the slots."""
-    logits, state = advance(weights, architecture, start, window_ids, count, unroll, layer_weights)
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, state, row)
+@functools.partial(jax.jit, donate_argnames="slots")
+def _insert_row(slots, one, row):
+    return _put_rows(slots, one, row)
 
 
 @functools.partial(jax.jit, static_argnames=("architecture", "rows", "unroll"), donate_argnames="slots")
@@ -123,8 +121,14 @@ class SlotExecution:
         return self.execution.empty_state(1, self.plan.slot_capacity)
 
     def prefill_into(self, slots, start: KVState, window_ids: np.ndarray, count: int, row: int):
-        """(first id [1], slots): `count` ids of `window_ids [1, W]` processed after `start`'s prefix, into `row`."""
-        return self._bound(_prefill_into, slots, start, window_ids, np.asarray([count], np.int32), row)
+        """(first id [1], slots): `count` ids of `window_ids [1, W]` processed after `start`'s prefix, into `row`.
+
+        The prefill is ModelExecution's own program (it depends on the window and C, not on the slot rows);
+        the row is written by a second, cheap one.
+        """
+        logits, state = self.execution.advance(start, window_ids, np.asarray([count], np.int32))
+        slots = _insert_row(slots, state, row)
+        return np.argmax(np.asarray(logits), axis=-1), slots
 
     def decode_rows(self, slots, ids: np.ndarray, counts: np.ndarray):
         """(ids [rows], slots): one decode step of the first len(ids) rows (count 0: the row keeps its length)."""
@@ -155,4 +159,4 @@ class SlotExecution:
             programs += 1
         jax.block_until_ready(self.extract_row(slots, 0))
         slots = jax.block_until_ready(self.move_row(slots, 0, 0))
-        return slots, programs + 2, (time.monotonic_ns() - started) // 1000
+        return slots, programs + 3, (time.monotonic_ns() - started) // 1000  # + insert, extract, move
