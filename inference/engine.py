@@ -88,14 +88,13 @@ class ServedRun:
 
 class _Request:
     __slots__ = (
-        "spec", "arrival", "arrived", "key", "reservation", "reused", "reuse_tier", "step", "cancel", "ended",
+        "spec", "arrival", "key", "reservation", "reused", "reuse_tier", "step", "cancel", "ended",
         "admitted_us", "first_token_us", "published", "output", "held", "row", "seconds", "stop_reason", "outcome",
     )  # fmt: skip
 
     def __init__(self, spec: InferenceRequest, arrival: int):
         self.spec = spec
         self.arrival = arrival
-        self.arrived = False
         self.key = token_key(spec.prompt_ids)
         self.reservation = 0
         self.reused = 0
@@ -196,7 +195,6 @@ class _Serving:
 
     def on_arrival(self, request: _Request) -> None:
         spec, system = request.spec, self.system
-        request.arrived = True
         self.requests[spec.request_id] = request
         budget = spec.generation.max_new_tokens
         request.reservation = (len(spec.prompt_ids) + budget - 1) * self.kv_bytes

@@ -189,6 +189,7 @@ def test_an_interrupted_serve_writes_nothing(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(InferenceEngine, "serve", interrupted)
     out = tmp_path / "measured.json"
-    code = cli.main(["serve", str(DATA / "engine_workload.json"), "--system", str(DATA / "engine_system.json"), "--out", str(out)])
+    code = cli.main(["serve", str(DATA / "engine_workload.json"), "--system", str(DATA / "engine_system.json"),
+                     "--out", str(out)])  # fmt: skip
     assert code == 130 and "interrupted" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
