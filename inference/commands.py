@@ -102,8 +102,6 @@ def _serve(argv: list[str]) -> int:
     output_file(args.out, "--out", [args.workload, args.system])
     document, system_document = _json_file(args.workload, "workload"), _json_file(args.system, "system")
 
-    import signal
-
     from inference.engine import InferenceEngine, read_served_workload
     from inference.measured_run import measured_run, summary
     from inference.recording import write_document
@@ -112,8 +110,7 @@ def _serve(argv: list[str]) -> int:
     system = parse_system(system_document)
     execution, tokenizer = _load(args.model)
     requests, interaction = read_served_workload(document, tokenizer, execution)
-    # SIGTERM ends the run like Ctrl-C: nothing is written unless the run completes.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C or SIGTERM (run_guarded) unwinds the run: the document is written only once it is whole.
     engine = InferenceEngine(execution, system)
     served = engine.serve(requests, interaction, as_fast_as_possible=args.as_fast_as_possible)
     measured = measured_run(execution, system, served, kind=document["kind"], interaction=interaction, tokenizer=tokenizer)
@@ -123,10 +120,6 @@ def _serve(argv: list[str]) -> int:
     elif not args.quiet:
         print(f"{summary(measured)}\n-> {args.out}")
     return 0
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _json_file(path: str, field: str):
