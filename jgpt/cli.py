@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from jgpt import compilation_cache
 from jgpt.errors import run_guarded
 
 # name -> (module with `main(command, argv) -> int`, summary)
@@ -64,11 +65,14 @@ HUGE_PAGES = "glibc.malloc.hugetlb=1"
 
 
 def entry() -> None:
-    """The console script: on Linux, restart once with huge-page mallocs, then run `main`."""
+    """The console script: on Linux, restart once with huge-page mallocs, then run `main` with the
+    persistent compilation cache on (`jgpt.compilation_cache`)."""
+    cache = compilation_cache.environment(os.environ)
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if sys.platform == "linux" and "glibc.malloc.hugetlb" not in tunables:
-        environment = {**os.environ, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGE_PAGES)))}
+        environment = {**os.environ, **cache, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGE_PAGES)))}
         os.execve(sys.executable, [sys.executable, "-m", "jgpt.cli", *sys.argv[1:]], environment)
+    os.environ.update(cache)  # before any command imports jax, which reads them once
     sys.exit(main())
 
 

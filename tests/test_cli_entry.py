@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from jgpt import cli
+from jgpt.compilation_cache import cache_directory, environment
 
 
 class Restarted(Exception):
@@ -42,6 +44,7 @@ def test_entry_restarts_with_the_tunable_added_to_the_users_own(monkeypatch):
 def test_entry_runs_main_directly_once_the_tunable_is_set(monkeypatch, capsys):
     calls = _capture_execve(monkeypatch)
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")  # the user's choice wins
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/nonexistent/user-choice")  # so entry() adds nothing here
     monkeypatch.setattr(cli.sys, "argv", ["jgpt", "--help"])
     with pytest.raises(SystemExit) as exit_:
         cli.entry()
@@ -56,3 +59,31 @@ def test_the_installed_script_keeps_exit_codes_across_the_restart():
     bad = subprocess.run([script, "no-such-command"], env=environment, capture_output=True, text=True)
     assert (ok.returncode, bad.returncode) == (0, 2)
     assert "commands:" in ok.stdout and "unknown command 'no-such-command'" in bad.stderr
+
+
+def test_entry_restarts_with_the_compilation_cache_on(monkeypatch, tmp_path):
+    calls = _capture_execve(monkeypatch)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("JGPT_CACHE_DIR", str(tmp_path / "xla"))
+    monkeypatch.setattr(cli.sys, "argv", ["jgpt", "generate", "hi"])
+    with pytest.raises(Restarted):
+        cli.entry()
+    [(_, _, environment)] = calls
+    assert environment["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "xla")
+    assert environment["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+
+
+@pytest.mark.parametrize(
+    "environ, directory",
+    [
+        ({"HOME": "/home/u"}, "/home/u/.cache/jgpt/xla"),
+        ({"HOME": "/home/u", "XDG_CACHE_HOME": "/c"}, "/c/jgpt/xla"),
+        ({"HOME": "/home/u", "XDG_CACHE_HOME": "/c", "JGPT_CACHE_DIR": "/mine"}, "/mine"),
+        ({"HOME": "/home/u", "JGPT_CACHE_DIR": ""}, None),  # turned off
+    ],
+)
+def test_compilation_cache_directory(environ, directory):
+    assert cache_directory(environ) == (None if directory is None else Path(directory))
+    assert environment(environ).get("JAX_COMPILATION_CACHE_DIR") == directory
+    assert environment({**environ, "JAX_COMPILATION_CACHE_DIR": "/theirs"}) == {}  # the user's own setting wins
