@@ -4,6 +4,12 @@ System controls are the dotted paths of kvsim's KVResidencySystemConfig fields
 (`kv_cache.device_kv_bytes` sets KVResidencySystemConfig.kv_cache.device_kv_bytes),
 so a resolved ExecutionSpec maps onto that config without a translation table.
 Model and generation controls live under `model.` and `generation.`.
+
+Two controls choose how an arm is executed rather than a value of the system:
+`execution.runner` (kvsim simulates the arm, or the InferenceEngine serves it) and
+`compute_service.model` (kvsim's roofline rates, or a service calibrated on engine
+runs). Each has a `default`, today's behaviour, which a record leaves unwritten so
+records of arms that keep it stay byte for byte what they were.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class Control:
     minimum: float | None = None
     strictly_positive: bool = False
     choices: tuple[str, ...] = ()
+    default: Any = None  # set only for the controls that choose how an arm runs
 
     def check(self, value: Any, field: str) -> Any:
         """`value` if this control accepts it; ApiError naming `field` otherwise."""
@@ -43,9 +50,9 @@ class Control:
 
     @property
     def system_path(self) -> tuple[str, ...] | None:
-        """The path into KVResidencySystemConfig, or None for model and generation controls."""
+        """The path into KVResidencySystemConfig, or None for model, generation and runner controls."""
         head = self.name.split(".")[0]
-        return None if head in ("model", "generation") else tuple(self.name.split("."))
+        return None if head in ("model", "generation") or self.default is not None else tuple(self.name.split("."))
 
 
 CONTROLS: dict[str, Control] = {
@@ -66,8 +73,17 @@ CONTROLS: dict[str, Control] = {
         Control("transfer.link_latency_us", "StateTransfer", float, "startup delay of one transfer", minimum=0),
         Control("compute_service.compute_flops_per_us", "ComputeService", float, "hypothetical matmul rate", strictly_positive=True),
         Control("compute_service.memory_bytes_per_us", "ComputeService", float, "hypothetical memory-traffic rate", strictly_positive=True),
+        Control("execution.runner", "InferenceEngine", str, "kvsim simulates the arm, or the InferenceEngine serves it on the wall clock",
+                choices=("kvsim", "engine"), default="kvsim"),
+        Control("compute_service.model", "ComputeService", str, "kvsim's service: hypothetical roofline rates, or calibrated on "
+                "engine runs of the lab's calibration_workload", choices=("roofline", "calibrated"), default="roofline"),
     )
 }
+
+
+def chosen(assignments: dict[str, Any], name: str) -> Any:
+    """The value of a control that chooses how an arm runs: assigned, or its default (left unwritten)."""
+    return assignments.get(name, CONTROLS[name].default)
 
 
 def control(name: Any, field: str) -> Control:

@@ -10,6 +10,12 @@ fields make a lab runnable on its own:
 * `sweep` (optional): axes of values for controls the settings leave unassigned.
   Each point of the product is one arm, a complete ExecutionSpec of its own; a
   control in both settings and sweep is an ApiError (one assignment per control).
+  An axis without `control` lists points that each assign several controls
+  together (`{"values": [{"execution.runner": "engine"}, {"compute_service.model":
+  "calibrated"}]}`), for comparisons that are not a product of single controls.
+* `calibration_workload` (required exactly when an arm sets `compute_service.model`
+  to `calibrated`): the workload served on the InferenceEngine, before the arms,
+  to fit the calibrated service, so the arms' predictions are out of sample.
 
 A lab with any `missing_controls` is planned: it validates but refuses to run.
 """
@@ -23,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from experiments.controls import control
+from experiments.controls import chosen, control
 from experiments.experiment_spec import ExecutionSpec, ExperimentSpec
 from experiments.fields import expect_keys, expect_list, expect_text
 from experiments.workload import Workload, read_workload
@@ -69,8 +75,13 @@ class ExperimentSource:
 
 @dataclasses.dataclass(frozen=True)
 class SweepAxis:
-    control: str
+    control: str | None  # None: each value is a dict of controls assigned together
     values: tuple[Any, ...]
+
+    def point(self, value: Any) -> tuple[ExperimentSpec, ...]:
+        if self.control is not None:
+            return (ExperimentSpec.of(self.control, value),)
+        return tuple(ExperimentSpec.of(name, item) for name, item in value.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,10 +105,17 @@ class ExperimentDesign:
     evidence: tuple[str, ...]
     workload: Workload | None = None
     sweep: tuple[SweepAxis, ...] = ()
+    calibration_workload: Workload | None = None
 
     @property
     def planned(self) -> bool:
         return bool(self.missing_controls)
+
+    @property
+    def served(self) -> bool:
+        """Whether running the lab serves anything on the InferenceEngine (engine arms or a calibration)."""
+        return self.calibration_workload is not None or any(
+            chosen(arm.execution.assignments, "execution.runner") == "engine" for arm in self.arms())
 
     def arms(self) -> tuple[Arm, ...]:
         """Every point of the sweep (one arm, labelled 'settings', when there is none)."""
@@ -105,7 +123,7 @@ class ExperimentDesign:
             return (Arm("settings", self.settings),)
         arms = []
         for point in itertools.product(*(axis.values for axis in self.sweep)):
-            chosen = tuple(ExperimentSpec.of(axis.control, value) for axis, value in zip(self.sweep, point))
+            chosen = tuple(spec for axis, value in zip(self.sweep, point) for spec in axis.point(value))
             label = ", ".join(f"{spec.control}={spec.value}" for spec in chosen)
             arms.append(Arm(label, self.settings.compose(ExecutionSpec(chosen))))
         return tuple(arms)
@@ -123,7 +141,7 @@ class ExperimentDesign:
         at = (lambda name: f"{field}.{name}") if field else (lambda name: name)
         required = ("id", "name", "question", "ontology_binding", "settings", "missing_controls", "contract",
                     "sources", "evidence")
-        expect_keys(value, field, required=required, optional=("workload", "sweep"))
+        expect_keys(value, field, required=required, optional=("workload", "sweep", "calibration_workload"))
         lab_id = expect_text(value["id"], at("id"))
         if not _ID.match(lab_id):
             raise ApiError(at("id"), f"{lab_id!r} must be lowercase words joined by '-'")
@@ -148,7 +166,10 @@ class ExperimentDesign:
             evidence=evidence,
             workload=read_workload(value["workload"], at("workload")) if "workload" in value else None,
             sweep=_sweep(value.get("sweep", []), settings, at("sweep")),
+            calibration_workload=read_workload(value["calibration_workload"], at("calibration_workload"))
+            if "calibration_workload" in value else None,
         )
+        _check_runners(design, at)
         return design
 
     def to_json(self) -> dict[str, Any]:
@@ -166,28 +187,62 @@ class ExperimentDesign:
         if self.workload is not None:
             document["workload"] = self.workload.source
         if self.sweep:
-            document["sweep"] = [{"control": a.control, "values": list(a.values)} for a in self.sweep]
+            document["sweep"] = [({} if a.control is None else {"control": a.control}) | {"values": list(a.values)}
+                                 for a in self.sweep]
+        if self.calibration_workload is not None:
+            document["calibration_workload"] = self.calibration_workload.source
         return document
+
+
+def _check_runners(design: ExperimentDesign, at) -> None:
+    """A calibrated service is kvsim's, and it needs a calibration workload to be fitted on (and only then)."""
+    calibrated = False
+    for arm in design.arms():
+        assignments = arm.execution.assignments
+        if chosen(assignments, "compute_service.model") == "calibrated":
+            calibrated = True
+            if chosen(assignments, "execution.runner") == "engine":
+                raise ApiError(at("sweep") if design.sweep else at("settings"),
+                               f"arm {arm.label!r}: compute_service.model chooses kvsim's service; an engine arm is measured")
+    if calibrated and design.calibration_workload is None:
+        raise ApiError(at("calibration_workload"), "a calibrated arm needs a calibration workload to fit its service on")
+    if design.calibration_workload is not None and not calibrated:
+        raise ApiError(at("calibration_workload"), "is served only to calibrate; no arm sets compute_service.model to calibrated")
 
 
 def _sweep(value: Any, settings: ExecutionSpec, field: str) -> tuple[SweepAxis, ...]:
     axes, seen = [], set(settings.assignments)
     for i, entry in enumerate(expect_list(value, field)):
         at = f"{field}[{i}]"
-        expect_keys(entry, at, required=("control", "values"))
-        declared = control(entry["control"], f"{at}.control")
-        if declared.name in seen:
-            raise ApiError(f"{at}.control", f"{declared.name} is already assigned; one assignment per control")
-        seen.add(declared.name)
+        expect_keys(entry, at, required=("values",), optional=("control",))
         values = expect_list(entry["values"], f"{at}.values")
         if len(values) < 2:
             raise ApiError(f"{at}.values", "a sweep axis compares at least two values")
-        for j, item in enumerate(values):
+        declared = control(entry["control"], f"{at}.control") if "control" in entry else None
+        names = {declared.name: f"{at}.control"} if declared else _joint_points(values, at)
+        for name, where in names.items():
+            if name in seen:
+                raise ApiError(where, f"{name} is already assigned; one assignment per control")
+        seen |= set(names)
+        for j, item in enumerate(values if declared else []):
             declared.check(item, f"{at}.values[{j}]")
-        if len({json.dumps(v) for v in values}) != len(values):
+        if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
             raise ApiError(f"{at}.values", "lists a value twice")
-        axes.append(SweepAxis(declared.name, tuple(values)))
+        axes.append(SweepAxis(entry.get("control"), tuple(values)))
     return tuple(axes)
+
+
+def _joint_points(values: list, at: str) -> dict[str, str]:
+    """Every control a joint axis assigns (each point a non-empty {control: value}), with where it is named."""
+    names: dict[str, str] = {}
+    for j, point in enumerate(values):
+        where = f"{at}.values[{j}]"
+        if not isinstance(point, dict) or not point:
+            raise ApiError(where, "a sweep axis without control lists points of {control: value, ...}")
+        for name, item in point.items():
+            control(name, where).check(item, f"{where}.{name}")
+            names.setdefault(name, where)
+    return names
 
 
 def _evidence_path(value: Any, field: str) -> str:

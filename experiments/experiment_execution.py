@@ -37,11 +37,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from experiments.controls import CONTROLS
+from experiments.controls import CONTROLS, chosen
 from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
-from experiments.record_integrity import check_recording
+from experiments.record_integrity import check_measured_run, check_recording
 from experiments.workload import Workload
 from jgpt.architecture import architecture_from_json
 from jgpt.errors import ApiError
@@ -50,15 +50,17 @@ from jgpt.json_input import parse_json
 from jgpt.paths import confined
 from jgpt.walkthrough import walkthrough
 from kvsim.cache_run import record_json, simulate
+from kvsim.calibration import fit, merge_service, read_measured_run
+from kvsim.fidelity import compare
 from kvsim.recorded import parse_document
-from kvsim.system import parse_system
+from kvsim.system import parse_system, system_json
 from kvsim.workload import parse_workload
 
 FORMAT = "jgpt-experiment-execution"
 VERSION = 1
 RECORD = "record.json"
 RECORD_FILE_LIMIT = 1 << 28  # bytes of one file a record names: far above any lab's, far below a machine's memory
-INFERENCE_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.system_path is None)
+INFERENCE_CONTROLS = tuple(name for name, c in CONTROLS.items() if c.system_path is None and c.default is None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +101,7 @@ def run_lab(
         raise ApiError("out", f"{out} is a non-empty directory without a lab record; choose another")
     defaults = defaults or generation_defaults()
     workload = lab.workload or defaults.workload
-    arms = [(arm.label, arm.execution.over(defaults.execution)) for arm in lab.arms()]
+    arms = [(arm.label, resolve(arm.execution, defaults.execution)) for arm in lab.arms()]
     recordings = {} if recordings is None else recordings
     keys = []
     for label, execution in arms:
@@ -127,11 +129,16 @@ def run_lab(
                 "walkthrough": recording.walkthrough,
             }
         )
+    calibration = _calibrate(lab, arms, recordings, files) if lab.calibration_workload is not None else None
+    fragment = None if calibration is None else calibration["fragment"]
     arm_entries = []
     for i, ((label, execution), key) in enumerate(zip(arms, keys)):
         n = distinct.index(key)
+        if chosen(execution.assignments, "execution.runner") == "engine":
+            arm_entries.append(_engine_arm(i, label, execution, n, recordings[key], workload, files))
+            continue
         try:
-            run = _simulate(execution, recordings[key].document, workload, lab)
+            run = _simulate(execution, recordings[key].document, workload, lab, fragment)
         except ApiError as error:
             raise ApiError(f"arm {label!r}: {error.field}", error.reason) from None
         name = f"cache-run-{i}.json"
@@ -150,13 +157,13 @@ def run_lab(
     record = {
         "format": FORMAT,
         "version": VERSION,
-        "id": _execution_id(lab, arm_entries, recording_entries, workload),
+        "id": _execution_id(lab, arm_entries, recording_entries, workload, calibration),
         "lab": lab.to_json(),
         "bindings": {"workload": workload.to_json(_generation(arms[0][1])), "models": [r["model"] for r in recording_entries]},
         "provenance": first["execution"]["provenance"] | {"backend": first["execution"]["backend"]},
         "recordings": recording_entries,
         "arms": arm_entries,
-    }
+    } | ({} if calibration is None else {"calibration": calibration})
     files[RECORD] = _dumps(record)
     files["summary.json"] = _dumps(summary(record))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -182,6 +189,12 @@ def run_lab(
     return LabRun(record, out, tuple(written))
 
 
+def resolve(execution: ExecutionSpec, defaults: ExecutionSpec) -> ExecutionSpec:
+    """The arm's settings completed with the defaults; a control that chooses how the arm runs is written only
+    where the lab assigns it (`chosen` gives its default), so kvsim-only records keep their bytes."""
+    return execution.over(ExecutionSpec(tuple(s for s in defaults.experiments if CONTROLS[s.control].default is None)))
+
+
 def replay(record_path: Path) -> dict[str, Any]:
     """Check a record against its own files and simulate every arm again; ApiError on the first difference."""
     record_path = Path(record_path)
@@ -201,16 +214,21 @@ def replay(record_path: Path) -> dict[str, Any]:
                                   f"{field}.observations")
         check_recording(entry, document, observations, field)
         documents.append(document)
-    executions = []
-    for i, arm in enumerate(arms):
+    executions = [ExecutionSpec.from_json(arm.get("execution"), f"record.arms[{i}].execution") for i, arm in enumerate(arms)]
+    if ("calibration" in record) != (lab.calibration_workload is not None):
+        raise ApiError("record.calibration", "a record holds a calibration exactly when its lab declares a calibration_workload")
+    fragment = None if lab.calibration_workload is None else _replay_calibration(record_path.parent, record["calibration"],
+                                                                                  lab, executions)
+    for i, (arm, execution) in enumerate(zip(arms, executions)):
         field = f"record.arms[{i}]"
-        execution = ExecutionSpec.from_json(arm.get("execution"), f"{field}.execution")
-        executions.append(execution)
-        recorded = _verified(record_path.parent, arm.get("cache_run"), f"{field}.cache_run")
         if arm.get("recording") not in range(len(documents)) or isinstance(arm.get("recording"), bool):
             raise ApiError(f"{field}.recording", f"must be the index of one of the {len(documents)} recordings")
+        if chosen(execution.assignments, "execution.runner") == "engine":
+            _replay_engine_arm(record_path.parent, arm, field, execution, documents[arm["recording"]], workload)
+            continue
+        recorded = _verified(record_path.parent, arm.get("cache_run"), f"{field}.cache_run")
         try:
-            run = _simulate(execution, documents[arm["recording"]], workload, lab)
+            run = _simulate(execution, documents[arm["recording"]], workload, lab, fragment)
         except ApiError as error:
             raise ApiError(f"{field}.{error.field}", error.reason) from None
         if record_json(run) != recorded:
@@ -252,7 +270,7 @@ def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: W
         if recordings[arm["recording"]].get("inference") != inference or named not in (model_id, "default"):
             raise ApiError(f"record.recordings[{arm['recording']}].inference", f"is not what arm {i}'s controls resolve to")
     expected = {
-        "id": _execution_id(lab, arms, recordings, workload),
+        "id": _execution_id(lab, arms, recordings, workload, record.get("calibration")),
         "bindings": {"workload": workload.to_json(generations[0]), "models": [r["model"] for r in recordings]},
         "provenance": {**(provenance if isinstance(provenance, dict) else {}), "backend": execution.get("backend")},
     }
@@ -299,11 +317,148 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
         )
     lab = record["lab"]
     models = [{k: m[k] for k in ("model_id", "checkpoint_sha256")} for m in record["bindings"]["models"]]
-    return {"lab": lab["id"], "question": lab["question"], "record": record["id"], "models": models, "arms": rows}
+    table = {"lab": lab["id"], "question": lab["question"], "record": record["id"], "models": models, "arms": rows}
+    modes = [_modes(arm) for arm in record["arms"]]
+    if all(mode == ("kvsim", "roofline") for mode, _ in modes):
+        return table  # a kvsim-only lab's summary is what it always was
+    for row, ((runner, service), _) in zip(rows, modes):
+        row["source"] = "measured on the engine" if runner == "engine" else f"simulated by kvsim ({service})"
+    return table | {"fidelity": _fidelity(record["arms"], modes)}
 
 
-def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab: ExperimentDesign):
-    system = parse_system(execution.system_config_json(), "system")
+def _modes(arm: Mapping[str, Any]) -> tuple[tuple[str, str], dict[str, Any]]:
+    """((runner, service), the arm's other controls): arms equal in the latter ran the same system."""
+    assignments = {spec["control"]: spec["value"] for spec in arm["execution"]}
+    mode = (chosen(assignments, "execution.runner"), chosen(assignments, "compute_service.model"))
+    return mode, {k: v for k, v in assignments.items() if CONTROLS[k].default is None}
+
+
+def _fidelity(arms: list, modes: list) -> list[dict[str, Any]]:
+    """Per engine arm and kvsim arm of the same system: measured against predicted, field by field."""
+    pairs = []
+    for engine, ((runner, _), controls) in zip(arms, modes):
+        if runner != "engine":
+            continue
+        for arm, ((other, service), same) in zip(arms, modes):
+            if other == "kvsim" and same == controls:
+                rows = [row.to_json() for row in compare(engine["outcomes"], arm["outcomes"])]
+                pairs.append({"measured": engine["label"], "predicted": arm["label"], "service": service, "rows": rows})
+    return pairs
+
+
+def _engine_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording: Recording, workload: Workload,
+                files: dict[str, bytes]) -> dict[str, Any]:
+    """Serve the arm on the InferenceEngine; its outcomes are the measured totals (kvsim's field names)."""
+    from experiments.engine_serving import serve  # jax: only when an arm runs on the engine
+
+    measured = serve(recording.model["model_id"], execution.system_config_json(), workload, recording.document,
+                     _generation(execution), f"arm {label!r}")
+    name = f"measured-run-{i}.json"
+    files[name] = _dumps(measured)
+    return {
+        "label": label,
+        "execution": execution.to_json(),
+        "system": measured["system"],
+        "recording": n,
+        "measured_run": _file_entry(name, files[name]),
+        "outcomes": measured["totals"],
+    }
+
+
+def _calibration_plan(executions: list[ExecutionSpec]) -> list[tuple[ExecutionSpec, dict[str, Any]]]:
+    """One engine run of the calibration workload per distinct model, generation policy and system of the
+    calibrated arms (the service rates aside: the engine has its own)."""
+    plan: dict[str, tuple[ExecutionSpec, dict[str, Any]]] = {}
+    for execution in executions:
+        if chosen(execution.assignments, "compute_service.model") != "calibrated":
+            continue
+        system = system_json(parse_system(execution.system_config_json(), "system"))
+        served = {k: v for k, v in system.items() if k not in ("compute_service", "transfer")}
+        inference = {name: execution.value(name) for name in INFERENCE_CONTROLS}
+        plan.setdefault(json.dumps([inference, served], sort_keys=True), (execution, system))
+    return list(plan.values())
+
+
+def _calibrate(lab: ExperimentDesign, arms: list, recordings: dict, files: dict[str, bytes]) -> dict[str, Any]:
+    """Serve the calibration workload on the engine under each planned system, and fit kvsim's service to it."""
+    from experiments.engine_serving import serve
+    from experiments.recording import record_workload
+
+    workload, entries, runs = lab.calibration_workload, [], []
+    for n, (execution, system) in enumerate(_calibration_plan([execution for _, execution in arms])):
+        key = _recording_key(execution, workload)
+        if key not in recordings:  # the prompts its conversations send, with the model's own replies
+            recordings[key] = record_workload(execution, workload)
+        recording = recordings[key]
+        measured = serve(recording.model["model_id"], system, workload, recording.document, _generation(execution),
+                         f"calibration run {n}")
+        name = f"calibration-run-{n}.json"
+        files[name] = _dumps(measured)
+        runs.append(read_measured_run(json.loads(files[name]), hashlib.sha256(files[name]).hexdigest(), name))
+        entries.append({"execution": execution.to_json(), "system": measured["system"],
+                        "measured_run": _file_entry(name, files[name])})
+    fragment, _, _ = fit(runs)
+    return {"runs": entries, "fragment": fragment}
+
+
+def _replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign, executions: list[ExecutionSpec]) -> dict:
+    """The recorded calibration runs are the planned ones, intact, and fitting them again gives the recorded fragment."""
+    field = "record.calibration"
+    plan = _calibration_plan(executions)
+    entries = calibration.get("runs") if isinstance(calibration, dict) else None
+    if not isinstance(entries, list) or len(entries) != len(plan) or not all(isinstance(e, dict) for e in entries):
+        raise ApiError(f"{field}.runs", f"must list the {len(plan)} calibration runs its calibrated arms plan")
+    runs = []
+    for n, (entry, (execution, system)) in enumerate(zip(entries, plan)):
+        at = f"{field}.runs[{n}]"
+        data = _verified(directory, entry.get("measured_run"), f"{at}.measured_run")
+        measured = parse_json(data, f"{at}.measured_run")
+        check_measured_run(measured, f"{at}.measured_run")
+        if entry.get("execution") != execution.to_json() or entry.get("system") != system or measured["system"] != system:
+            raise ApiError(at, "is not the engine run its calibrated arms plan (their controls and system)")
+        _check_arrivals(measured, lab.calibration_workload, f"{at}.measured_run")
+        runs.append(read_measured_run(measured, hashlib.sha256(data).hexdigest(), f"{at}.measured_run"))
+    fragment, _, _ = fit(runs)
+    if calibration.get("fragment") != fragment:
+        raise ApiError(f"{field}.fragment", "is not what fitting the recorded calibration runs gives")
+    return fragment
+
+
+def _replay_engine_arm(directory: Path, arm: Mapping[str, Any], field: str, execution: ExecutionSpec,
+                       document: dict, workload: Workload) -> None:
+    """An engine arm cannot be measured again: its measured run is intact, is of this arm's system, model,
+    prompts and arrivals, and its totals are what its requests and works give; the arm's outcomes are them."""
+    data = _verified(directory, arm.get("measured_run"), f"{field}.measured_run")
+    measured = parse_json(data, f"{field}.measured_run")
+    check_measured_run(measured, f"{field}.measured_run")
+    system = system_json(parse_system(execution.system_config_json(), "system"))
+    if measured["system"] != system or arm.get("system") != system:
+        raise ApiError(f"{field}.system", "is not the system its controls resolve to")
+    if measured.get("model") != document.get("model"):
+        raise ApiError(f"{field}.measured_run.model", "is not the model of the arm's recorded computations")
+    _check_arrivals(measured, workload, f"{field}.measured_run")
+    served = {r.get("request_id"): r.get("prompt_ids") for r in measured["computations"].get("requests") or []
+              if isinstance(r, dict)}
+    if served != {r.get("request_id"): r.get("prompt_ids") for r in document["requests"]}:
+        raise ApiError(f"{field}.measured_run.computations", "did not serve the prompts of the arm's recorded computations")
+    if measured["totals"] != arm.get("outcomes"):
+        raise ApiError(f"{field}.outcomes", "are not the totals of its measured run")
+
+
+def _check_arrivals(measured: Mapping[str, Any], workload: Workload, field: str) -> None:
+    declared = [{"request_id": r.request_id, "arrival_us": r.arrival_us} for r in workload.requests]
+    if measured["workload"].get("requests") != declared or measured["engine"].get("as_fast_as_possible") is not False:
+        raise ApiError(f"{field}.workload", "is not the lab's workload served at its declared arrivals")
+
+
+def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab: ExperimentDesign, fragment: dict | None = None):
+    system = execution.system_config_json()
+    if chosen(execution.assignments, "compute_service.model") == "calibrated":
+        from experiments.engine_serving import engine_shapes  # jax: EnginePlan lives with the engine
+
+        system = merge_service(system, fragment)
+        system = system | {"compute_service": system["compute_service"] | engine_shapes(document, system, _generation(execution))}
+    system = parse_system(system, "system")
     arrivals = {"kind": workload.kind, "requests": [{"request_id": r.request_id, "arrival_us": r.arrival_us} for r in workload.requests]}
     return simulate(
         system,
@@ -324,14 +479,20 @@ def _recording_key(execution: ExecutionSpec, workload: Workload) -> str:
     return json.dumps([inference, workload.to_json({})], sort_keys=True)
 
 
-def _execution_id(lab: ExperimentDesign, arms: list, recordings: list, workload: Workload) -> str:
-    """Names what was consumed: the lab, every arm's controls and the recorded computations' identity."""
+def _execution_id(lab: ExperimentDesign, arms: list, recordings: list, workload: Workload,
+                  calibration: Mapping[str, Any] | None = None) -> str:
+    """Names what was consumed: the lab, every arm's controls, the recorded computations' identity and any
+    measured runs (engine arms', then the calibration's)."""
     consumed = {
         "lab": lab.to_json(),
         "arms": [arm["execution"] for arm in arms],
         "computations": [r["computations"]["sha256"] for r in recordings],
         "workload": workload.to_json({}),
     }
+    measured = [arm["measured_run"]["sha256"] for arm in arms if "measured_run" in arm]
+    measured += [run["measured_run"]["sha256"] for run in (calibration or {}).get("runs", [])]
+    if measured:  # absent for kvsim-only labs, whose ids stay what they were
+        consumed["measured_runs"] = measured
     return f"lab-{hashlib.sha256(_dumps(consumed)).hexdigest()[:16]}"
 
 

@@ -1,4 +1,4 @@
-"""Pictures of a lab record: arms compared, and per arm a kvsim timeline with KV occupancy."""
+"""Pictures of a lab record: arms compared, and per simulated arm a kvsim timeline with KV occupancy."""
 
 from __future__ import annotations
 
@@ -32,10 +32,15 @@ def draw_plots(record: Mapping[str, Any], out: Path) -> list[Path]:
     plots = Path(out) / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     written = [_arms(summary(record), plots / "arms.png"), draw(default_inference_map(), plots / "inference-map.png")]
-    for i, arm in enumerate(record["arms"]):
+    for i, arm in simulated_arms(record):
         run = json.loads((Path(out) / arm["cache_run"]["path"]).read_bytes())
         written.append(_timeline(run, arm["label"], plots / f"arm-{i}-timeline.png"))
     return written
+
+
+def simulated_arms(record: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    """(index, arm) of the arms kvsim simulated: an engine arm has a measured run, no kvsim timeline."""
+    return [(i, arm) for i, arm in enumerate(record["arms"]) if "cache_run" in arm]
 
 
 def _arms(summary: Mapping[str, Any], path: Path) -> Path:

@@ -2,8 +2,10 @@
 
 `check_recording` ties a recording's model binding to its recorded computations and the
 inspected observations to the sequences those computations hold, in the shape the report
-reads. `model_bindings` compares the bound models with this machine's catalog or
-artifact manifests. Both read values only (no jax, no weights), so `lab replay` stays cheap.
+reads. `check_measured_run` checks an engine run's document (kvsim's reading of it) and
+derives its totals again from its requests and works. `model_bindings` compares the bound
+models with this machine's catalog or artifact manifests. All read values only (no jax,
+no weights), so `lab replay` stays cheap.
 """
 
 from __future__ import annotations
@@ -12,6 +14,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from jgpt.errors import ApiError
+from kvsim.calibration import read_measured_run
+
+# The measured totals a measured run's per-request outcomes and works determine. The rest
+# (saved_matmul_flops needs the model's cost function; drops are not works) are taken as written.
+DERIVED_TOTALS = (
+    "arrived", "admitted", "completed", "stopped", "cancelled", "rejected", "lookups", "hits_device", "hits_host",
+    "hit_rate_device", "hit_rate_host", "token_hit_rate", "reused_positions", "prompt_positions",
+    "bytes_device_to_host", "bytes_host_to_device", "offloads", "reloads", "compute_busy_us", "end_us",
+    "compute_busy_fraction", "latency_us",
+)  # fmt: skip
 
 
 def check_recording(entry: Mapping[str, Any], document: Any, observations: Any, field: str) -> None:
@@ -83,6 +95,53 @@ def _causal(values: Any, positions: int, heads: int, number) -> bool:
         isinstance(row, list) and len(row) == heads
         and all(isinstance(slots, list) and len(slots) == q + 1 and all(map(number, slots)) for slots in row)
         for q, row in enumerate(values))
+
+
+def check_measured_run(document: Any, field: str) -> None:
+    """kvsim reads the document (format, works, requests, totals' types), and its totals are its outcomes'."""
+    read_measured_run(document, "", field)
+    if not isinstance(document.get("computations"), dict) or not isinstance(document.get("model"), dict):
+        raise ApiError(field, "lacks the served computations or the model it names")
+    try:
+        derived = _measured_totals(document["requests"], document["works"])
+    except (KeyError, TypeError, ValueError):
+        raise ApiError(f"{field}.requests", "lack the outcome fields the totals derive from") from None
+    for name in DERIVED_TOTALS:
+        if document["totals"].get(name) != derived[name]:
+            raise ApiError(f"{field}.totals.{name}", "is not what the run's requests and works give")
+
+
+def _measured_totals(requests: Mapping[str, Any], works: list) -> dict[str, Any]:
+    """The totals `inference.measured_run` writes, from the document's own outcomes and works."""
+    outcomes = list(requests.values())
+    done = [o for o in outcomes if o["admitted_us"] is not None]
+    statuses = {name: sum(o["status"] == name for o in outcomes) for name in ("completed", "stopped", "cancelled", "rejected")}
+    tiers = [o["reuse_tier"] for o in done]
+    reused, prompt = sum(o["reuse_positions"] for o in done), sum(o["prompt_positions"] for o in done)
+    busy = sum(w["wall_us"] for w in works if w["kind"] in ("prefill", "decode"))
+    end = max([*(o["end_us"] for o in outcomes), *(w["end_us"] for w in works)])
+    rate = lambda n, d: round(n / d, 6) if d else None  # noqa: E731
+    moved = lambda kind: sum(w["bytes"] for w in works if w["kind"] == kind)  # noqa: E731
+    return {
+        "arrived": len(outcomes), "admitted": len(done), **statuses, "lookups": len(done),
+        "hits_device": tiers.count("device"), "hits_host": tiers.count("host"),
+        "hit_rate_device": rate(tiers.count("device"), len(done)), "hit_rate_host": rate(tiers.count("host"), len(done)),
+        "token_hit_rate": rate(reused, prompt), "reused_positions": reused, "prompt_positions": prompt,
+        "bytes_device_to_host": moved("offload"), "bytes_host_to_device": moved("reload"),
+        "offloads": sum(w["kind"] == "offload" for w in works), "reloads": sum(w["kind"] == "reload" for w in works),
+        "compute_busy_us": busy, "end_us": end, "compute_busy_fraction": rate(busy, end),
+        "latency_us": {name: _percentiles([o[key] for o in done if o[key] is not None])
+                       for name, key in (("ttft", "ttft_us"), ("tpot", "tpot_us"), ("e2e", "e2e_us"), ("queueing", "queueing_us"))},
+    }  # fmt: skip
+
+
+def _percentiles(values: list) -> dict[str, Any]:
+    """Nearest-rank p50/p90/p99, as kvsim's outcomes and the measured run write them."""
+    if not values:
+        return {"count": 0, "p50": None, "p90": None, "p99": None}
+    ordered = sorted(values)
+    pick = lambda p: ordered[max(0, -(-p * len(ordered) // 100) - 1)]  # noqa: E731
+    return {"count": len(ordered), "p50": pick(50), "p90": pick(90), "p99": pick(99)}
 
 
 def model_bindings(record: Mapping[str, Any]) -> list[str]:

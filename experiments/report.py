@@ -28,13 +28,14 @@ from typing import Any
 from experiments.experiment_execution import replay, summary
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
-from experiments.plots import draw_plots
+from experiments.plots import draw_plots, simulated_arms
 from jgpt.identity import write_atomically
 from jgpt.paths import confined
 
 SECTIONS = (
     ("overview", "Question and bindings"),
     ("arms", "Outcomes by arm"),
+    ("fidelity", "Measured on the engine vs predicted by kvsim"),
     ("architecture", "Architecture walkthrough"),
     ("tokens", "Token sequence"),
     ("prediction", "Prediction at the selected position"),
@@ -73,7 +74,7 @@ def write_report(record_path: Path, out: Path) -> Path:
     with tempfile.TemporaryDirectory() as scratch:
         if not all((plots / name).is_file() for name in _plot_names(record)):
             plots = Path(scratch) / "plots"  # a record run without plots: draw them for the page only
-            for arm in record["arms"]:  # only the files the record names, verified by the replay above
+            for _, arm in simulated_arms(record):  # only the files the record names, verified by the replay above
                 shutil.copyfile(confined(directory, arm["cache_run"]["path"], "cache_run.path"),
                                 confined(scratch, arm["cache_run"]["path"], "cache_run.path"))
             draw_plots(record, Path(scratch))
@@ -89,13 +90,14 @@ def _image(path: Path, alt: str) -> str:
 
 
 def _events_of(record: dict[str, Any], directory: Path, request_ids: set[str]) -> list[list[dict[str, Any]]]:
-    """Per arm, the kvsim events of the inspected requests, with their causes."""
-    runs = (json.loads((directory / arm["cache_run"]["path"]).read_bytes()) for arm in record["arms"])
+    """Per arm, the kvsim events of the inspected requests, with their causes (none for an engine arm)."""
+    runs = (json.loads((directory / arm["cache_run"]["path"]).read_bytes()) if "cache_run" in arm else {"events": []}
+            for arm in record["arms"])
     return [[event for event in run["events"] if event["request_id"] in request_ids] for run in runs]
 
 
 def _plot_names(record: dict[str, Any]) -> list[str]:
-    return ["arms.png", "inference-map.png", *(f"arm-{i}-timeline.png" for i in range(len(record["arms"])))]
+    return ["arms.png", "inference-map.png", *(f"arm-{i}-timeline.png" for i, _ in simulated_arms(record))]
 
 
 def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
@@ -103,7 +105,7 @@ def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
     timelines = "".join(
         f'<details{" open" if i == 0 else ""}><summary>{html.escape(arm["label"])}</summary>'
         f'{_image(plots / f"arm-{i}-timeline.png", "kvsim timeline " + arm["label"])}</details>'
-        for i, arm in enumerate(record["arms"])
+        for i, arm in simulated_arms(record)
     )
     contract = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in lab["contract"].items())
     sources = "".join(f'<li><a href="{html.escape(s["url"])}">{html.escape(s["title"])}</a></li>' for s in lab["sources"])
@@ -228,6 +230,18 @@ function renderArms() {
   show('arms-table', table({}, keys.map(k => el('th', {}, k)),
     rows.map(r => el('tr', {}, keys.map(k => el('td', {class: k === 'label' ? 'l' : null}, fmt(r[k])))))));
 }
+function renderFidelity() {
+  const pairs = D.summary.fidelity;
+  if (!pairs) { show('fidelity-panel', el('p', {}, 'No arm of this lab ran on the InferenceEngine: every outcome above is simulated by kvsim.')); return; }
+  const pct = e => e === null ? '-' : (e >= 0 ? '+' : '') + (100 * e).toFixed(1) + '%';
+  show('fidelity-panel', el('p', {}, 'Measured: wall-clock totals of an arm served on the InferenceEngine. Predicted: kvsim on the same ' +
+    'system and workload, with its hypothetical roofline rates or with the service calibrated on the lab\'s separate calibration workload ' +
+    '(latencies in microseconds; error = (predicted - measured) / measured; hit rates are compared for equality).'),
+    pairs.map(p => el('div', {}, el('h3', {}, p.measured + '  vs  kvsim (' + p.service + '): ' + p.predicted),
+      table({}, ['field', 'measured', 'predicted', 'error'].map(k => el('th', k === 'field' ? {class: 'l'} : {}, k)),
+        p.rows.map(r => el('tr', {}, el('td', {class: 'l'}, r.field), el('td', {}, fmt(r.measured)), el('td', {}, fmt(r.predicted)),
+          el('td', {}, r.exact ? (r.measured === r.predicted ? 'exact' : 'differs') : pct(r.error))))))));
+}
 function renderArchitecture() {
   const stages = I.walkthrough.stages, s = stages[state.architecture_step];
   show('architecture-panel', stages.map((st, i) =>
@@ -315,7 +329,7 @@ function fromHash() {
     changes[k] = ['position', 'architecture_step', 'computation_index'].includes(k) ? (v === 'null' ? null : Number(v)) : (v === 'null' ? null : v); });
   if (Object.keys(changes).length) trySelect(changes);
 }
-renderOverview(); renderArms(); renderMap(); render(); fromHash();
+renderOverview(); renderArms(); renderFidelity(); renderMap(); render(); fromHash();
 window.addEventListener('hashchange', fromHash);
 """
 
