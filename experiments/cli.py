@@ -39,7 +39,10 @@ def _lab(command: str, argv: list[str]) -> int:
 
         record = replay(args.record)
         notes = model_bindings(record)
-        print(f"{record['id']}: {len(record['arms'])} arms replayed byte for byte; id, bindings, provenance and "
+        measured = sum("measured_run" in arm for arm in record["arms"])
+        simulated = f"{len(record['arms']) - measured} arms replayed byte for byte"
+        checked = f", {measured} engine arms' measured runs checked (not re-measured)" if measured else ""
+        print(f"{record['id']}: {simulated}{checked}; id, bindings, provenance and "
               f"observed sequences derive from the recorded computations")
         for note in notes:
             print(note)
@@ -75,9 +78,20 @@ arm's cache run, system and outcomes are what kvsim computes again, byte for byt
 bound model's checkpoint_sha256 and tokenizer_sha256 match this machine's catalog entry
 or artifact manifest when it has one (otherwise it says so).
 
+Engine arms (execution.runner=engine) and calibration runs cannot be measured again.
+For each measured-run file replay proves: it is the file the record names (confined,
+size and SHA-256); kvsim reads it as a measured run; its totals are what its own
+per-request outcomes and works give (saved_matmul_flops and drops are taken as
+written); it is of the system the arm's controls resolve to, served the lab's workload
+at its declared arrivals with the prompts of the arm's recorded computations; and the
+arm's outcomes are its totals. A calibrated arm's service is fitted again from the
+recorded calibration runs (the runs its arms plan), must equal the recorded fragment,
+and the arm is simulated again byte for byte.
+
 Replay does not prove that the model produced the recorded computations (nothing is
-generated again) nor the recorded probabilities and attention weights (no forward pass
-runs): a record edited consistently everywhere, file hashes included, passes."""
+generated again), the recorded probabilities and attention weights (no forward pass
+runs), nor that measured wall times happened (nothing is served again): a record
+edited consistently everywhere, file hashes included, passes."""
 
 
 def describe(lab: ExperimentDesign) -> str:

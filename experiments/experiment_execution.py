@@ -6,6 +6,9 @@ The flow for one lab:
     model.model_id + generation.*  -> inference.record -> recorded computations (once per distinct pair)
     system controls -> KVResidencySystemConfig -> kvsim.simulate -> CacheRun per arm
 
+    execution.runner=engine -> InferenceEngine.serve -> measured run per arm (outcomes: its totals)
+    compute_service.model=calibrated -> engine runs of the calibration workload -> kvsim.calibration.fit -> kvsim
+
 The record joins the consumed lab, the resolved model / system / workload
 bindings, provenance and outcomes. Recorded computations and each CacheRun are
 written as their own files (kvsim's canonical bytes) and named in the record by
@@ -24,6 +27,8 @@ named model produced the computations (nothing is re-generated), nor the predict
 probabilities or attention weights (no forward pass is run): a record edited
 consistently everywhere, hashes included, passes. `record_integrity.model_bindings`
 additionally compares the model identities with this machine's catalog or artifact.
+Measured runs (engine arms, calibration runs) are checked, not measured again: see
+`_replay_engine_arm`, `_replay_calibration` and docs/security.md for what that proves.
 """
 
 from __future__ import annotations
