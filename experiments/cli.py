@@ -106,11 +106,15 @@ def describe(lab: ExperimentDesign) -> str:
         *(["  (none: defaults for every control)"] if not lab.settings.experiments else []),
     ]
     if lab.sweep:
-        lines += ["sweep:", *(f"  {axis.control} in {json.dumps(list(axis.values))}" for axis in lab.sweep)]
+        lines += ["sweep:", *(f"  {axis.control} in {json.dumps(list(axis.values))}" if axis.control else
+                              f"  one of {json.dumps(list(axis.values))}" for axis in lab.sweep)]
     if lab.planned:
         lines += ["missing controls (the lab cannot run until they exist):", *(f"  {m}" for m in lab.missing_controls)]
     if lab.workload is not None:
         lines.append(f"workload: {lab.workload.kind}, {len(lab.workload.requests)} requests")
+    if lab.calibration_workload is not None:
+        lines.append(f"calibration workload (served on the engine to fit kvsim's service): "
+                     f"{lab.calibration_workload.kind}, {len(lab.calibration_workload.requests)} requests")
     lines.append("abstraction contract:")
     for name, text in vars(lab.contract).items():
         lines += [f"  {name}:", wrap(text, "    ")]

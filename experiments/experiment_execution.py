@@ -224,8 +224,13 @@ def replay(record_path: Path) -> dict[str, Any]:
         raise ApiError("record.calibration", "a record holds a calibration exactly when its lab declares a calibration_workload")
     fragment = None if lab.calibration_workload is None else _replay_calibration(record_path.parent, record["calibration"],
                                                                                   lab, executions)
+    declared = lab.arms()
+    if len(arms) != len(declared):
+        raise ApiError("record.arms", f"must be the {len(declared)} arms of its lab")
     for i, (arm, execution) in enumerate(zip(arms, executions)):
         field = f"record.arms[{i}]"
+        if any(execution.assignments.get(k) != v for k, v in declared[i].execution.assignments.items()):
+            raise ApiError(f"{field}.execution", "does not hold the settings of its lab's arm")
         if arm.get("recording") not in range(len(documents)) or isinstance(arm.get("recording"), bool):
             raise ApiError(f"{field}.recording", f"must be the index of one of the {len(documents)} recordings")
         if chosen(execution.assignments, "execution.runner") == "engine":
@@ -442,9 +447,9 @@ def _replay_engine_arm(directory: Path, arm: Mapping[str, Any], field: str, exec
     if measured.get("model") != document.get("model"):
         raise ApiError(f"{field}.measured_run.model", "is not the model of the arm's recorded computations")
     _check_arrivals(measured, workload, f"{field}.measured_run")
-    served = {r.get("request_id"): r.get("prompt_ids") for r in measured["computations"].get("requests") or []
-              if isinstance(r, dict)}
-    if served != {r.get("request_id"): r.get("prompt_ids") for r in document["requests"]}:
+    prompts = lambda computations: {r.get("request_id"): r.get("prompt_ids")  # noqa: E731
+                                    for r in computations.get("requests") or [] if isinstance(r, dict)}
+    if prompts(measured["computations"]) != prompts(document):
         raise ApiError(f"{field}.measured_run.computations", "did not serve the prompts of the arm's recorded computations")
     if measured["totals"] != arm.get("outcomes"):
         raise ApiError(f"{field}.outcomes", "are not the totals of its measured run")
@@ -457,17 +462,20 @@ def _check_arrivals(measured: Mapping[str, Any], workload: Workload, field: str)
 
 
 def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab: ExperimentDesign, fragment: dict | None = None):
+    computations = parse_document(document)  # checked before the engine's shapes are read from it
     system = execution.system_config_json()
     if chosen(execution.assignments, "compute_service.model") == "calibrated":
         from experiments.engine_serving import engine_shapes  # jax: EnginePlan lives with the engine
 
+        if fragment is None:
+            raise ApiError("compute_service.model", "a calibrated arm needs its lab's calibration_workload")
         system = merge_service(system, fragment)
         system = system | {"compute_service": system["compute_service"] | engine_shapes(document, system, _generation(execution))}
     system = parse_system(system, "system")
     arrivals = {"kind": workload.kind, "requests": [{"request_id": r.request_id, "arrival_us": r.arrival_us} for r in workload.requests]}
     return simulate(
         system,
-        parse_document(document),
+        computations,
         parse_workload(arrivals),
         workload.interaction,
         None,

@@ -8,6 +8,7 @@ or copies that one run.
 import copy
 import hashlib
 import json
+import re
 import shutil
 
 import pytest
@@ -195,3 +196,16 @@ def test_lab_refuses_runner_settings_that_cannot_run(edit, field):
     with pytest.raises(ApiError) as caught:
         ExperimentDesign.from_json(_lab(edit))
     assert caught.value.field == field
+
+
+def test_report_shows_measured_against_predicted_without_kvsim_timelines_for_engine_arms(fidelity, tmp_path):
+    from experiments.report import write_report
+
+    directory, record = _copy(fidelity, tmp_path)
+    page = write_report(directory / "record.json", tmp_path / "report.html").read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page).group(1))
+    assert data["summary"]["fidelity"] == summary(record)["fidelity"]
+    assert 'id="fidelity-section"' in page and "innerHTML" not in page
+    engine = {i for i, arm in enumerate(record["arms"]) if "measured_run" in arm}
+    assert all(data["events"][i] == [] for i in engine) and all(data["events"][i] for i in set(range(6)) - engine)
+    assert page.count('alt="kvsim timeline') == 6 - len(engine)
