@@ -59,13 +59,13 @@ def system(policy: str, active: int, device_positions: int, host_positions: int,
 def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
     """name -> (Workload document, system for a policy). Names starting with "calibration" are fitted."""
     ample = 1 << 20  # positions: nothing is ever evicted
-    calibration = chat_workload(conversations=12, turns=3, spread_us=600_000, seed=11)
+    calibration = chat_workload(conversations=12, turns=4, spread_us=600_000, seed=11)
     return {
         # The calibration workload, served whole with a host tier under a tight device budget (every kind of
-        # work occurs, decode batches of up to 8 rows, the engine's slots hold the context), and its first
-        # turns only, arriving ten times as fast (fewer slots).
-        "calibration": (calibration, lambda p: system(p, 8, 768, 4096, kv_bytes)),
-        "calibration, first turns": (_first_turns(calibration, 10), lambda p: system(p, 8, ample, 0, kv_bytes)),
+        # work occurs; the engine's slots hold the context), and its first turns only, arriving fifty times
+        # as fast (decode batches of up to 8 rows, half the slots).
+        "calibration": (calibration, lambda p: system(p, 8, 512, 4096, kv_bytes)),
+        "calibration, first turns": (_first_turns(calibration, 50), lambda p: system(p, 8, ample, 0, kv_bytes)),
         "multi-turn chat": (
             chat_workload(conversations=12, turns=4, spread_us=2_000_000, seed=0),
             lambda p: system(p, 4, ample, 0, kv_bytes),

@@ -152,7 +152,7 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     The optimum is the unconstrained least-squares solution on its own support, so
     trying every support and keeping the best non-negative solution finds it (2^n
-    small solves; calibration has at most five columns).
+    small solves; calibration has at most six columns).
     """
     n = a.shape[1]
     scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # conditioning: columns of unit size
@@ -180,17 +180,19 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
     # With one slot capacity the per-slot terms cannot be told from the fixed ones: they are fit as 0.
     vary = len({run.slot_capacity for run in runs}) > 1
     for kind in (PREFILL, DECODE):
-        works = [(w, run.slot_capacity) for run in runs for w in run.works if w["kind"] == kind]
+        works = [(w, run.slot_capacity, idle) for run in runs
+                 for w, idle in zip(run.works, after_idle(run), strict=True) if w["kind"] == kind]  # fmt: skip
         if not works:
             raise ApiError("MEASURED", f"no {kind} works to fit")
         columns = [
             [1] * len(works),
-            [w["window"] if kind == PREFILL else w["executed_rows"] for w, _ in works],
-            [slots if vary else 0 for _, slots in works],
-            [w["matmul_flops"] for w, _ in works],
-            [w["logical_memory_bytes"] for w, _ in works],
+            [w["window"] if kind == PREFILL else w["executed_rows"] for w, _, _ in works],
+            [slots if vary else 0 for _, slots, _ in works],
+            [w["matmul_flops"] for w, _, _ in works],
+            [w["logical_memory_bytes"] for w, _, _ in works],
+            [int(idle) for _, _, idle in works],
         ]
-        kind_fit = _fit_kind(kind, term_names(kind), columns, [w for w, _ in works])
+        kind_fit = _fit_kind(kind, term_names(kind), columns, [w for w, _, _ in works])
         fits.append(kind_fit)
         compute[kind] = kind_fit.terms
     compute["step_overhead_us"] = _round(step_overhead_us(runs))
@@ -266,6 +268,17 @@ def host_gaps(run: MeasuredRun) -> list[int]:
         gaps.append(max(0, work["start_us"] - ready))
         previous = work["end_us"]
     return gaps
+
+
+def after_idle(run: MeasuredRun) -> list[bool]:
+    """Per work, in the serving thread's order: did it wake an idle engine (its last request arrived after
+    the thread had finished everything before it)?"""
+    requests = run.document["requests"]
+    idle, previous = [], -1
+    for work in run.works:
+        idle.append(max(requests[r]["arrival_us"] for r in work["request_ids"]) > previous)
+        previous = work["end_us"]
+    return idle
 
 
 def step_overhead_us(runs: list[MeasuredRun]) -> float:

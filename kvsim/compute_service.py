@@ -5,9 +5,10 @@ and the default: max(FLOPs / rate, bytes / rate), and latency + bytes / rate.
 The calibrated model (`CalibratedComputeService`, `CalibratedTransfer`) is what
 `jgpt kvsim calibrate` fits to an InferenceEngine's measured works: a fixed time
 per work, terms per executed position (prefill) or executed row (decode), per
-slot of the engine's KV slot capacity, per FLOP and per byte, a host step
-overhead before every work, and per-direction transfer latency plus time per
-byte (docs/kvsim.md, "Calibrated service").
+slot of the engine's KV slot capacity, per FLOP and per byte, a penalty for a
+work that starts after the engine was idle, a host step overhead before every
+work, and per-direction transfer latency plus time per byte (docs/kvsim.md,
+"Calibrated service").
 Every parameter is the exact rational of its JSON lexeme and every duration is
 rounded up to a whole microsecond, so records stay deterministic.
 """
@@ -44,7 +45,9 @@ class ComputeServiceConfig:
         bytes_us = -(-memory_bytes * bytes_rate.denominator // bytes_rate.numerator)
         return max(flops_us, bytes_us)
 
-    def work_us(self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int) -> tuple[int, int]:
+    def work_us(
+        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, after_idle: bool
+    ) -> tuple[int, int]:
         """(time before the work, the work's time): the roofline has no step overhead and ignores shapes."""
         return 0, self.duration_us(matmul_flops, memory_bytes)
 
@@ -66,21 +69,23 @@ class StateTransferConfig:
 @dataclass(frozen=True)
 class WorkTerms:
     """t = fixed_us + size_us * executed size + per_slot_us * slot capacity + per_flop_us * matmul_flops
-    + per_byte_us * memory bytes."""
+    + per_byte_us * memory bytes + after_idle_us if the engine was idle before the work."""
 
     fixed_us: Fraction
     size_us: Fraction  # per executed prefill position, or per executed decode row
     per_slot_us: Fraction  # per KV slot every row of the work attends over (padded, so not in the FLOPs)
     per_flop_us: Fraction
     per_byte_us: Fraction
+    after_idle_us: Fraction  # a work that wakes an idle engine runs slower (caches and thread gone cold)
 
-    def time(self, size: int, slots: int, matmul_flops: int, memory_bytes: int) -> Fraction:
+    def time(self, size: int, slots: int, matmul_flops: int, memory_bytes: int, after_idle: bool) -> Fraction:
         return (
             self.fixed_us
             + self.size_us * size
             + self.per_slot_us * slots
             + self.per_flop_us * matmul_flops
             + self.per_byte_us * memory_bytes
+            + (self.after_idle_us if after_idle else 0)
         )
 
 
@@ -93,7 +98,9 @@ class CalibratedComputeService:
     prefill_window_buckets: tuple[int, ...]  # the engine's compiled prefill windows, ascending
     decode_batch_buckets: tuple[int, ...]  # the engine's compiled decode batch sizes, ascending
 
-    def work_us(self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int) -> tuple[int, int]:
+    def work_us(
+        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, after_idle: bool
+    ) -> tuple[int, int]:
         """(step overhead, the work's time), each rounded up to a whole microsecond.
 
         The engine runs compiled shapes: a prefill of `positions` new ids executes the
@@ -104,7 +111,7 @@ class CalibratedComputeService:
             size, terms = executed(self.prefill_window_buckets, positions), self.prefill
         else:
             size, terms = executed(self.decode_batch_buckets, rows), self.decode
-        time = terms.time(size, self.slot_capacity, matmul_flops, memory_bytes)
+        time = terms.time(size, self.slot_capacity, matmul_flops, memory_bytes, after_idle)
         return ceil_us(self.step_overhead_us), ceil_us(time)
 
 
@@ -212,7 +219,7 @@ def _model(value: Any, field: str) -> str:
 
 def term_names(phase: str) -> tuple[str, ...]:
     """The JSON names of a kind of work's terms, in WorkTerms order."""
-    return ("fixed_us", SIZE_TERMS[phase], "per_slot_us", "per_flop_us", "per_byte_us")
+    return ("fixed_us", SIZE_TERMS[phase], "per_slot_us", "per_flop_us", "per_byte_us", "after_idle_us")
 
 
 def _work_terms(value: Any, field: str, phase: str) -> WorkTerms:
@@ -222,7 +229,7 @@ def _work_terms(value: Any, field: str, phase: str) -> WorkTerms:
 
 
 def _work_terms_json(terms: WorkTerms, phase: str) -> dict:
-    values = (terms.fixed_us, terms.size_us, terms.per_slot_us, terms.per_flop_us, terms.per_byte_us)
+    values = (terms.fixed_us, terms.size_us, terms.per_slot_us, terms.per_flop_us, terms.per_byte_us, terms.after_idle_us)
     return {name: fields.json_number(v) for name, v in zip(term_names(phase), values, strict=True)}
 
 

@@ -96,6 +96,7 @@ class _Engine:
         # after another in the order they start: each begins when the thread is free (`thread_free`).
         self.one_thread = system.transfer.blocks_compute
         self.thread_free = 0
+        self.last_end = -1  # when the last work or transfer started so far ends: later, the engine is idle
         self.outcomes: dict[str, dict] = {}
         self.state_fate: dict[str, dict] = {}
 
@@ -306,8 +307,9 @@ class _Engine:
             # A batch reads the fixed bytes of a work (the weights) once, not once per request.
             flops, memory = flops + f, memory + b - min(request.spec.fixed_memory_bytes, b)
         # The step overhead (host time before the work) delays the work but does not busy the compute.
+        phase, after_idle = ("prefill" if head.step == 0 else "decode"), self.now > self.last_end
         overhead, busy = self.compute.work_us(
-            "prefill" if head.step == 0 else "decode", len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory
+            phase, len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory, after_idle
         )
         duration = overhead + busy
         starts = []
@@ -329,10 +331,12 @@ class _Engine:
 
     def occupy(self, duration: int) -> int:
         """When something started now for `duration` ends (after what the serving thread runs first, if one)."""
-        if not self.one_thread:
-            return self.now + duration
-        self.thread_free = max(self.now, self.thread_free) + duration
-        return self.thread_free
+        if self.one_thread:
+            self.thread_free = end = max(self.now, self.thread_free) + duration
+        else:
+            end = self.now + duration
+        self.last_end = max(self.last_end, end)
+        return end
 
     def work_cost(self, request: _Request) -> tuple[int, int]:
         spec = request.spec

@@ -22,7 +22,16 @@ from jgpt import cli
 from jgpt.errors import ApiError
 from kvsim import parse_document, parse_system, record_json, record_value, rerun, simulate
 from kvsim.analytic import AnalyticModel, analytic_computations
-from kvsim.calibration import FORMAT, fit, host_gaps, merge_service, nnls, read_measured_run, step_overhead_us
+from kvsim.calibration import (
+    FORMAT,
+    after_idle,
+    fit,
+    host_gaps,
+    merge_service,
+    nnls,
+    read_measured_run,
+    step_overhead_us,
+)
 from kvsim.compute_service import CalibratedComputeService, CalibratedTransfer, LinkTerms, WorkTerms
 from kvsim.fidelity import compare, predict
 from kvsim.recorded import document_json
@@ -35,8 +44,10 @@ WINDOWS, BATCHES = [16, 32, 64, 128, 256], [1, 2, 4, 8]
 TRUTH = {
     "compute_service": {
         "model": "calibrated",
-        "prefill": {"fixed_us": 400, "per_position_us": 12, "per_slot_us": 3, "per_flop_us": 2e-06, "per_byte_us": 0},
-        "decode": {"fixed_us": 150, "per_row_us": 40, "per_slot_us": 0.5, "per_flop_us": 0, "per_byte_us": 0.0001},
+        "prefill": {"fixed_us": 400, "per_position_us": 12, "per_slot_us": 3, "per_flop_us": 2e-06, "per_byte_us": 0,
+                    "after_idle_us": 250},
+        "decode": {"fixed_us": 150, "per_row_us": 40, "per_slot_us": 0.5, "per_flop_us": 0, "per_byte_us": 0.0001,
+                   "after_idle_us": 0},
         "step_overhead_us": 30,
         "slot_capacity": 256,
         "prefill_window_buckets": WINDOWS,
@@ -165,12 +176,15 @@ def test_nnls_meets_the_optimality_conditions():
 def test_calibrated_durations_round_up_exactly():
     compute = parse_system(merge_service(EXAMPLE["system"], TRUTH)).compute_service
     assert isinstance(compute, CalibratedComputeService)
-    assert compute.prefill == WorkTerms(Fraction(400), Fraction(12), Fraction(3), Fraction(2, 10**6), Fraction(0))
+    assert compute.prefill == WorkTerms(
+        Fraction(400), Fraction(12), Fraction(3), Fraction(2, 10**6), Fraction(0), Fraction(250)
+    )
     # 17 new positions run the 32-position window: 400 + 12*32 + 3*256 + 2e-6 * 1,000,001 = 1554.000002 -> 1555.
-    assert compute.work_us("prefill", 17, 1, 1_000_001, 5) == (30, 1555)
+    assert compute.work_us("prefill", 17, 1, 1_000_001, 5, False) == (30, 1555)
+    assert compute.work_us("prefill", 17, 1, 1_000_001, 5, True) == (30, 1555 + 250)  # woke an idle engine
     # 3 decoding rows run the 4-row bucket: 150 + 40*4 + 0.5*256 + 1e-4 * 10,005 = 439.0005 -> 440.
-    assert compute.work_us("decode", 1, 3, 99, 10_005) == (30, 440)
-    assert compute.work_us("decode", 1, 9, 0, 0) == (30, 150 + 40 * 9 + 128)  # beyond the largest bucket: the rows
+    assert compute.work_us("decode", 1, 3, 99, 10_005, False) == (30, 440)
+    assert compute.work_us("decode", 1, 9, 0, 0, False) == (30, 150 + 40 * 9 + 128)  # beyond the largest bucket
     transfer = parse_system(merge_service(EXAMPLE["system"], TRUTH)).transfer
     assert transfer == CalibratedTransfer(LinkTerms(20, Fraction(1, 1000)), LinkTerms(35, Fraction(2, 1000)), True)
     assert transfer.transfer_us("device_to_host", 1500) == 22 and transfer.transfer_us("host_to_device", 1500) == 38
@@ -228,6 +242,7 @@ def test_calibration_recovers_the_service_that_produced_the_works(document, poli
     compute, truth = fragment["compute_service"], TRUTH["compute_service"]
     assert compute["step_overhead_us"] == pytest.approx(truth["step_overhead_us"], abs=0.01)
     assert compute["prefill"]["fixed_us"] == pytest.approx(truth["prefill"]["fixed_us"], abs=3)
+    assert compute["prefill"]["after_idle_us"] == pytest.approx(truth["prefill"]["after_idle_us"], abs=3)
     assert compute["prefill"]["per_slot_us"] == pytest.approx(truth["prefill"]["per_slot_us"], abs=0.05)
     assert compute["decode"]["per_slot_us"] == pytest.approx(truth["decode"]["per_slot_us"], abs=0.05)
     # Calibrated on one slot capacity, the per-slot terms are not identifiable: the fit says so and leaves them 0.
@@ -252,7 +267,7 @@ def test_calibration_recovers_the_service_that_produced_the_works(document, poli
     assert max(abs(row.error) for row in hypothetical if row.error is not None) > 0.5
 
 
-def test_step_overhead_is_the_host_time_before_compute_works_never_idle_time():
+def test_step_overhead_is_the_host_time_before_compute_works_and_waking_an_idle_engine_is_marked():
     def work(kind, request, start, end):
         return _work(kind, [request], 1, 16, 0, 0, 1, 0, start, end)
 
@@ -262,6 +277,7 @@ def test_step_overhead_is_the_host_time_before_compute_works_never_idle_time():
     requests = {"a": {"arrival_us": 0}, "b": {"arrival_us": 4990}}
     run = type("Run", (), {"document": {"requests": requests}, "works": works})
     assert host_gaps(run) == [0, 50, 20, 50, 70, 10]
+    assert after_idle(run) == [True, False, False, False, False, True]  # a's prefill and b's woke the engine
     assert step_overhead_us([run]) == (0 + 50 + 50 + 70 + 10) / 5
 
 
