@@ -28,7 +28,7 @@ probabilities or attention weights (no forward pass is run): a record edited
 consistently everywhere, hashes included, passes. `record_integrity.model_bindings`
 additionally compares the model identities with this machine's catalog or artifact.
 Measured runs (engine arms, calibration runs) are checked, not measured again: see
-`_replay_engine_arm`, `_replay_calibration` and docs/security.md for what that proves.
+`replay_engine_arm`, `replay_calibration` and docs/security.md for what that proves.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from experiments.controls import CONTROLS, chosen
 from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
-from experiments.record_integrity import check_measured_run, check_recording
+from experiments.record_integrity import check_recording
 from experiments.workload import Workload
 from jgpt.architecture import architecture_from_json
 from jgpt.errors import ApiError
@@ -55,10 +55,10 @@ from jgpt.json_input import parse_json
 from jgpt.paths import confined
 from jgpt.walkthrough import walkthrough
 from kvsim.cache_run import record_json, simulate
-from kvsim.calibration import fit, merge_service, read_measured_run
+from kvsim.calibration import merge_service
 from kvsim.fidelity import compare
 from kvsim.recorded import parse_document
-from kvsim.system import parse_system, system_json
+from kvsim.system import parse_system
 from kvsim.workload import parse_workload
 
 FORMAT = "jgpt-experiment-execution"
@@ -134,13 +134,15 @@ def run_lab(
                 "walkthrough": recording.walkthrough,
             }
         )
-    calibration = _calibrate(lab, arms, recordings, files) if lab.calibration_workload is not None else None
+    from experiments.measured_arms import calibrate, engine_arm  # they read this module's helpers
+
+    calibration = calibrate(lab, arms, recordings, files) if lab.calibration_workload is not None else None
     fragment = None if calibration is None else calibration["fragment"]
     arm_entries = []
     for i, ((label, execution), key) in enumerate(zip(arms, keys)):
         n = distinct.index(key)
         if chosen(execution.assignments, "execution.runner") == "engine":
-            arm_entries.append(_engine_arm(i, label, execution, n, recordings[key], workload, files))
+            arm_entries.append(engine_arm(i, label, execution, n, recordings[key], workload, files))
             continue
         try:
             run = _simulate(execution, recordings[key].document, workload, lab, fragment)
@@ -219,10 +221,12 @@ def replay(record_path: Path) -> dict[str, Any]:
                                   f"{field}.observations")
         check_recording(entry, document, observations, field)
         documents.append(document)
+    from experiments.measured_arms import replay_calibration, replay_engine_arm  # they read this module's helpers
+
     executions = [ExecutionSpec.from_json(arm.get("execution"), f"record.arms[{i}].execution") for i, arm in enumerate(arms)]
     if ("calibration" in record) != (lab.calibration_workload is not None):
         raise ApiError("record.calibration", "a record holds a calibration exactly when its lab declares a calibration_workload")
-    fragment = None if lab.calibration_workload is None else _replay_calibration(record_path.parent, record["calibration"],
+    fragment = None if lab.calibration_workload is None else replay_calibration(record_path.parent, record["calibration"],
                                                                                   lab, executions)
     declared = lab.arms()
     if len(arms) != len(declared):
@@ -234,7 +238,7 @@ def replay(record_path: Path) -> dict[str, Any]:
         if arm.get("recording") not in range(len(documents)) or isinstance(arm.get("recording"), bool):
             raise ApiError(f"{field}.recording", f"must be the index of one of the {len(documents)} recordings")
         if chosen(execution.assignments, "execution.runner") == "engine":
-            _replay_engine_arm(record_path.parent, arm, field, execution, documents[arm["recording"]], workload)
+            replay_engine_arm(record_path.parent, arm, field, execution, documents[arm["recording"]], workload)
             continue
         recorded = _verified(record_path.parent, arm.get("cache_run"), f"{field}.cache_run")
         try:
@@ -354,111 +358,6 @@ def _fidelity(arms: list, modes: list) -> list[dict[str, Any]]:
                 rows = [row.to_json() for row in compare(engine["outcomes"], arm["outcomes"])]
                 pairs.append({"measured": engine["label"], "predicted": arm["label"], "service": service, "rows": rows})
     return pairs
-
-
-def _engine_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording: Recording, workload: Workload,
-                files: dict[str, bytes]) -> dict[str, Any]:
-    """Serve the arm on the InferenceEngine; its outcomes are the measured totals (kvsim's field names)."""
-    from experiments.engine_serving import serve  # jax: only when an arm runs on the engine
-
-    measured = serve(recording.model["model_id"], execution.system_config_json(), workload, recording.document,
-                     _generation(execution), f"arm {label!r}")
-    name = f"measured-run-{i}.json"
-    files[name] = _dumps(measured)
-    return {
-        "label": label,
-        "execution": execution.to_json(),
-        "system": measured["system"],
-        "recording": n,
-        "measured_run": _file_entry(name, files[name]),
-        "outcomes": measured["totals"],
-    }
-
-
-def _calibration_plan(executions: list[ExecutionSpec]) -> list[tuple[ExecutionSpec, dict[str, Any]]]:
-    """One engine run of the calibration workload per distinct model, generation policy and system of the
-    calibrated arms (the service rates aside: the engine has its own)."""
-    plan: dict[str, tuple[ExecutionSpec, dict[str, Any]]] = {}
-    for execution in executions:
-        if chosen(execution.assignments, "compute_service.model") != "calibrated":
-            continue
-        system = system_json(parse_system(execution.system_config_json(), "system"))
-        served = {k: v for k, v in system.items() if k not in ("compute_service", "transfer")}
-        inference = {name: execution.value(name) for name in INFERENCE_CONTROLS}
-        plan.setdefault(json.dumps([inference, served], sort_keys=True), (execution, system))
-    return list(plan.values())
-
-
-def _calibrate(lab: ExperimentDesign, arms: list, recordings: dict, files: dict[str, bytes]) -> dict[str, Any]:
-    """Serve the calibration workload on the engine under each planned system, and fit kvsim's service to it."""
-    from experiments.engine_serving import serve
-    from experiments.recording import record_workload
-
-    workload, entries, runs = lab.calibration_workload, [], []
-    for n, (execution, system) in enumerate(_calibration_plan([execution for _, execution in arms])):
-        key = _recording_key(execution, workload)
-        if key not in recordings:  # the prompts its conversations send, with the model's own replies
-            recordings[key] = record_workload(execution, workload)
-        recording = recordings[key]
-        measured = serve(recording.model["model_id"], system, workload, recording.document, _generation(execution),
-                         f"calibration run {n}")
-        name = f"calibration-run-{n}.json"
-        files[name] = _dumps(measured)
-        runs.append(read_measured_run(json.loads(files[name]), hashlib.sha256(files[name]).hexdigest(), name))
-        entries.append({"execution": execution.to_json(), "system": measured["system"],
-                        "measured_run": _file_entry(name, files[name])})
-    fragment, _, _ = fit(runs)
-    return {"runs": entries, "fragment": fragment}
-
-
-def _replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign, executions: list[ExecutionSpec]) -> dict:
-    """The recorded calibration runs are the planned ones, intact, and fitting them again gives the recorded fragment."""
-    field = "record.calibration"
-    plan = _calibration_plan(executions)
-    entries = calibration.get("runs") if isinstance(calibration, dict) else None
-    if not isinstance(entries, list) or len(entries) != len(plan) or not all(isinstance(e, dict) for e in entries):
-        raise ApiError(f"{field}.runs", f"must list the {len(plan)} calibration runs its calibrated arms plan")
-    runs = []
-    for n, (entry, (execution, system)) in enumerate(zip(entries, plan)):
-        at = f"{field}.runs[{n}]"
-        data = _verified(directory, entry.get("measured_run"), f"{at}.measured_run")
-        measured = parse_json(data, f"{at}.measured_run")
-        check_measured_run(measured, f"{at}.measured_run")
-        if entry.get("execution") != execution.to_json() or entry.get("system") != system or measured["system"] != system:
-            raise ApiError(at, "is not the engine run its calibrated arms plan (their controls and system)")
-        _check_arrivals(measured, lab.calibration_workload, f"{at}.measured_run")
-        runs.append(read_measured_run(measured, hashlib.sha256(data).hexdigest(), f"{at}.measured_run"))
-    fragment, _, _ = fit(runs)
-    if calibration.get("fragment") != fragment:
-        raise ApiError(f"{field}.fragment", "is not what fitting the recorded calibration runs gives")
-    return fragment
-
-
-def _replay_engine_arm(directory: Path, arm: Mapping[str, Any], field: str, execution: ExecutionSpec,
-                       document: dict, workload: Workload) -> None:
-    """An engine arm cannot be measured again: its measured run is intact, is of this arm's system, model,
-    prompts and arrivals, and its totals are what its requests and works give; the arm's outcomes are them."""
-    data = _verified(directory, arm.get("measured_run"), f"{field}.measured_run")
-    measured = parse_json(data, f"{field}.measured_run")
-    check_measured_run(measured, f"{field}.measured_run")
-    system = system_json(parse_system(execution.system_config_json(), "system"))
-    if measured["system"] != system or arm.get("system") != system:
-        raise ApiError(f"{field}.system", "is not the system its controls resolve to")
-    if measured.get("model") != document.get("model"):
-        raise ApiError(f"{field}.measured_run.model", "is not the model of the arm's recorded computations")
-    _check_arrivals(measured, workload, f"{field}.measured_run")
-    prompts = lambda computations: {r.get("request_id"): r.get("prompt_ids")  # noqa: E731
-                                    for r in computations.get("requests") or [] if isinstance(r, dict)}
-    if prompts(measured["computations"]) != prompts(document):
-        raise ApiError(f"{field}.measured_run.computations", "did not serve the prompts of the arm's recorded computations")
-    if measured["totals"] != arm.get("outcomes"):
-        raise ApiError(f"{field}.outcomes", "are not the totals of its measured run")
-
-
-def _check_arrivals(measured: Mapping[str, Any], workload: Workload, field: str) -> None:
-    declared = [{"request_id": r.request_id, "arrival_us": r.arrival_us} for r in workload.requests]
-    if measured["workload"].get("requests") != declared or measured["engine"].get("as_fast_as_possible") is not False:
-        raise ApiError(f"{field}.workload", "is not the lab's workload served at its declared arrivals")
 
 
 def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab: ExperimentDesign, fragment: dict | None = None):
