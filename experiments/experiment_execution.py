@@ -28,7 +28,7 @@ probabilities or attention weights (no forward pass is run): a record edited
 consistently everywhere, hashes included, passes. `record_integrity.model_bindings`
 additionally compares the model identities with this machine's catalog or artifact.
 Measured runs (engine arms, calibration runs) are checked, not measured again: see
-`replay_engine_arm`, `replay_calibration` and docs/security.md for what that proves.
+`experiments/measured_arms.py` and docs/security.md for what that proves.
 """
 
 from __future__ import annotations
@@ -226,8 +226,8 @@ def replay(record_path: Path) -> dict[str, Any]:
     executions = [ExecutionSpec.from_json(arm.get("execution"), f"record.arms[{i}].execution") for i, arm in enumerate(arms)]
     if ("calibration" in record) != (lab.calibration_workload is not None):
         raise ApiError("record.calibration", "a record holds a calibration exactly when its lab declares a calibration_workload")
-    fragment = None if lab.calibration_workload is None else replay_calibration(record_path.parent, record["calibration"],
-                                                                                  lab, executions)
+    fragment = None if lab.calibration_workload is None else replay_calibration(
+        record_path.parent, record["calibration"], lab, executions, [document.get("model") for document in documents])
     declared = lab.arms()
     if len(arms) != len(declared):
         raise ApiError("record.arms", f"must be the {len(declared)} arms of its lab")

@@ -93,8 +93,10 @@ def calibrate(lab: ExperimentDesign, arms: list, recordings: dict, files: dict[s
     return {"runs": entries, "fragment": fragment}
 
 
-def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign, executions: list[ExecutionSpec]) -> dict:
-    """The recorded calibration runs are the planned ones, intact, and fitting them again gives the recorded fragment."""
+def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign, executions: list[ExecutionSpec],
+                       models: list[Any]) -> dict:
+    """The recorded calibration runs are the planned ones, intact, on a model the record's recordings name, and
+    fitting them again gives the recorded fragment."""
     field = "record.calibration"
     plan = calibration_plan(executions)
     entries = calibration.get("runs") if isinstance(calibration, dict) else None
@@ -109,6 +111,8 @@ def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign,
         if entry.get("execution") != execution.to_json() or entry.get("system") != system or measured["system"] != system:
             raise ApiError(at, "is not the engine run its calibrated arms plan (their controls and system)")
         _check_arrivals(measured, lab.calibration_workload, f"{at}.measured_run")
+        if measured.get("model") not in models:
+            raise ApiError(f"{at}.measured_run.model", "is not a model of the record's recorded computations")
         runs.append(read_measured_run(measured, hashlib.sha256(data).hexdigest(), f"{at}.measured_run"))
     fragment, _, _ = fit(runs)
     if calibration.get("fragment") != fragment:

@@ -164,6 +164,14 @@ def test_an_edited_calibration_is_refused(fidelity, tmp_path):
     with pytest.raises(ApiError) as caught:
         replay(directory / "record.json")
     assert caught.value.field == "record.calibration.runs"
+    directory, record = _copy(fidelity, tmp_path / "third")
+    name = record["calibration"]["runs"][0]["measured_run"]["path"]
+    measured = json.loads((directory / name).read_bytes())
+    measured["model"]["checkpoint_sha256"] = "0" * 64  # a run of another model, its hash updated
+    _rewrite(directory, record, name, measured)
+    with pytest.raises(ApiError) as caught:
+        replay(directory / "record.json")
+    assert caught.value.field == "record.calibration.runs[0].measured_run.model"
 
 
 def test_kvsim_only_records_keep_their_form(lab_run):
