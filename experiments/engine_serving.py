@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import types
 from typing import Any
 
 from experiments.recording import resolve_model_id
@@ -68,13 +67,12 @@ def engine_shapes(computations: dict, system_json: dict, generation: dict) -> di
     """The shapes the engine compiles for this workload and system (slot capacity, prefill windows, decode
     batches): a calibrated kvsim arm charges the works the engine would execute, not fitted sizes.
 
-    EnginePlan reads only the architecture's context from its execution, so the recorded architecture
-    stands in for a loaded model (no weights are needed to know the shapes).
+    The shapes depend only on the model's context, so no weights are loaded.
     """
     architecture = architecture_from_json(computations["model"]["architecture"])
     policy = GenerationPolicy.from_json(generation, "generation")
     requests = [InferenceRequest(r["request_id"], tuple(r["prompt_ids"]), policy) for r in computations["requests"]]
-    plan = EnginePlan.of(types.SimpleNamespace(architecture=architecture), parse_system(system_json, "system"), requests)
+    plan = EnginePlan.of(architecture.context, parse_system(system_json, "system"), requests)
     return {
         "slot_capacity": plan.slot_capacity,
         "prefill_window_buckets": list(plan.prefill_window_buckets),

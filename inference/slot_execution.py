@@ -90,8 +90,8 @@ class EnginePlan:
     batching: bool
 
     @classmethod
-    def of(cls, execution: ModelExecution, system: KVResidencySystemConfig, requests: Sequence[InferenceRequest]):
-        context = execution.architecture.context
+    def of(cls, context: int, system: KVResidencySystemConfig, requests: Sequence[InferenceRequest]):
+        """The shapes serving `requests` under `system` can need, for a model of `context` positions."""
         most = max(len(r.prompt_ids) + r.generation.max_new_tokens - 1 for r in requests)
         rows = batch_bucket(min(system.scheduling.max_active_requests, len(requests)))
         windows = sorted({bucket(n, context) for n in range(1, max(len(r.prompt_ids) for r in requests) + 1)})
