@@ -15,6 +15,7 @@ from typing import Any
 
 from jgpt.errors import ApiError
 from kvsim.calibration import read_measured_run
+from kvsim.outcomes import totals
 
 # The measured totals a measured run's per-request outcomes and works determine. The rest
 # (saved_matmul_flops needs the model's cost function; drops are not works) are taken as written.
@@ -103,7 +104,7 @@ def check_measured_run(document: Any, field: str) -> None:
     if not isinstance(document.get("computations"), dict) or not isinstance(document.get("model"), dict):
         raise ApiError(field, "lacks the served computations or the model it names")
     try:
-        derived = _measured_totals(document["requests"], document["works"])
+        derived = _measured_totals(document)
     except (KeyError, TypeError, ValueError):
         raise ApiError(f"{field}.requests", "lack the outcome fields the totals derive from") from None
     for name in DERIVED_TOTALS:
@@ -111,37 +112,18 @@ def check_measured_run(document: Any, field: str) -> None:
             raise ApiError(f"{field}.totals.{name}", "is not what the run's requests and works give")
 
 
-def _measured_totals(requests: Mapping[str, Any], works: list) -> dict[str, Any]:
-    """The totals `inference.measured_run` writes, from the document's own outcomes and works."""
-    outcomes = list(requests.values())
-    done = [o for o in outcomes if o["admitted_us"] is not None]
-    statuses = {name: sum(o["status"] == name for o in outcomes) for name in ("completed", "stopped", "cancelled", "rejected")}
-    tiers = [o["reuse_tier"] for o in done]
-    reused, prompt = sum(o["reuse_positions"] for o in done), sum(o["prompt_positions"] for o in done)
+def _measured_totals(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The totals `inference.measured_run` writes, from the document's own outcomes and works (kvsim's one
+    definition); what they cannot give is taken as written."""
+    works, written = document["works"], document["totals"]
     busy = sum(w["wall_us"] for w in works if w["kind"] in ("prefill", "decode"))
+    outcomes = list(document["requests"].values())
     end = max([*(o["end_us"] for o in outcomes), *(w["end_us"] for w in works)])
-    rate = lambda n, d: round(n / d, 6) if d else None  # noqa: E731
-    moved = lambda kind: sum(w["bytes"] for w in works if w["kind"] == kind)  # noqa: E731
-    return {
-        "arrived": len(outcomes), "admitted": len(done), **statuses, "lookups": len(done),
-        "hits_device": tiers.count("device"), "hits_host": tiers.count("host"),
-        "hit_rate_device": rate(tiers.count("device"), len(done)), "hit_rate_host": rate(tiers.count("host"), len(done)),
-        "token_hit_rate": rate(reused, prompt), "reused_positions": reused, "prompt_positions": prompt,
-        "bytes_device_to_host": moved("offload"), "bytes_host_to_device": moved("reload"),
-        "offloads": sum(w["kind"] == "offload" for w in works), "reloads": sum(w["kind"] == "reload" for w in works),
-        "compute_busy_us": busy, "end_us": end, "compute_busy_fraction": rate(busy, end),
-        "latency_us": {name: _percentiles([o[key] for o in done if o[key] is not None])
-                       for name, key in (("ttft", "ttft_us"), ("tpot", "tpot_us"), ("e2e", "e2e_us"), ("queueing", "queueing_us"))},
-    }  # fmt: skip
-
-
-def _percentiles(values: list) -> dict[str, Any]:
-    """Nearest-rank p50/p90/p99, as kvsim's outcomes and the measured run write them."""
-    if not values:
-        return {"count": 0, "p50": None, "p90": None, "p99": None}
-    ordered = sorted(values)
-    pick = lambda p: ordered[max(0, -(-p * len(ordered) // 100) - 1)]  # noqa: E731
-    return {"count": len(ordered), "p50": pick(50), "p90": pick(90), "p99": pick(99)}
+    moved = {direction: sum(w["bytes"] for w in works if w["kind"] == kind)
+             for direction, kind in (("device_to_host", "offload"), ("host_to_device", "reload"))}
+    counts = {kind: sum(w["kind"] == kind for w in works) for kind in ("offload", "reload")} | {"drop": written["drops"]}
+    return totals(outcomes, saved_matmul_flops=written["saved_matmul_flops"], moved=moved, counts=counts,
+                  busy_us=busy, end_us=end)
 
 
 def model_bindings(record: Mapping[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -26,12 +26,12 @@ from inference.recording import request_document
 from inference.evidence import GenerationWork
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from jgpt.tokenizer import Tokenizer
+from kvsim.outcomes import totals
 from kvsim.system import KVResidencySystemConfig, system_json
 from kvsim.workload import CustomerInteraction, interaction_json
 
 FORMAT = "jgpt-measured-run"
 VERSION = 1
-LATENCIES = (("ttft", "ttft_us"), ("tpot", "tpot_us"), ("e2e", "e2e_us"), ("queueing", "queueing_us"))
 
 
 def measured_run(
@@ -125,58 +125,17 @@ def _computation(execution: ModelExecution, served, arrival_us: int, tokenizer: 
     return document
 
 
-def percentiles(values: Sequence[int | float]) -> dict:
-    """Nearest-rank p50/p90/p99 (exact values of the sample, no interpolation), as kvsim's outcomes."""
-    if not values:
-        return {"count": 0, "p50": None, "p90": None, "p99": None}
-    ordered = sorted(values)
-    pick = lambda p: ordered[max(0, -(-p * len(ordered) // 100) - 1)]  # noqa: E731
-    return {"count": len(ordered), "p50": pick(50), "p90": pick(90), "p99": pick(99)}
-
-
 def _totals(execution: ModelExecution, served: ServedRun) -> dict:
-    costs = execution.costs
-    statuses = {"completed": 0, "stopped": 0, "cancelled": 0, "rejected": 0}
-    lookups = {"device": 0, "host": 0, "miss": 0}
-    prompt_positions = reused_positions = saved_flops = 0
-    for s in served.requests:
-        outcome = s.outcome
-        statuses[outcome["status"]] += 1
-        if outcome["admitted_us"] is None:
-            continue
-        lookups[outcome["reuse_tier"] or "miss"] += 1
-        prompt_positions += outcome["prompt_positions"]
-        reused = outcome["reuse_positions"]
-        reused_positions += reused
-        if outcome["selected_tokens"] > 0 and reused > 0:
-            prompt = outcome["prompt_positions"]
-            saved_flops += costs.matmul_flops(0, prompt) - costs.matmul_flops(reused, prompt)
-    admitted = sum(lookups.values())
-    rate = lambda n, d: round(n / d, 6) if d else None  # noqa: E731
-    done = [s.outcome for s in served.requests if s.outcome["admitted_us"] is not None]
-    return {
-        "arrived": len(served.requests),
-        "admitted": admitted,
-        **statuses,
-        "lookups": admitted,
-        "hits_device": lookups["device"],
-        "hits_host": lookups["host"],
-        "hit_rate_device": rate(lookups["device"], admitted),
-        "hit_rate_host": rate(lookups["host"], admitted),
-        "token_hit_rate": rate(reused_positions, prompt_positions),
-        "reused_positions": reused_positions,
-        "prompt_positions": prompt_positions,
-        "saved_matmul_flops": saved_flops,
-        "bytes_device_to_host": served.moved["device_to_host"],
-        "bytes_host_to_device": served.moved["host_to_device"],
-        "offloads": served.counts["offload"],
-        "reloads": served.counts["reload"],
-        "drops": served.counts["drop"],
-        "compute_busy_us": served.busy_us,
-        "end_us": served.end_us,
-        "compute_busy_fraction": rate(served.busy_us, served.end_us),
-        "latency_us": {name: percentiles([o[key] for o in done if o[key] is not None]) for name, key in LATENCIES},
-    }
+    costs, outcomes = execution.costs, [s.outcome for s in served.requests]
+    saved_flops = sum(
+        costs.matmul_flops(0, o["prompt_positions"]) - costs.matmul_flops(o["reuse_positions"], o["prompt_positions"])
+        for o in outcomes
+        if o["admitted_us"] is not None and o["selected_tokens"] > 0 and o["reuse_positions"] > 0
+    )
+    return totals(
+        outcomes, saved_matmul_flops=saved_flops, moved=served.moved, counts=served.counts,
+        busy_us=served.busy_us, end_us=served.end_us,
+    )  # fmt: skip
 
 
 def summary(document: Mapping[str, Any]) -> str:

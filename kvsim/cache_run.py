@@ -20,6 +20,7 @@ from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
 from jgpt.ontology import OntologyBinding
 from kvsim import engine, fields
+from kvsim.outcomes import totals
 from kvsim.recorded import RecordedComputations, parse_document, request_json
 from kvsim.resource_graph import ResourceGraph, parse_resource_graph, resource_graph_json
 from kvsim.system import KVResidencySystemConfig, parse_system, system_json
@@ -97,31 +98,14 @@ def _consumption(result: engine.EngineResult, interaction: CustomerInteraction |
     return measurements
 
 
-def _percentiles(values: list[int | float]) -> dict:
-    """Nearest-rank p50/p90/p99 (exact values of the sample, no interpolation)."""
-    if not values:
-        return {"count": 0, "p50": None, "p90": None, "p99": None}
-    ordered = sorted(values)
-    pick = lambda p: ordered[max(0, -(-p * len(ordered) // 100) - 1)]  # noqa: E731
-    return {"count": len(ordered), "p50": pick(50), "p90": pick(90), "p99": pick(99)}
-
-
 def _outcomes(result: engine.EngineResult, computations: RecordedComputations, workload: Workload) -> dict:
     specs = {r.request_id: r for r in computations.requests}
-    requests, statuses = {}, {"completed": 0, "stopped": 0, "cancelled": 0, "rejected": 0}
-    lookups = {"device": 0, "host": 0, "miss": 0}
-    prompt_positions = reused_positions = saved_flops = 0
+    requests, saved_flops = {}, 0
     for arrival, outcome in zip(workload.requests, result.outcomes, strict=True):
         item = {k: v for k, v in outcome.items() if k not in ("publish_log", "request_id")}
         item["end_event"] = f"e{outcome['end_event']}"
         requests[arrival.request_id] = item
-        statuses[outcome["status"]] += 1
-        if outcome["admitted_us"] is None:
-            continue
-        lookups[outcome["reuse_tier"] or "miss"] += 1
-        prompt_positions += outcome["prompt_positions"]
-        reused_positions += outcome["reuse_positions"]
-        if outcome["selected_tokens"] > 0 and outcome["reuse_positions"] > 0:
+        if outcome["admitted_us"] is not None and outcome["selected_tokens"] > 0 and outcome["reuse_positions"] > 0:
             spec = specs[arrival.request_id]
             saved_flops += spec.prefill_cost(0)[0] - spec.prefill_cost(outcome["reuse_positions"])[0]
     moved = {engine.DEVICE_TO_HOST: 0, engine.HOST_TO_DEVICE: 0}
@@ -132,37 +116,11 @@ def _outcomes(result: engine.EngineResult, computations: RecordedComputations, w
             moved[event[11]] += event[5]
         elif kind in counts:
             counts[kind] += 1
-    admitted = sum(lookups.values())
-    rate = lambda n, d: round(n / d, 6) if d else None  # noqa: E731
-    done = [o for o in result.outcomes if o["admitted_us"] is not None]
-    totals = {
-        "arrived": len(result.outcomes),
-        "admitted": admitted,
-        **statuses,
-        "lookups": admitted,
-        "hits_device": lookups["device"],
-        "hits_host": lookups["host"],
-        "hit_rate_device": rate(lookups["device"], admitted),
-        "hit_rate_host": rate(lookups["host"], admitted),
-        "token_hit_rate": rate(reused_positions, prompt_positions),
-        "reused_positions": reused_positions,
-        "prompt_positions": prompt_positions,
-        "saved_matmul_flops": saved_flops,
-        "bytes_device_to_host": moved[engine.DEVICE_TO_HOST],
-        "bytes_host_to_device": moved[engine.HOST_TO_DEVICE],
-        "offloads": counts["offload"],
-        "reloads": counts["reload"],
-        "drops": counts["drop"],
-        "compute_busy_us": result.busy_us,
-        "end_us": result.end_us,
-        "compute_busy_fraction": rate(result.busy_us, result.end_us),
-        "events": len(result.events),
-        "latency_us": {
-            name: _percentiles([o[key] for o in done if o[key] is not None])
-            for name, key in (("ttft", "ttft_us"), ("tpot", "tpot_us"), ("e2e", "e2e_us"), ("queueing", "queueing_us"))
-        },
-    }
-    return {"requests": requests, "totals": totals}
+    summary = totals(
+        result.outcomes, saved_matmul_flops=saved_flops, moved=moved, counts=counts,
+        busy_us=result.busy_us, end_us=result.end_us, events=len(result.events),
+    )  # fmt: skip
+    return {"requests": requests, "totals": summary}
 
 
 @dataclass(frozen=True)
