@@ -56,6 +56,7 @@ MOONCAKE = [json.loads(line) for line in (DATA / "kvsim_mooncake_sample.jsonl").
 AZURE = list(csv.reader(io.StringIO((DATA / "kvsim_azure_sample.csv").read_text())))
 CATALOG = json.loads((REPO / "checkpoints" / "catalog.json").read_text())
 NO_MODEL = "/nonexistent/jgpt-model"
+SYSTEM, SERVED = DATA / "engine_system.json", DATA / "engine_workload.json"  # valid inputs of `serve` beside the fuzzed one
 
 
 def _record() -> bytes:
@@ -97,6 +98,10 @@ def _viewed(path: tuple, value) -> bool:
 READERS = {
     "tokenize --turns": Reader(lambda i, o: ["tokenize", "--turns", i], "turns", TURNS),
     "record": Reader(lambda i, o: ["record", i, "--out", o, "--model", NO_MODEL], "workload", WORKLOAD, accepted=()),
+    "serve": Reader(lambda i, o: ["serve", i, "--system", SYSTEM, "--out", o, "--model", NO_MODEL], "workload",
+                    WORKLOAD, accepted=()),
+    "serve --system": Reader(lambda i, o: ["serve", SERVED, "--system", i, "--out", o, "--model", NO_MODEL], "system",
+                             json.loads((DATA / "engine_system.json").read_text()), accepted=()),
     "kvsim run": Reader(lambda i, o: ["kvsim", "run", i, "--out", o], "INPUT", EXAMPLE),
     "kvsim replay": Reader(lambda i, o: ["kvsim", "replay", i], "record", RECORD, accepted=(0, 1)),
     "kvsim plot": Reader(lambda i, o: ["kvsim", "plot", i, "--out-dir", o], "record", RECORD, where=_viewed,
