@@ -66,6 +66,8 @@ def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
         # as fast (decode batches of up to 8 rows, half the slots).
         "calibration": (calibration, lambda p: system(p, 8, 512, 4096, kv_bytes)),
         "calibration, first turns": (_first_turns(calibration, 50), lambda p: system(p, 8, ample, 0, kv_bytes)),
+        # And whole, four times slower (2.4 s): idle stretches of tens of milliseconds, after which works run cold.
+        "calibration, spread out": (_stretched(calibration, 4), lambda p: system(p, 8, ample, 0, kv_bytes)),
         "multi-turn chat": (
             chat_workload(conversations=12, turns=4, spread_us=2_000_000, seed=0),
             lambda p: system(p, 4, ample, 0, kv_bytes),
@@ -81,6 +83,10 @@ def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
 def _first_turns(document: dict, faster: int) -> dict:
     first = [r | {"arrival_us": r["arrival_us"] // faster} for r in document["requests"] if r["request_id"].endswith("t0")]
     return document | {"requests": first}
+
+
+def _stretched(document: dict, slower: int) -> dict:
+    return document | {"requests": [r | {"arrival_us": r["arrival_us"] * slower} for r in document["requests"]]}
 
 
 def _longest_turns(document: dict) -> dict:

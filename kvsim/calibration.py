@@ -177,25 +177,20 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
     batches = tuple(sorted({b for run in runs for b in run.decode_batch_buckets}))
     fits, notes = [], []
     compute = {"model": CALIBRATED}
+    compute_works = {kind: [(w, run.slot_capacity, idle) for run in runs
+                            for w, idle in zip(run.works, idle_us(run), strict=True) if w["kind"] == kind]
+                     for kind in (PREFILL, DECODE)}  # fmt: skip
+    if missing := [kind for kind, kind_works in compute_works.items() if not kind_works]:
+        raise ApiError("MEASURED", f"no {missing[0]} works to fit")
     # With one slot capacity the per-slot terms cannot be told from the fixed ones: they are fit as 0.
     vary = len({run.slot_capacity for run in runs}) > 1
-    for kind in (PREFILL, DECODE):
-        works = [(w, run.slot_capacity, idle) for run in runs
-                 for w, idle in zip(run.works, after_idle(run), strict=True) if w["kind"] == kind]  # fmt: skip
-        if not works:
-            raise ApiError("MEASURED", f"no {kind} works to fit")
-        columns = [
-            [1] * len(works),
-            [w["window"] if kind == PREFILL else w["executed_rows"] for w, _, _ in works],
-            [slots if vary else 0 for _, slots, _ in works],
-            [w["matmul_flops"] for w, _, _ in works],
-            [w["logical_memory_bytes"] for w, _, _ in works],
-            [int(idle) for _, _, idle in works],
-        ]
-        kind_fit = _fit_kind(kind, term_names(kind), columns, [w for w, _, _ in works])
+    minimum = idle_minimum(compute_works, vary)
+    for kind, kind_works in compute_works.items():
+        kind_fit = _fit_kind(kind, term_names(kind), _columns(kind, kind_works, vary, minimum), [w for w, _, _ in kind_works])
         fits.append(kind_fit)
         compute[kind] = kind_fit.terms
     compute["step_overhead_us"] = _round(step_overhead_us(runs))
+    compute["after_idle_min_us"] = minimum
     compute["slot_capacity"] = max(run.slot_capacity for run in runs)
     compute["prefill_window_buckets"], compute["decode_batch_buckets"] = list(windows), list(batches)
     fragment = {"compute_service": compute}
@@ -236,6 +231,34 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
     return fragment, fits, notes
 
 
+def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int]]], vary: bool) -> int:
+    """The least idle time after which a work runs cold: of 0 (any idle time) and every idle time measured
+    before a work, the one with which least squares fits both kinds of work best (the earliest on a tie)."""
+
+    def residual(minimum: int) -> float:
+        total = 0.0
+        for kind, works in compute_works.items():
+            a = np.asarray(_columns(kind, works, vary, minimum), dtype=np.float64).T
+            a /= np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # conditioning, as in nnls
+            wall = np.asarray([w["wall_us"] for w, _, _ in works], dtype=np.float64)
+            total += float(np.sum((a @ np.linalg.lstsq(a, wall, rcond=None)[0] - wall) ** 2))
+        return total
+
+    return min(sorted({0, *(idle for works in compute_works.values() for _, _, idle in works)}), key=residual)
+
+
+def _columns(kind: str, works: list[tuple[dict, int, int]], vary: bool, idle_minimum: int) -> list[list[int]]:
+    """The fit's columns in term order; a work counts as waking the engine when idle >= `idle_minimum`."""
+    return [
+        [1] * len(works),
+        [w["window"] if kind == PREFILL else w["executed_rows"] for w, _, _ in works],
+        [slots if vary else 0 for _, slots, _ in works],
+        [w["matmul_flops"] for w, _, _ in works],
+        [w["logical_memory_bytes"] for w, _, _ in works],
+        [int(idle > 0 and idle >= idle_minimum) for _, _, idle in works],
+    ]
+
+
 def _fit_kind(kind: str, names: tuple[str, ...], columns: list[list[int]], works: list[dict]) -> KindFit:
     a = np.asarray(columns, dtype=np.float64).T
     wall = np.asarray([w["wall_us"] for w in works], dtype=np.float64)
@@ -270,13 +293,13 @@ def host_gaps(run: MeasuredRun) -> list[int]:
     return gaps
 
 
-def after_idle(run: MeasuredRun) -> list[bool]:
-    """Per work, in the serving thread's order: did it wake an idle engine (its last request arrived after
-    the thread had finished everything before it)?"""
+def idle_us(run: MeasuredRun) -> list[int]:
+    """Per work, in the serving thread's order: how long the engine had been idle when it started, from the
+    end of everything the thread ran before it to the arrival of its last request (0: it was busy)."""
     requests = run.document["requests"]
     idle, previous = [], -1
     for work in run.works:
-        idle.append(max(requests[r]["arrival_us"] for r in work["request_ids"]) > previous)
+        idle.append(max(0, max(requests[r]["arrival_us"] for r in work["request_ids"]) - previous))
         previous = work["end_us"]
     return idle
 

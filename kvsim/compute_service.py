@@ -6,8 +6,8 @@ The calibrated model (`CalibratedComputeService`, `CalibratedTransfer`) is what
 `jgpt kvsim calibrate` fits to an InferenceEngine's measured works: a fixed time
 per work, terms per executed position (prefill) or executed row (decode), per
 slot of the engine's KV slot capacity, per FLOP and per byte, a penalty for a
-work that starts after the engine was idle, a host step overhead before every
-work, and per-direction transfer latency plus time per byte (docs/kvsim.md,
+work that starts after the engine was idle at least a fitted time, a host step
+overhead before every work, and per-direction transfer latency plus time per byte (docs/kvsim.md,
 "Calibrated service").
 Every parameter is the exact rational of its JSON lexeme and every duration is
 rounded up to a whole microsecond, so records stay deterministic.
@@ -46,7 +46,7 @@ class ComputeServiceConfig:
         return max(flops_us, bytes_us)
 
     def work_us(
-        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, after_idle: bool
+        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, idle_us: int
     ) -> tuple[int, int]:
         """(time before the work, the work's time): the roofline has no step overhead and ignores shapes."""
         return 0, self.duration_us(matmul_flops, memory_bytes)
@@ -69,7 +69,7 @@ class StateTransferConfig:
 @dataclass(frozen=True)
 class WorkTerms:
     """t = fixed_us + size_us * executed size + per_slot_us * slot capacity + per_flop_us * matmul_flops
-    + per_byte_us * memory bytes + after_idle_us if the engine was idle before the work."""
+    + per_byte_us * memory bytes + after_idle_us if the work woke an idle engine."""
 
     fixed_us: Fraction
     size_us: Fraction  # per executed prefill position, or per executed decode row
@@ -94,19 +94,22 @@ class CalibratedComputeService:
     prefill: WorkTerms
     decode: WorkTerms
     step_overhead_us: Fraction  # host time before each compute work (scheduling, bookkeeping)
+    after_idle_min_us: Fraction  # a work wakes an idle engine when the engine was idle at least this long
     slot_capacity: int  # KV slots per row of the engine's compiled programs
     prefill_window_buckets: tuple[int, ...]  # the engine's compiled prefill windows, ascending
     decode_batch_buckets: tuple[int, ...]  # the engine's compiled decode batch sizes, ascending
 
     def work_us(
-        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, after_idle: bool
+        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, idle_us: int
     ) -> tuple[int, int]:
         """(step overhead, the work's time), each rounded up to a whole microsecond.
 
         The engine runs compiled shapes: a prefill of `positions` new ids executes the
         smallest window bucket that holds them, a decode step of `rows` requests the
-        smallest batch bucket; beyond the largest bucket the size itself.
+        smallest batch bucket; beyond the largest bucket the size itself. `idle_us` is how
+        long the engine had been idle when the work started (0: it was busy).
         """
+        after_idle = idle_us > 0 and idle_us >= self.after_idle_min_us
         if phase == PREFILL:
             size, terms = executed(self.prefill_window_buckets, positions), self.prefill
         else:
@@ -150,13 +153,14 @@ def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | Cali
     top = fields.mapping(
         value,
         field,
-        {"model", "prefill", "decode", "step_overhead_us", "slot_capacity", "prefill_window_buckets",
-         "decode_batch_buckets"},
+        {"model", "prefill", "decode", "step_overhead_us", "after_idle_min_us", "slot_capacity",
+         "prefill_window_buckets", "decode_batch_buckets"},
     )  # fmt: skip
     return CalibratedComputeService(
         prefill=_work_terms(top["prefill"], f"{field}.prefill", PREFILL),
         decode=_work_terms(top["decode"], f"{field}.decode", DECODE),
         step_overhead_us=fields.number(top["step_overhead_us"], f"{field}.step_overhead_us"),
+        after_idle_min_us=fields.number(top["after_idle_min_us"], f"{field}.after_idle_min_us"),
         slot_capacity=fields.integer(top["slot_capacity"], f"{field}.slot_capacity", 1),
         prefill_window_buckets=_buckets(top["prefill_window_buckets"], f"{field}.prefill_window_buckets"),
         decode_batch_buckets=_buckets(top["decode_batch_buckets"], f"{field}.decode_batch_buckets"),
@@ -189,6 +193,7 @@ def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService
         "prefill": _work_terms_json(config.prefill, PREFILL),
         "decode": _work_terms_json(config.decode, DECODE),
         "step_overhead_us": fields.json_number(config.step_overhead_us),
+        "after_idle_min_us": fields.json_number(config.after_idle_min_us),
         "slot_capacity": config.slot_capacity,
         "prefill_window_buckets": list(config.prefill_window_buckets),
         "decode_batch_buckets": list(config.decode_batch_buckets),

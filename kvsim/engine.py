@@ -307,9 +307,9 @@ class _Engine:
             # A batch reads the fixed bytes of a work (the weights) once, not once per request.
             flops, memory = flops + f, memory + b - min(request.spec.fixed_memory_bytes, b)
         # The step overhead (host time before the work) delays the work but does not busy the compute.
-        phase, after_idle = ("prefill" if head.step == 0 else "decode"), self.now > self.last_end
+        phase, idle_us = ("prefill" if head.step == 0 else "decode"), max(0, self.now - self.last_end)
         overhead, busy = self.compute.work_us(
-            phase, len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory, after_idle
+            phase, len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory, idle_us
         )
         duration = overhead + busy
         starts = []

@@ -97,7 +97,7 @@ class _MeasuredDurations:
         for times in self.transfers.values():
             times.reverse()
 
-    def work_us(self, phase: str, positions: int, rows: int, flops: int, memory: int, after_idle: bool) -> tuple[int, int]:
+    def work_us(self, phase: str, positions: int, rows: int, flops: int, memory: int, idle_us: int) -> tuple[int, int]:
         return self.works.pop() if self.works else (0, 0)  # more works than the engine ran: the outcomes will say
 
     def transfer_us(self, direction: str, size: int) -> int:

@@ -24,9 +24,9 @@ from kvsim import parse_document, parse_system, record_json, record_value, rerun
 from kvsim.analytic import AnalyticModel, analytic_computations
 from kvsim.calibration import (
     FORMAT,
-    after_idle,
     fit,
     host_gaps,
+    idle_us,
     merge_service,
     nnls,
     read_measured_run,
@@ -49,6 +49,7 @@ TRUTH = {
         "decode": {"fixed_us": 150, "per_row_us": 40, "per_slot_us": 0.5, "per_flop_us": 0, "per_byte_us": 0.0001,
                    "after_idle_us": 0},
         "step_overhead_us": 30,
+        "after_idle_min_us": 0,
         "slot_capacity": 256,
         "prefill_window_buckets": WINDOWS,
         "decode_batch_buckets": BATCHES,
@@ -180,11 +181,14 @@ def test_calibrated_durations_round_up_exactly():
         Fraction(400), Fraction(12), Fraction(3), Fraction(2, 10**6), Fraction(0), Fraction(250)
     )
     # 17 new positions run the 32-position window: 400 + 12*32 + 3*256 + 2e-6 * 1,000,001 = 1554.000002 -> 1555.
-    assert compute.work_us("prefill", 17, 1, 1_000_001, 5, False) == (30, 1555)
-    assert compute.work_us("prefill", 17, 1, 1_000_001, 5, True) == (30, 1555 + 250)  # woke an idle engine
+    assert compute.work_us("prefill", 17, 1, 1_000_001, 5, 0) == (30, 1555)
+    assert compute.work_us("prefill", 17, 1, 1_000_001, 5, 1) == (30, 1555 + 250)  # woke an idle engine
     # 3 decoding rows run the 4-row bucket: 150 + 40*4 + 0.5*256 + 1e-4 * 10,005 = 439.0005 -> 440.
-    assert compute.work_us("decode", 1, 3, 99, 10_005, False) == (30, 440)
-    assert compute.work_us("decode", 1, 9, 0, 0, False) == (30, 150 + 40 * 9 + 128)  # beyond the largest bucket
+    assert compute.work_us("decode", 1, 3, 99, 10_005, 0) == (30, 440)
+    assert compute.work_us("decode", 1, 9, 0, 0, 0) == (30, 150 + 40 * 9 + 128)  # beyond the largest bucket
+    # With a least idle time, a shorter wait does not count as waking the engine.
+    waking = parse_system(merge_service(EXAMPLE["system"], _with_idle_minimum(TRUTH, 5000))).compute_service
+    assert [waking.work_us("prefill", 17, 1, 1_000_001, 5, idle)[1] for idle in (0, 4999, 5000)] == [1555, 1555, 1805]
     transfer = parse_system(merge_service(EXAMPLE["system"], TRUTH)).transfer
     assert transfer == CalibratedTransfer(LinkTerms(20, Fraction(1, 1000)), LinkTerms(35, Fraction(2, 1000)), True)
     assert transfer.transfer_us("device_to_host", 1500) == 22 and transfer.transfer_us("host_to_device", 1500) == 38
@@ -236,7 +240,9 @@ def test_calibration_recovers_the_service_that_produced_the_works(document, poli
     assert {w["kind"] for w in run.works} == {"prefill", "decode", "offload", "reload"}
     smaller = read_measured_run(measured_run(conversation_system(policy), document, TRUTH, slots=160), "1" * 64)
     fragment, fits, notes = fit([run, smaller])
-    assert notes == [] and fragment["calibration"]["sources"] == ["0" * 64, "1" * 64]
+    compute_minimum = fragment["compute_service"]["after_idle_min_us"]
+    assert notes == [] and compute_minimum == 0
+    assert fragment["calibration"]["sources"] == ["0" * 64, "1" * 64]
     # Works are whole microseconds (durations round up), so the fit is exact to about a microsecond.
     assert all(f.mean_error_us < 1.0 for f in fits), fits
     compute, truth = fragment["compute_service"], TRUTH["compute_service"]
@@ -267,6 +273,25 @@ def test_calibration_recovers_the_service_that_produced_the_works(document, poli
     assert max(abs(row.error) for row in hypothetical if row.error is not None) > 0.5
 
 
+def _with_idle_minimum(service: dict, minimum: int) -> dict:
+    return service | {"compute_service": service["compute_service"] | {"after_idle_min_us": minimum}}
+
+
+def test_calibration_finds_how_long_an_engine_must_idle_to_run_cold(document):
+    """Only works after idle stretches of at least the truth's minimum pay the penalty; a fit that counts
+    every idle work (minimum 0, the only choice before) errs more than the fit with a found minimum."""
+    system = conversation_system("serialized") | {"kv_cache": {"device_kv_bytes": 10**9, "host_kv_bytes": 0}}
+    spread = {**document, "requests": [r | {"arrival_us": 40 * r["arrival_us"]} for r in document["requests"]]}
+    measured = read_measured_run(measured_run(system, spread, _with_idle_minimum(TRUTH, 20_000)), "0" * 64)
+    idle = [i for i, w in zip(idle_us(measured), measured.works) if w["kind"] == "prefill" and i > 0]
+    assert sum(i >= 20_000 for i in idle) > 5 and sum(i < 20_000 for i in idle) > 5  # both kinds of wait occur
+    fragment, fits, _ = fit([measured])
+    minimum = fragment["compute_service"]["after_idle_min_us"]
+    assert minimum > 0 and not [i for i in idle if (i >= minimum) != (i >= 20_000)]  # the same works count as cold
+    assert fragment["compute_service"]["prefill"]["after_idle_us"] == pytest.approx(250, abs=3)
+    assert all(f.mean_error_us < 1.0 for f in fits[:2]), fits
+
+
 def test_step_overhead_is_the_host_time_before_compute_works_and_waking_an_idle_engine_is_marked():
     def work(kind, request, start, end):
         return _work(kind, [request], 1, 16, 0, 0, 1, 0, start, end)
@@ -277,7 +302,7 @@ def test_step_overhead_is_the_host_time_before_compute_works_and_waking_an_idle_
     requests = {"a": {"arrival_us": 0}, "b": {"arrival_us": 4990}}
     run = type("Run", (), {"document": {"requests": requests}, "works": works})
     assert host_gaps(run) == [0, 50, 20, 50, 70, 10]
-    assert after_idle(run) == [True, False, False, False, False, True]  # a's prefill and b's woke the engine
+    assert idle_us(run) == [1, 0, 0, 0, 0, 4490]  # a's prefill and b's woke the engine (idle since before 0, and 4490 us)
     assert step_overhead_us([run]) == (0 + 50 + 50 + 70 + 10) / 5
 
 
@@ -313,7 +338,7 @@ def test_calibrate_and_predict_commands(document, tmp_path, capsys):
     assert not (tmp_path / "s2.json").exists()
     service.write_text(json.dumps({"compute_service": {"model": "calibrated"}}))
     code, _, err = run_cli(capsys, "predict", str(other), "--service", str(service))
-    assert code == 2 and "system.compute_service.decode: missing required field" in err
+    assert code == 2 and "system.compute_service.after_idle_min_us: missing required field" in err
 
 
 @pytest.mark.parametrize("blocks", [False, True])
