@@ -28,6 +28,7 @@ from kvsim.compute_service import (
     DEVICE_TO_HOST,
     HOST_TO_DEVICE,
     PREFILL,
+    SIZE_TERMS,
     term_names,
 )
 from kvsim.workload import parse_workload
@@ -152,7 +153,7 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     The optimum is the unconstrained least-squares solution on its own support, so
     trying every support and keeping the best non-negative solution finds it (2^n
-    small solves; calibration has at most six columns).
+    small solves; calibration fits at most nine columns).
     """
     n = a.shape[1]
     scale = np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # conditioning: columns of unit size
@@ -186,9 +187,10 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
     vary = len({run.slot_capacity for run in runs}) > 1
     minimum = idle_minimum(compute_works, vary)
     for kind, kind_works in compute_works.items():
-        kind_fit = _fit_kind(kind, term_names(kind), _columns(kind, kind_works, vary, minimum), [w for w, _, _ in kind_works])
+        columns = _columns(kind, kind_works, vary, minimum)
+        kind_fit = _fit_kind(kind, _column_names(kind, kind_works), columns, [w for w, _, _ in kind_works])
         fits.append(kind_fit)
-        compute[kind] = kind_fit.terms
+        compute[kind] = _nested(kind, kind_fit.terms)
     compute["step_overhead_us"] = _round(step_overhead_us(runs))
     compute["after_idle_min_us"] = minimum
     compute["slot_capacity"] = max(run.slot_capacity for run in runs)
@@ -247,11 +249,20 @@ def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int]]], vary: bo
     return min(sorted({0, *(idle for works in compute_works.values() for _, _, idle in works)}), key=residual)
 
 
+def _batch_sizes(works: list[tuple[dict, int, int]]) -> list[int]:
+    """The decode batch sizes above one row that the works executed (each gets its own time)."""
+    return sorted({w["executed_rows"] for w, _, _ in works} - {1})
+
+
 def _columns(kind: str, works: list[tuple[dict, int, int]], vary: bool, idle_minimum: int) -> list[list[int]]:
     """The fit's columns in term order; a work counts as waking the engine when idle >= `idle_minimum`."""
+    if kind == PREFILL:
+        sizes = [[w["window"] for w, _, _ in works]]
+    else:  # one column per executed batch size: what it adds to a one-row step
+        sizes = [[int(w["executed_rows"] == rows) for w, _, _ in works] for rows in _batch_sizes(works)]
     return [
         [1] * len(works),
-        [w["window"] if kind == PREFILL else w["executed_rows"] for w, _, _ in works],
+        *sizes,
         [slots if vary else 0 for _, slots, _ in works],
         [w["matmul_flops"] for w, _, _ in works],
         [w["logical_memory_bytes"] for w, _, _ in works],
@@ -259,7 +270,23 @@ def _columns(kind: str, works: list[tuple[dict, int, int]], vary: bool, idle_min
     ]
 
 
-def _fit_kind(kind: str, names: tuple[str, ...], columns: list[list[int]], works: list[dict]) -> KindFit:
+def _column_names(kind: str, works: list[tuple[dict, int, int]]) -> list[str]:
+    """The names of `_columns`, a decode step's batch sizes as "per_batch_us.ROWS"."""
+    first, size, *rest = term_names(kind)
+    sizes = [size] if kind == PREFILL else [f"{size}.{rows}" for rows in _batch_sizes(works)]
+    return [first, *sizes, *rest]
+
+
+def _nested(kind: str, terms: dict) -> dict:
+    """The fitted terms as the service JSON has them: a decode step's batch sizes gathered in one object."""
+    if kind == PREFILL:
+        return terms
+    size = SIZE_TERMS[DECODE]
+    times = {name.split(".")[1]: value for name, value in terms.items() if name.startswith(f"{size}.")}
+    return {name: times if name == size else terms[name] for name in term_names(kind)}
+
+
+def _fit_kind(kind: str, names: list[str] | tuple[str, ...], columns: list[list[int]], works: list[dict]) -> KindFit:
     a = np.asarray(columns, dtype=np.float64).T
     wall = np.asarray([w["wall_us"] for w in works], dtype=np.float64)
     terms = {name: _round(value) for name, value in zip(names, nnls(a, wall), strict=True)}

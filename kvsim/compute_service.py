@@ -4,7 +4,8 @@ The roofline (`ComputeServiceConfig`, `StateTransferConfig`) is the spec's model
 and the default: max(FLOPs / rate, bytes / rate), and latency + bytes / rate.
 The calibrated model (`CalibratedComputeService`, `CalibratedTransfer`) is what
 `jgpt kvsim calibrate` fits to an InferenceEngine's measured works: a fixed time
-per work, terms per executed position (prefill) or executed row (decode), per
+per work, a term per executed position (prefill) or a time per executed batch
+size (decode), per
 slot of the engine's KV slot capacity, per FLOP and per byte, a penalty for a
 work that starts after the engine was idle at least a fitted time, a host step
 overhead before every work, and per-direction transfer latency plus time per byte (docs/kvsim.md,
@@ -25,8 +26,8 @@ from kvsim import fields
 ROOFLINE, CALIBRATED = "roofline", "calibrated"
 PREFILL, DECODE = "prefill", "decode"
 DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
-# The unit each kind of work's size term counts: executed (bucketed) prefill positions, executed decode rows.
-SIZE_TERMS = {PREFILL: "per_position_us", DECODE: "per_row_us"}
+# Each kind of work's size term: per executed (bucketed) prefill position; per executed decode batch size.
+SIZE_TERMS = {PREFILL: "per_position_us", DECODE: "per_batch_us"}
 
 
 def ceil_us(value: Fraction) -> int:
@@ -68,11 +69,17 @@ class StateTransferConfig:
 
 @dataclass(frozen=True)
 class WorkTerms:
-    """t = fixed_us + size_us * executed size + per_slot_us * slot capacity + per_flop_us * matmul_flops
-    + per_byte_us * memory bytes + after_idle_us if the work woke an idle engine."""
+    """t = fixed_us + size time + per_slot_us * slot capacity + per_flop_us * matmul_flops
+    + per_byte_us * memory bytes + after_idle_us if the work woke an idle engine.
+
+    A prefill's size time is size_us per executed position. A decode step's is what its executed rows
+    add to a one-row step, measured per batch size: size_us holds (rows, time) pairs, ascending, and a
+    batch size not listed takes the time of the largest listed size below it (0 if none). Measured, a
+    step's time is far from linear in its rows (on two cores, 8 rows took what 4 rows took).
+    """
 
     fixed_us: Fraction
-    size_us: Fraction  # per executed prefill position, or per executed decode row
+    size_us: Fraction | tuple[tuple[int, Fraction], ...]  # prefill: per executed position; decode: per batch size
     per_slot_us: Fraction  # per KV slot every row of the work attends over (padded, so not in the FLOPs)
     per_flop_us: Fraction
     per_byte_us: Fraction
@@ -81,12 +88,17 @@ class WorkTerms:
     def time(self, size: int, slots: int, matmul_flops: int, memory_bytes: int, after_idle: bool) -> Fraction:
         return (
             self.fixed_us
-            + self.size_us * size
+            + self.size_time(size)
             + self.per_slot_us * slots
             + self.per_flop_us * matmul_flops
             + self.per_byte_us * memory_bytes
             + (self.after_idle_us if after_idle else 0)
         )
+
+    def size_time(self, size: int) -> Fraction:
+        if isinstance(self.size_us, Fraction):
+            return self.size_us * size
+        return next((time for rows, time in reversed(self.size_us) if rows <= size), Fraction(0))
 
 
 @dataclass(frozen=True)
@@ -230,12 +242,29 @@ def term_names(phase: str) -> tuple[str, ...]:
 def _work_terms(value: Any, field: str, phase: str) -> WorkTerms:
     names = term_names(phase)
     terms = fields.mapping(value, field, set(names))
-    return WorkTerms(*(fields.number(terms[name], f"{field}.{name}") for name in names))
+    parse = {name: fields.number for name in names} | {SIZE_TERMS[DECODE]: _batch_times}
+    return WorkTerms(*(parse[name](terms[name], f"{field}.{name}") for name in names))
 
 
 def _work_terms_json(terms: WorkTerms, phase: str) -> dict:
     values = (terms.fixed_us, terms.size_us, terms.per_slot_us, terms.per_flop_us, terms.per_byte_us, terms.after_idle_us)
-    return {name: fields.json_number(v) for name, v in zip(term_names(phase), values, strict=True)}
+    return {
+        name: {str(rows): fields.json_number(t) for rows, t in v} if isinstance(v, tuple) else fields.json_number(v)
+        for name, v in zip(term_names(phase), values, strict=True)
+    }
+
+
+def _batch_times(value: Any, field: str) -> tuple[tuple[int, Fraction], ...]:
+    """{"rows": time, ...}: rows a decimal integer >= 2 (a one-row step is the fixed time), written ascending."""
+    times = fields.loose_mapping(value, field, set())
+    rows = []
+    for key in times:
+        if not (key.isascii() and key.isdigit() and not key.startswith("0") and int(key) >= 2):
+            raise ApiError(f"{field}.{key}", "expected a batch size: a decimal integer >= 2")
+        rows.append(int(key))
+    if rows != sorted(rows):
+        raise ApiError(field, f"batch sizes must be ascending, got {list(times)}")
+    return tuple((int(key), fields.number(time, f"{field}.{key}")) for key, time in times.items())
 
 
 def _link_terms(value: Any, field: str) -> LinkTerms:

@@ -46,7 +46,7 @@ TRUTH = {
         "model": "calibrated",
         "prefill": {"fixed_us": 400, "per_position_us": 12, "per_slot_us": 3, "per_flop_us": 2e-06, "per_byte_us": 0,
                     "after_idle_us": 250},
-        "decode": {"fixed_us": 150, "per_row_us": 40, "per_slot_us": 0.5, "per_flop_us": 0, "per_byte_us": 0.0001,
+        "decode": {"fixed_us": 150, "per_batch_us": {"2": 40, "4": 120, "8": 280}, "per_slot_us": 0.5, "per_flop_us": 0, "per_byte_us": 0.0001,
                    "after_idle_us": 0},
         "step_overhead_us": 30,
         "after_idle_min_us": 0,
@@ -183,9 +183,10 @@ def test_calibrated_durations_round_up_exactly():
     # 17 new positions run the 32-position window: 400 + 12*32 + 3*256 + 2e-6 * 1,000,001 = 1554.000002 -> 1555.
     assert compute.work_us("prefill", 17, 1, 1_000_001, 5, 0) == (30, 1555)
     assert compute.work_us("prefill", 17, 1, 1_000_001, 5, 1) == (30, 1555 + 250)  # woke an idle engine
-    # 3 decoding rows run the 4-row bucket: 150 + 40*4 + 0.5*256 + 1e-4 * 10,005 = 439.0005 -> 440.
-    assert compute.work_us("decode", 1, 3, 99, 10_005, 0) == (30, 440)
-    assert compute.work_us("decode", 1, 9, 0, 0, 0) == (30, 150 + 40 * 9 + 128)  # beyond the largest bucket
+    # 3 decoding rows run the 4-row bucket: 150 + 120 + 0.5*256 + 1e-4 * 10,005 = 399.0005 -> 400.
+    assert compute.work_us("decode", 1, 3, 99, 10_005, 0) == (30, 400)
+    assert compute.work_us("decode", 1, 1, 0, 0, 0) == (30, 150 + 128)  # one row: the fixed time
+    assert compute.work_us("decode", 1, 9, 0, 0, 0) == (30, 150 + 280 + 128)  # beyond the largest bucket: 8 rows' time
     # With a least idle time, a shorter wait does not count as waking the engine.
     waking = parse_system(merge_service(EXAMPLE["system"], _with_idle_minimum(TRUTH, 5000))).compute_service
     assert [waking.work_us("prefill", 17, 1, 1_000_001, 5, idle)[1] for idle in (0, 4999, 5000)] == [1555, 1555, 1805]
@@ -217,6 +218,9 @@ def test_a_roofline_system_is_written_as_before_and_calibrated_records_replay(do
         (lambda s: s["compute_service"]["prefill"].pop("per_position_us"), "system.compute_service.prefill.per_position_us"),
         (lambda s: s["compute_service"]["decode"].update(per_position_us=1), "system.compute_service.decode.per_position_us"),
         (lambda s: s["compute_service"]["decode"].update(fixed_us=-1), "system.compute_service.decode.fixed_us"),
+        (lambda s: s["compute_service"]["decode"].update(per_batch_us={"1": 5}), "system.compute_service.decode.per_batch_us.1"),
+        (lambda s: s["compute_service"]["decode"].update(per_batch_us={"4": 5, "2": 1}), "system.compute_service.decode.per_batch_us"),
+        (lambda s: s["compute_service"]["decode"].update(per_batch_us={"2": -1}), "system.compute_service.decode.per_batch_us.2"),
         (lambda s: s["compute_service"].update(decode_batch_buckets=[1, 4, 2]), "system.compute_service.decode_batch_buckets"),
         (lambda s: s["compute_service"].update(prefill_window_buckets=[]), "system.compute_service.prefill_window_buckets"),
         (lambda s: s["compute_service"].update(slot_capacity=0), "system.compute_service.slot_capacity"),
@@ -253,10 +257,13 @@ def test_calibration_recovers_the_service_that_produced_the_works(document, poli
     assert compute["decode"]["per_slot_us"] == pytest.approx(truth["decode"]["per_slot_us"], abs=0.05)
     # Calibrated on one slot capacity, the per-slot terms are not identifiable: the fit says so and leaves them 0.
     assert any("per_slot_us is 0" in note for note in fit([run])[2])
-    # Serialized decode always runs one row (whose weight bytes barely vary), so only whole steps are
-    # identifiable there (the mean error above); batched steps tell the row term apart.
+    # Serialized decode always runs one row, so there is no batch size to time; batched steps time each
+    # batch size they ran.
+    batches = compute["decode"]["per_batch_us"]
     if policy == "continuous_batching":
-        assert compute["decode"]["per_row_us"] == pytest.approx(truth["decode"]["per_row_us"], abs=1)
+        assert batches and all(t == pytest.approx(truth["decode"]["per_batch_us"][rows], abs=1) for rows, t in batches.items())
+    else:
+        assert batches == {}
     for direction in ("device_to_host", "host_to_device"):
         assert fragment["transfer"][direction]["per_byte_us"] == pytest.approx(
             TRUTH["transfer"][direction]["per_byte_us"], rel=0.01
