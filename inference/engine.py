@@ -9,7 +9,7 @@ the time it actually ended.
 
 Happenings are taken in (time, sequence number) order, as in kvsim: declared
 arrivals and customer actions at their offsets from the run's start (the engine
-sleeps until the next one when idle), and the ends of works at their measured
+sleeps until just before the next one when idle), and the ends of works at their measured
 times. The engine is synchronous: a work blocks the loop while it runs, so an
 arrival that falls inside a work is seen, in its place in the order, as soon as
 the work returns. Transfers (offload, reload) run synchronously on the loop too,
