@@ -15,32 +15,19 @@ import pytest
 
 from experiments.experiment_design import ExperimentDesign, default_catalog
 from experiments.experiment_execution import _simulate, replay, resolve, run_lab, summary
-from experiments.generation_defaults import DEFAULTS, GenerationDefaults
 from experiments.record_integrity import check_measured_run
 from jgpt.errors import ApiError
 from kvsim.cache_run import record_json
 from kvsim.calibration import fit, read_measured_run
+
+from conftest import lab_defaults, tiny_model
 
 LAB = default_catalog().lab("kvsim-fidelity")
 
 
 @pytest.fixture(scope="module")
 def fidelity_defaults(tmp_path_factory):
-    from jgpt.architecture import ModelArchitecture
-    from jgpt.artifact import save_artifact
-    from jgpt.tokenizer import Tokenizer
-    from jgpt.weights import initialize
-
-    architecture = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=128, layers=2, heads=2)
-    weights, provenance = initialize(architecture, seed=2)
-    model = save_artifact(tmp_path_factory.mktemp("model") / "tiny", architecture, weights, provenance, Tokenizer.bytes_only())
-    document = json.loads(DEFAULTS.read_text())
-    for setting in document["execution"]:
-        if setting["control"] == "model.model_id":
-            setting["value"] = str(model.path)
-        if setting["control"] == "generation.max_new_tokens":
-            setting["value"] = 4
-    return GenerationDefaults.from_json(document)
+    return lab_defaults(tiny_model(tmp_path_factory.mktemp("model"), seed=2), max_new_tokens=4)
 
 
 @pytest.fixture(scope="module")

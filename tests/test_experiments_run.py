@@ -17,10 +17,11 @@ import pytest
 
 from experiments.experiment_design import default_catalog
 from experiments.experiment_execution import replay, run_lab
-from experiments.generation_defaults import DEFAULTS, GenerationDefaults
 from experiments.inspection import Inspectable
 from experiments.report import write_report
 from jgpt.errors import ApiError
+
+from conftest import lab_defaults, tiny_model
 
 CATALOG = default_catalog()
 RUNNABLE = [lab for lab in CATALOG.experiments if not lab.planned and not lab.served]  # served: test_experiments_engine
@@ -29,26 +30,12 @@ REPORTED = "prefix-reuse-multi-turn"
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from jgpt.architecture import ModelArchitecture
-    from jgpt.artifact import save_artifact
-    from jgpt.tokenizer import Tokenizer
-    from jgpt.weights import initialize
-
-    architecture = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=128, layers=2, heads=2)
-    weights, provenance = initialize(architecture, seed=0)
-    path = tmp_path_factory.mktemp("model") / "tiny"
-    return save_artifact(path, architecture, weights, provenance, Tokenizer.bytes_only())
+    return tiny_model(tmp_path_factory.mktemp("model"), seed=0)
 
 
 @pytest.fixture(scope="module")
 def defaults(model):
-    document = json.loads(DEFAULTS.read_text())
-    for setting in document["execution"]:
-        if setting["control"] == "model.model_id":
-            setting["value"] = str(model.path)
-        if setting["control"] == "generation.max_new_tokens":
-            setting["value"] = 8
-    return GenerationDefaults.from_json(document)
+    return lab_defaults(model, max_new_tokens=8)
 
 
 @pytest.fixture(scope="module")
