@@ -215,9 +215,9 @@ def replay(record_path: Path) -> dict[str, Any]:
     documents = []
     for n, entry in enumerate(recordings):
         field = f"record.recordings[{n}]"
-        document = parse_json(_verified(record_path.parent, entry.get("computations"), f"{field}.computations"),
+        document = parse_json(verified_file(record_path.parent, entry.get("computations"), f"{field}.computations"),
                               f"{field}.computations")
-        observations = parse_json(_verified(record_path.parent, entry.get("observations"), f"{field}.observations"),
+        observations = parse_json(verified_file(record_path.parent, entry.get("observations"), f"{field}.observations"),
                                   f"{field}.observations")
         check_recording(entry, document, observations, field)
         documents.append(document)
@@ -240,7 +240,7 @@ def replay(record_path: Path) -> dict[str, Any]:
         if chosen(execution.assignments, "execution.runner") == "engine":
             replay_engine_arm(record_path.parent, arm, field, execution, documents[arm["recording"]], workload)
             continue
-        recorded = _verified(record_path.parent, arm.get("cache_run"), f"{field}.cache_run")
+        recorded = verified_file(record_path.parent, arm.get("cache_run"), f"{field}.cache_run")
         try:
             run = _simulate(execution, documents[arm["recording"]], workload, lab, fragment)
         except ApiError as error:
@@ -412,7 +412,7 @@ def _file_entry(name: str, data: bytes) -> dict[str, Any]:
     return {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def _verified(directory: Path, entry: Any, field: str) -> bytes:
+def verified_file(directory: Path, entry: Any, field: str) -> bytes:
     """The bytes of the file a record's entry names, checked before use."""
     if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or isinstance(entry.get("bytes"), bool) \
             or not isinstance(entry.get("bytes"), int) or not 0 <= entry["bytes"] <= RECORD_FILE_LIMIT:

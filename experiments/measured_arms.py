@@ -27,7 +27,7 @@ from experiments.experiment_execution import (
     _file_entry,
     _generation,
     _recording_key,
-    _verified,
+    verified_file,
 )
 from experiments.experiment_spec import ExecutionSpec
 from experiments.record_integrity import check_measured_run
@@ -105,7 +105,7 @@ def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign,
     runs = []
     for n, (entry, (execution, system)) in enumerate(zip(entries, plan)):
         at = f"{field}.runs[{n}]"
-        data = _verified(directory, entry.get("measured_run"), f"{at}.measured_run")
+        data = verified_file(directory, entry.get("measured_run"), f"{at}.measured_run")
         measured = parse_json(data, f"{at}.measured_run")
         check_measured_run(measured, f"{at}.measured_run")
         if entry.get("execution") != execution.to_json() or entry.get("system") != system or measured["system"] != system:
@@ -124,7 +124,7 @@ def replay_engine_arm(directory: Path, arm: Mapping[str, Any], field: str, execu
                        document: dict, workload: Workload) -> None:
     """An engine arm cannot be measured again: its measured run is intact, is of this arm's system, model,
     prompts and arrivals, and its totals are what its requests and works give; the arm's outcomes are them."""
-    data = _verified(directory, arm.get("measured_run"), f"{field}.measured_run")
+    data = verified_file(directory, arm.get("measured_run"), f"{field}.measured_run")
     measured = parse_json(data, f"{field}.measured_run")
     check_measured_run(measured, f"{field}.measured_run")
     system = system_json(parse_system(execution.system_config_json(), "system"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.inference_map import default_inference_map, draw  # noqa: E402
+from jgpt.json_input import parse_json  # noqa: E402
 
 PHASE_COLORS = {"prefill": "#2563eb", "decode": "#16a34a"}
 COMPARED = (
@@ -27,13 +27,13 @@ COMPARED = (
 
 
 def draw_plots(record: Mapping[str, Any], out: Path) -> list[Path]:
-    from experiments.experiment_execution import summary
+    from experiments.experiment_execution import summary, verified_file
 
     plots = Path(out) / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     written = [_arms(summary(record), plots / "arms.png"), draw(default_inference_map(), plots / "inference-map.png")]
     for i, arm in simulated_arms(record):
-        run = json.loads((Path(out) / arm["cache_run"]["path"]).read_bytes())
+        run = parse_json(verified_file(Path(out), arm["cache_run"], "cache_run"), "cache_run")
         written.append(_timeline(run, arm["label"], plots / f"arm-{i}-timeline.png"))
     return written
 

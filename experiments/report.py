@@ -25,11 +25,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from experiments.experiment_execution import replay, summary
+from experiments.experiment_execution import replay, summary, verified_file
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
 from experiments.plots import draw_plots, simulated_arms
 from jgpt.identity import write_atomically
+from jgpt.json_input import parse_json
 from jgpt.paths import confined
 
 SECTIONS = (
@@ -53,8 +54,8 @@ def write_report(record_path: Path, out: Path) -> Path:
     record = replay(record_path)
     directory = record_path.parent
     recording = record["recordings"][0]
-    observations = json.loads((directory / recording["observations"]["path"]).read_bytes())
-    computations = json.loads((directory / recording["computations"]["path"]).read_bytes())
+    observations = _read(directory, recording["observations"], "observations")
+    computations = _read(directory, recording["computations"], "computations")
     inspected = {r["request_id"] for r in observations["requests"]}
     inspectable = Inspectable(
         observations,
@@ -91,9 +92,14 @@ def _image(path: Path, alt: str) -> str:
 
 def _events_of(record: dict[str, Any], directory: Path, request_ids: set[str]) -> list[list[dict[str, Any]]]:
     """Per arm, the kvsim events of the inspected requests, with their causes (none for an engine arm)."""
-    runs = (json.loads((directory / arm["cache_run"]["path"]).read_bytes()) if "cache_run" in arm else {"events": []}
+    runs = (_read(directory, arm["cache_run"], "cache_run") if "cache_run" in arm else {"events": []}
             for arm in record["arms"])
     return [[event for event in run["events"] if event["request_id"] in request_ids] for run in runs]
+
+
+def _read(directory: Path, entry: dict[str, Any], field: str) -> Any:
+    """A file the record names, confined to its directory and checked against the entry again."""
+    return parse_json(verified_file(directory, entry, field), field)
 
 
 def _plot_names(record: dict[str, Any]) -> list[str]:
