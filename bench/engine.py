@@ -41,7 +41,7 @@ import numpy as np
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from bench.workloads import burst_workload, chat_workload  # noqa: E402
+from bench.workloads import burst_workload, chat_workload, system  # noqa: E402
 from inference.commands import _load  # noqa: E402
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.generation import generate  # noqa: E402
@@ -54,16 +54,6 @@ BUDGET = 64
 PROMPT = 16
 REPEATS = 9
 GIB = 1 << 30
-
-
-def system(policy: str, max_active: int, retention: str = "lru", device: int = GIB, host: int = GIB) -> dict:
-    return {
-        "max_requests": 1024, "max_new_tokens_cap": 128,
-        "scheduling": {"max_active_requests": max_active, "policy": policy},
-        "kv_cache": {"device_kv_bytes": device, "host_kv_bytes": host, "retention_policy": retention},
-        "transfer": {"link_bytes_per_us": 1000, "link_latency_us": 10},
-        "compute_service": {"compute_flops_per_us": 1000000, "memory_bytes_per_us": 10000},
-    }  # fmt: skip
 
 
 def babbling(execution, count: int) -> list[InferenceRequest]:
@@ -81,7 +71,7 @@ def engine_step_us(execution, requests) -> tuple[float, float, object]:
     of it outside the work's own wall (dispatch of the jitted call to the ids on the host): the run's
     bookkeeping between works. And the run."""
     B = len(requests)
-    served = InferenceEngine(execution, parse_system(system("continuous_batching", B))).serve(requests, as_fast_as_possible=True)
+    served = InferenceEngine(execution, parse_system(system("continuous_batching", B, GIB, GIB))).serve(requests, as_fast_as_possible=True)
     works = [w for w in served.works if w["kind"] == "decode" and w["rows"] == B]
     intervals = [(b["end_us"] - a["end_us"], b["end_us"] - a["end_us"] - b["wall_us"]) for a, b in zip(works, works[1:])]
     return statistics.median(i for i, _ in intervals), statistics.median(between for _, between in intervals), served
@@ -150,7 +140,7 @@ def workload_bench(execution, tokenizer, quick: bool) -> None:
     for active in (1, 4, 8):
         for policy in ("serialized", "continuous_batching"):
             for retention in ("lru", "none"):
-                config = system(policy, active, retention, device=4 << 20, host=16 << 20)
+                config = system(policy, active, 4 << 20, 16 << 20, retention)
                 document = serve_document(execution, tokenizer, workload, config)
                 assert document["engine"]["compiles_during_run"] == 0, "a compile during the run"
                 totals = document["totals"]
@@ -164,8 +154,8 @@ def workload_bench(execution, tokenizer, quick: bool) -> None:
     long = babbling(execution, n)
     print(f"bursts of {n} requests at once, max_active_requests {n}, retention none (tokens/s over the run):")
     for policy in ("serialized", "continuous_batching"):
-        document = serve_document(execution, tokenizer, burst, system(policy, n, "none"), as_fast_as_possible=True)
-        config = parse_system(system(policy, n, "none"))
+        document = serve_document(execution, tokenizer, burst, system(policy, n, GIB, GIB, "none"), as_fast_as_possible=True)
+        config = parse_system(system(policy, n, GIB, GIB, "none"))
         served = InferenceEngine(execution, config).serve(long, as_fast_as_possible=True)
         figures = []
         for outcomes, end_us in ((document["requests"].values(), document["totals"]["end_us"]),

@@ -29,7 +29,7 @@ from pathlib import Path
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from bench.workloads import burst_workload, chat_workload  # noqa: E402
+from bench.workloads import burst_workload, chat_workload, system  # noqa: E402
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
@@ -39,43 +39,29 @@ from kvsim.fidelity import compare, predict, replay  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 POLICIES = ("serialized", "continuous_batching")
-HYPOTHETICAL = {  # docs/experiments.md defaults
-    "transfer": {"link_bytes_per_us": 1000, "link_latency_us": 5},
-    "compute_service": {"compute_flops_per_us": 100000, "memory_bytes_per_us": 10000},
-}
 GOAL = 0.10
-
-
-def system(policy: str, active: int, device_positions: int, host_positions: int, kv_bytes: int) -> dict:
-    return {
-        "max_requests": 256,
-        "max_new_tokens_cap": 64,
-        "scheduling": {"max_active_requests": active, "policy": policy},
-        "kv_cache": {"device_kv_bytes": device_positions * kv_bytes, "host_kv_bytes": host_positions * kv_bytes},
-        **HYPOTHETICAL,
-    }
 
 
 def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
     """name -> (Workload document, system for a policy). Names starting with "calibration" are fitted."""
-    ample = 1 << 20  # positions: nothing is ever evicted
+    ample = 1 << 40  # bytes: nothing is ever evicted
     calibration = chat_workload(conversations=12, turns=4, spread_us=600_000, seed=11)
     return {
         # The calibration workload, served whole with a host tier under a tight device budget (every kind of
         # work occurs; the engine's slots hold the context), and its first turns only, arriving fifty times
         # as fast (decode batches of up to 8 rows, half the slots).
-        "calibration": (calibration, lambda p: system(p, 8, 512, 4096, kv_bytes)),
-        "calibration, first turns": (_first_turns(calibration, 50), lambda p: system(p, 8, ample, 0, kv_bytes)),
+        "calibration": (calibration, lambda p: system(p, 8, 512 * kv_bytes, 4096 * kv_bytes)),
+        "calibration, first turns": (_first_turns(calibration, 50), lambda p: system(p, 8, ample, 0)),
         # And whole, four times slower (2.4 s): idle stretches of tens of milliseconds, after which works run cold.
-        "calibration, spread out": (_stretched(calibration, 4), lambda p: system(p, 8, ample, 0, kv_bytes)),
+        "calibration, spread out": (_stretched(calibration, 4), lambda p: system(p, 8, ample, 0)),
         "multi-turn chat": (
             chat_workload(conversations=12, turns=4, spread_us=2_000_000, seed=0),
-            lambda p: system(p, 4, ample, 0, kv_bytes),
+            lambda p: system(p, 4, ample, 0),
         ),
-        "burst": (burst_workload(requests=32, seed=1), lambda p: system(p, 8, ample, 0, kv_bytes)),
+        "burst": (burst_workload(requests=32, seed=1), lambda p: system(p, 8, ample, 0)),
         "long prompts, host tier": (
             _longest_turns(chat_workload(conversations=16, turns=4, spread_us=1_500_000, seed=5)),
-            lambda p: system(p, 4, 512, 4096, kv_bytes),
+            lambda p: system(p, 4, 512 * kv_bytes, 4096 * kv_bytes),
         ),
     }
 
@@ -96,10 +82,10 @@ def _longest_turns(document: dict) -> dict:
 
 
 def serve(execution, tokenizer, document: dict, system_json: dict) -> dict:
-    system = parse_system(system_json)
+    config = parse_system(system_json)
     requests, interaction = read_served_workload(document, tokenizer, execution)
-    served = InferenceEngine(execution, system).serve(requests, interaction)
-    return measured_run(execution, system, served, kind=document["kind"], interaction=interaction, tokenizer=tokenizer)
+    served = InferenceEngine(execution, config).serve(requests, interaction)
+    return measured_run(execution, config, served, kind=document["kind"], interaction=interaction, tokenizer=tokenizer)
 
 
 def main() -> None:

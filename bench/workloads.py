@@ -1,4 +1,5 @@
-"""Workload documents for serving benches: multi-turn chats spread over time, and bursts.
+"""Workload documents for serving benches (multi-turn chats spread over time, and bursts) and the system
+they are served under.
 
 The prompts are the built-in skill conversations (`training.conversation_corpus`,
 development split), which the shipped chat model answers, so a later turn's
@@ -14,8 +15,26 @@ import random
 
 from training.conversation_corpus import split_conversations
 
+# kvsim's hypothetical rates (docs/experiments.md defaults): what an uncalibrated prediction assumes. The
+# engine validates and ignores them.
+HYPOTHETICAL = {
+    "transfer": {"link_bytes_per_us": 1000, "link_latency_us": 5},
+    "compute_service": {"compute_flops_per_us": 100000, "memory_bytes_per_us": 10000},
+}
+
 # Framed byte length of every prompt (an upper bound on its tokens), so prompt + answer fit the context.
 MAX_PROMPT_BYTES = 96
+
+
+def system(policy: str, max_active: int, device_kv_bytes: int, host_kv_bytes: int, retention: str = "lru") -> dict:
+    """A KVResidencySystemConfig (JSON) that rejects nothing these benches send."""
+    return {
+        "max_requests": 1024,
+        "max_new_tokens_cap": 128,
+        "scheduling": {"max_active_requests": max_active, "policy": policy},
+        "kv_cache": {"device_kv_bytes": device_kv_bytes, "host_kv_bytes": host_kv_bytes, "retention_policy": retention},
+        **HYPOTHETICAL,
+    }
 
 
 def chat_workload(conversations: int = 16, turns: int = 4, spread_us: int = 5_000_000, max_new_tokens: int = 24,
