@@ -27,7 +27,7 @@ def main(command: str, argv: list[str]) -> int:
     from experiments.recording import record_workload
     from jgpt.artifact import TOKENIZER
     from jgpt.catalog import resolve_model
-    from jgpt.commands.tokenize import render
+    from jgpt.span_table import render
     from jgpt.tokenizer import Tokenizer
 
     lab = default_catalog().lab(args.lab)
