@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim.recorded import TURN_END, RecordedComputations, RecordedRequest
+from kvsim.recorded import RecordedComputations, RecordedRequest
 
 PRECISIONS = {1: "int8", 2: "bfloat16", 4: "float32"}
 
@@ -94,11 +94,21 @@ class Conversation:
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     max_new_tokens: int
+    complete: bool  # the output ends with the turn end that closes the reply
+
+
+def framing_ids() -> dict[str, int]:
+    """The ids that frame a generated conversation: jgpt's byte-level tokenizer's role markers (by role)
+    and its turn end ("turn_end"), read from the tokenizer rather than copied, so a model with that
+    tokenizer reads the turns as it was trained to. Nothing reads a document by them: its turn end
+    is the id its complete requests end with."""
+    from jgpt.tokenizer import ROLE_IDS, TURN_END_ID  # numpy and HF tokenizers: only when generating ids
+
+    return {**ROLE_IDS, "turn_end": TURN_END_ID}
 
 
 def analytic_request(model: AnalyticModel, item: Conversation) -> RecordedRequest:
-    n, output = len(item.prompt_ids), item.output_ids
-    complete = output[-1] == TURN_END
+    n, output, complete = len(item.prompt_ids), item.output_ids, item.complete
     positions = tuple(range(n, n + len(output) - 1))
     return RecordedRequest(
         request_id=item.request_id,
@@ -108,7 +118,7 @@ def analytic_request(model: AnalyticModel, item: Conversation) -> RecordedReques
         output_ids=output,
         outcome={
             "selected_tokens": len(output),
-            "published_tokens": sum(1 for i in output if i != TURN_END),
+            "published_tokens": len(output) - complete,
             "unused_budget": item.max_new_tokens - len(output),
             "stop_reason": "turn_end" if complete else "max_new_tokens",
             "complete": complete,

@@ -12,9 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kvsim.analytic import Conversation
+from kvsim.analytic import Conversation, framing_ids
 
-SYSTEM, USER, ASSISTANT, TURN_END = 256, 257, 258, 259
 # A request holds up to a few hundred ids and its costs per position: 2,000 requests make a
 # 5.7 MB document, so the limit stays under 300 MB and a minute of work.
 REQUEST_LIMIT = 100_000
@@ -34,8 +33,9 @@ class ConversationMix:
 
 def conversations(requests: int, seed: int, mix: ConversationMix = ConversationMix()) -> list[Conversation]:
     """`requests` turns in arrival order of their conversations' starts (ties keep generation order)."""
-    rng = random.Random(seed)
-    systems = [(SYSTEM, *rng.randbytes(mix.system_tokens), TURN_END) for _ in range(mix.system_prompts)]
+    ids, rng = framing_ids(), random.Random(seed)
+    turn_end = ids["turn_end"]
+    systems = [(ids["system"], *rng.randbytes(mix.system_tokens), turn_end) for _ in range(mix.system_prompts)]
     items: list[Conversation] = []
     start, index = 0, 0
     while len(items) < requests:
@@ -44,10 +44,12 @@ def conversations(requests: int, seed: int, mix: ConversationMix = ConversationM
         for turn in range(rng.randint(*mix.turns)):
             if len(items) == requests:
                 break
-            prompt = (*history, USER, *rng.randbytes(rng.randint(*mix.user_tokens)), TURN_END, ASSISTANT)
+            question = rng.randbytes(rng.randint(*mix.user_tokens))
+            prompt = (*history, ids["user"], *question, turn_end, ids["assistant"])
             text = rng.randbytes(rng.randint(*mix.reply_tokens))
-            output = (*text, TURN_END)[: mix.max_new_tokens]
-            items.append(Conversation(f"c{index}t{turn}", arrival, prompt, output, mix.max_new_tokens))
+            output = (*text, turn_end)[: mix.max_new_tokens]
+            complete = output[-1] == turn_end
+            items.append(Conversation(f"c{index}t{turn}", arrival, prompt, output, mix.max_new_tokens, complete))
             history = (*prompt, *output)
             arrival += rng.randint(*mix.think_us)
         index += 1

@@ -30,8 +30,7 @@ from datetime import datetime, timezone
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
 from kvsim import fields
-from kvsim.analytic import Conversation
-from kvsim.recorded import TURN_END
+from kvsim.analytic import Conversation, framing_ids
 
 FORMATS = ("mooncake", "azure")
 # Ids held in memory for one import (prompts and outputs): about 8 bytes each, so 256 MiB.
@@ -42,8 +41,8 @@ def _block(seed: str, tokens: int) -> tuple[int, ...]:
     return tuple(random.Random(seed).randbytes(tokens))
 
 
-def _output(request_id: str, length: int) -> tuple[int, ...]:
-    return (*_block(f"output:{request_id}", length - 1), TURN_END)
+def _output(request_id: str, length: int, turn_end: int) -> tuple[int, ...]:
+    return (*_block(f"output:{request_id}", length - 1), turn_end)
 
 
 def mooncake(text: str, block_tokens: int = 512, context: int = 4096) -> list[Conversation]:
@@ -68,16 +67,16 @@ def mooncake(text: str, block_tokens: int = 512, context: int = 4096) -> list[Co
                 blocks[h] = _block(f"block:{h}", block_tokens)
         prompt = tuple(token for h in hashes for token in blocks[h])[:length]
         rows.append((int(timestamp * 1000), prompt, output, hashes))
-    items = []
+    items, turn_end = [], framing_ids()["turn_end"]
     continuations = _continuations(rows)
     for index, (arrival, prompt, output, _) in enumerate(rows):
         request_id = f"r{index}"
         if index in continuations:
             follower = rows[continuations[index]][1]
-            ids = (*follower[len(prompt) : len(prompt) + output - 1], TURN_END)
+            ids = (*follower[len(prompt) : len(prompt) + output - 1], turn_end)
         else:
-            ids = _output(request_id, output)
-        items.append(Conversation(request_id, arrival, prompt, ids, output))
+            ids = _output(request_id, output, turn_end)
+        items.append(Conversation(request_id, arrival, prompt, ids, output, complete=True))
     return items
 
 
@@ -113,7 +112,7 @@ def _azure_rows(reader: csv.DictReader, context: int) -> list[Conversation]:
     missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
     if missing:
         raise ApiError("trace header", f"missing column {sorted(missing)[0]}")
-    items, start, used = [], None, 0
+    items, start, used, turn_end = [], None, 0, framing_ids()["turn_end"]
     for number, row in enumerate(reader, 2):
         at = f"trace line {number}"
         if None in row or None in row.values():
@@ -134,8 +133,8 @@ def _azure_rows(reader: csv.DictReader, context: int) -> list[Conversation]:
         request_id = f"r{len(items)}"
         items.append(
             Conversation(
-                request_id, arrival, _block(f"prompt:{request_id}", prompt_tokens), _output(request_id, generated),
-                generated,
+                request_id, arrival, _block(f"prompt:{request_id}", prompt_tokens),
+                _output(request_id, generated, turn_end), generated, complete=True,
             )
         )
     return items
