@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import textwrap
 from pathlib import Path
 
 from experiments.experiment_design import ExperimentDesign, default_catalog
+from jgpt import progress
+from jgpt.command_line import ArgumentParser
 from jgpt.output_paths import output_directory, output_file
+from jgpt.units import byte_size, duration_us
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -16,22 +18,27 @@ def main(command: str, argv: list[str]) -> int:
 
 
 def _lab(command: str, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=f"jgpt {command}", description="List, explain and run the labs of the experiment catalog."
     )
-    actions = parser.add_subparsers(dest="action", required=True)
-    actions.add_parser("list", help="every lab: id, status and question")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listed = actions.add_parser("list", help="every lab: id, status and question")
+    listed.add_argument("--json", action="store_true", help="print every lab's id, status and question as JSON")
     show = actions.add_parser("show", help="one lab's question, controls, contract and sources")
-    show.add_argument("id")
+    show.add_argument("id", metavar="ID", help="a lab id from `jgpt lab list`")
     show.add_argument("--json", action="store_true", help="print the lab file's validated JSON")
-    run = actions.add_parser("run", help="run a lab end to end and write its record, summary and plots")
-    run.add_argument("id")
-    run.add_argument("--out", required=True, type=Path, help="directory for record.json, summary.json and plots")
+    run = actions.add_parser("run", help="run a lab end to end and write its record, summary and plots",
+                             description="Run a lab end to end; print each arm's figures (times and sizes in human\n"
+                                         "units; --json and summary.json keep the exact numbers).")
+    run.add_argument("id", metavar="ID", help="a lab id from `jgpt lab list`")
+    run.add_argument("--out", required=True, type=Path, metavar="DIR",
+                     help="directory for record.json, summary.json and plots")
     run.add_argument("--no-report", action="store_true", help="skip writing report.html")
+    run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     replayed = actions.add_parser(
-        "replay", help="check a record against its files and simulate every arm again",
-        formatter_class=argparse.RawDescriptionHelpFormatter, description=REPLAY_PROVES)
-    replayed.add_argument("record", type=Path, help="record.json written by `jgpt lab run`")
+        "replay", help="check a record against its files and simulate every arm again", description=REPLAY_PROVES)
+    replayed.add_argument("record", type=Path, metavar="RECORD.json", help="record.json written by `jgpt lab run`")
     args = parser.parse_args(argv)
     if args.action == "replay":
         from experiments.experiment_execution import replay
@@ -49,6 +56,11 @@ def _lab(command: str, argv: list[str]) -> int:
         return 0
     catalog = default_catalog()
     if args.action == "list":
+        if args.json:
+            labs = [{"id": lab.id, "planned": lab.planned, "arms": 0 if lab.planned else len(lab.arms()),
+                     "question": lab.question} for lab in catalog.experiments]
+            print(json.dumps(labs, indent=1))
+            return 0
         width = max(len(lab.id) for lab in catalog.experiments)
         for lab in catalog.experiments:
             status = "planned" if lab.planned else f"{len(lab.arms())} arm{'s' * (len(lab.arms()) > 1)}"
@@ -60,12 +72,41 @@ def _lab(command: str, argv: list[str]) -> int:
         return 0
     lab.refuse_if_planned()
     output_directory(args.out, "--out")
-    from experiments.experiment_execution import run_lab  # imports jax: only when running
+    with progress.shown(args.quiet):
+        with progress.stage("starting jax"):
+            from experiments.experiment_execution import run_lab, summary  # imports jax: only when running
 
-    outcome = run_lab(lab, args.out, report=not args.no_report)
-    for path in outcome.written:
-        print(path)
+        outcome = run_lab(lab, args.out, report=not args.no_report)
+    figures = summary(outcome.record)
+    if args.json:
+        print(json.dumps(figures, indent=1))
+        return 0
+    print(summary_text(figures))
+    print(f"{len(outcome.written)} files in {outcome.directory}: {', '.join(p.name for p in outcome.written)}")
     return 0
+
+
+def summary_text(figures: dict) -> str:
+    """summary.json as a table a person reads: one row per arm, times and sizes in human units."""
+    columns = ("arm", "completed", "rejected", "TTFT p50", "TTFT p90", "e2e p50", "per token p50", "queueing p90",
+               "token hits", "host->device")
+    rows = [columns] + [
+        (arm["label"], str(arm["completed"]), str(arm["rejected"]), duration_us(arm["ttft_p50_us"]),
+         duration_us(arm["ttft_p90_us"]), duration_us(arm["e2e_p50_us"]), duration_us(arm["tpot_p50_us"]),
+         duration_us(arm["queueing_p90_us"]), _rate(arm["token_hit_rate"]), byte_size(arm["bytes_host_to_device"]))
+        for arm in figures["arms"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    lines = [f"{figures['lab']} ({figures['record']}): {figures['question']}"]
+    lines += ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+              for row in rows]
+    sources = {arm["label"]: arm["source"] for arm in figures["arms"] if "source" in arm}
+    lines += [f"  {label}: {source}" for label, source in sources.items()]
+    return "\n".join(lines)
+
+
+def _rate(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 REPLAY_PROVES = """\
@@ -125,11 +166,11 @@ def describe(lab: ExperimentDesign) -> str:
 
 
 def _report(command: str, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=f"jgpt {command}", description="Write one self-contained HTML page explaining an experiment record."
     )
-    parser.add_argument("record", type=Path, help="record.json written by `jgpt lab run`")
-    parser.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    parser.add_argument("record", type=Path, metavar="RECORD.json", help="record.json written by `jgpt lab run`")
+    parser.add_argument("--out", required=True, type=Path, metavar="REPORT.html", help="the HTML file to write")
     args = parser.parse_args(argv)
     # The record and the JSON files beside it are what the report reads.
     output_file(args.out, "--out", [args.record, *args.record.parent.glob("*.json")])

@@ -48,6 +48,7 @@ from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
 from experiments.record_integrity import check_recording
 from experiments.workload import Workload
+from jgpt import progress
 from jgpt.architecture import architecture_from_json
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
@@ -139,7 +140,7 @@ def run_lab(
     calibration = calibrate(lab, arms, recordings, files) if lab.calibration_workload is not None else None
     fragment = None if calibration is None else calibration["fragment"]
     arm_entries = []
-    for i, ((label, execution), key) in enumerate(zip(arms, keys)):
+    for i, ((label, execution), key) in enumerate(progress.tracked(list(zip(arms, keys)), "running arms", unit="arm")):
         n = distinct.index(key)
         if chosen(execution.assignments, "execution.runner") == "engine":
             arm_entries.append(engine_arm(i, label, execution, n, recordings[key], workload, files))
@@ -182,11 +183,13 @@ def run_lab(
         if plots or report:  # the report embeds the plots
             from experiments.plots import draw_plots
 
-            draw_plots(record, stage)
+            with progress.stage("drawing plots"):
+                draw_plots(record, stage)
         if report:
             from experiments.report import write_report
 
-            write_report(stage / RECORD, stage / "report.html")
+            with progress.stage("writing report.html"):
+                write_report(stage / RECORD, stage / "report.html")
         if out.exists():
             shutil.rmtree(out)
         stage.chmod(0o755)

@@ -23,6 +23,7 @@ from inference.evidence import tensor_observations
 from inference.execution import ModelExecution, bucket
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.recording import record
+from jgpt import progress
 from jgpt.catalog import load_model, read_catalog
 from jgpt.errors import ApiError
 from jgpt.model import forward
@@ -37,7 +38,8 @@ INSPECTED_REQUESTS = 2  # the first request and the one with the longest sequenc
 def record_workload(execution: ExecutionSpec, workload: Workload) -> Recording:
     model_id = resolve_model_id(execution.value("model.model_id"))
     try:
-        artifact = load_model(model_id)
+        with progress.stage(f"loading model {model_id}"):
+            artifact = load_model(model_id)
     except ApiError as error:
         raise ApiError("model.model_id", f"{model_id!r}: {error}") from None
     tokenizer = artifact.tokenizer()
@@ -107,7 +109,7 @@ def _observations(model: ModelExecution, tokenizer: Tokenizer, workload: Workloa
     chosen = list(dict.fromkeys([document["requests"][0]["request_id"], longest["request_id"]]))[:INSPECTED_REQUESTS]
     run_id = f"{document['model']['checkpoint_sha256'][:12]}"
     inspected = []
-    for request_id in chosen:
+    for request_id in progress.tracked(chosen, "inspecting requests", unit="request"):
         entry = recorded[request_id]
         sequence = list(entry["prompt_ids"]) + list(entry["output_ids"])
         spans = _spans(by_id, recorded, tokenizer, request_id)

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from jgpt import progress
+from jgpt.command_line import ArgumentParser
 from jgpt.errors import ApiError
 from jgpt.json_input import read_json
 from jgpt.output_paths import output_file
@@ -28,16 +30,16 @@ def main(command: str, argv: list[str]) -> int:
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"jgpt {command}", description=SUMMARIES[command])
-    parser.add_argument("--model", help="catalog id or artifact directory (default: the catalog's default model)")
+    parser = ArgumentParser(prog=f"jgpt {command}", description=SUMMARIES[command])
+    parser.add_argument("--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)")
     return parser
 
 
 def _generate(argv: list[str]) -> int:
     parser = _parser("generate")
     parser.add_argument("prompt", nargs="*", metavar="PROMPT", help="user text (words are joined by spaces)")
-    parser.add_argument("--ids", help="raw prompt token ids instead of text, e.g. 257,72,105,259,258")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="budget of selected ids, TURN_END included")
+    parser.add_argument("--ids", metavar="ID,ID,...", help="raw prompt token ids instead of text, e.g. 257,72,105,259,258")
+    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="budget of selected ids, TURN_END included")
     parser.add_argument("--json", action="store_true", help="print the response with all evidence as one JSON object")
     parser.add_argument("--observe", type=int, metavar="STEP", help="record every model operation's tensors at STEP")
     args = parser.parse_args(argv)
@@ -73,6 +75,8 @@ def _record(argv: list[str]) -> int:
     parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document")
     parser.add_argument("--out", required=True, metavar="COMPUTATIONS.json", help="where to write the document")
     parser.add_argument("--no-reference", action="store_true", help="skip the full-prefix recompute of every work")
+    parser.add_argument("--json", action="store_true", help="print what was recorded as JSON on stdout")
+    parser.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     args = parser.parse_args(argv)
     output_file(args.out, "--out", [args.workload])
     document = read_json(args.workload, "workload")
@@ -81,12 +85,17 @@ def _record(argv: list[str]) -> int:
     from jgpt.tokenizer import Tokenizer
 
     read_workload(document, Tokenizer.bytes_only())  # its shape does not depend on the ids: refuse before loading
-    execution, tokenizer = _load(args.model)
-    requests = read_workload(document, tokenizer)
-    computations = record(execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"])
+    with progress.shown(args.quiet):
+        with progress.stage("loading model"):
+            execution, tokenizer = _load(args.model)
+        requests = read_workload(document, tokenizer)
+        computations = record(execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"])
     write_document(computations, args.out)
     works = sum(len(r["computations"]) for r in computations["requests"])
-    print(f"recorded {len(requests)} requests, {works} works -> {args.out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"requests": len(requests), "works": works, "out": args.out}))
+    else:
+        print(f"recorded {len(requests)} requests, {works} works -> {args.out}", file=sys.stderr)
     return 0
 
 
@@ -97,7 +106,7 @@ def _serve(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, metavar="MEASURED.json", help="where to write the measured-run document")
     parser.add_argument("--as-fast-as-possible", action="store_true", help="every request arrives at the run's start")
     parser.add_argument("--json", action="store_true", help="print the whole document instead of the summary")
-    parser.add_argument("--quiet", action="store_true", help="print nothing")
+    parser.add_argument("--quiet", action="store_true", help="print nothing, not even progress")
     args = parser.parse_args(argv)
     output_file(args.out, "--out", [args.workload, args.system])
     document, system_document = _json_file(args.workload, "workload"), _json_file(args.system, "system")
@@ -108,11 +117,15 @@ def _serve(argv: list[str]) -> int:
     from kvsim.system import parse_system
 
     system = parse_system(system_document)
-    execution, tokenizer = _load(args.model)
-    requests, interaction = read_served_workload(document, tokenizer, execution)
-    # Ctrl-C or SIGTERM (run_guarded) unwinds the run: the document is written only once it is whole.
-    engine = InferenceEngine(execution, system)
-    served = engine.serve(requests, interaction, as_fast_as_possible=args.as_fast_as_possible)
+    with progress.shown(args.quiet or args.json):
+        with progress.stage("loading model"):
+            execution, tokenizer = _load(args.model)
+        requests, interaction = read_served_workload(document, tokenizer, execution)
+        # Ctrl-C or SIGTERM (run_guarded) unwinds the run: the document is written only once it is whole.
+        engine = InferenceEngine(execution, system)
+        # A stage draws only before and after: nothing writes to the terminal while the clock runs.
+        with progress.stage(f"compiling and serving {len(requests)} requests"):
+            served = engine.serve(requests, interaction, as_fast_as_possible=args.as_fast_as_possible)
     measured = measured_run(execution, system, served, kind=document["kind"], interaction=interaction, tokenizer=tokenizer)
     write_document(measured, args.out)
     if args.json:

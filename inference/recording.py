@@ -19,6 +19,7 @@ from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest, check_prompt
 from inference.response import InferenceResponse
+from jgpt import progress
 from jgpt.errors import ApiError
 from jgpt.identity import write_atomically
 from jgpt.kv_state import KVState
@@ -80,7 +81,7 @@ def record(
     # unless that very sequence is already retained; a hit takes the state. Keyed by its token ids.
     retained: dict[tuple[int, ...], KVState] = {}
     documents = []
-    for request in requests:
+    for request in progress.tracked(requests, "recording requests", unit="request"):
         reused = _longest_proper_prefix(retained, request.prompt_ids)
         prefix = None if reused is None else retained.pop(reused)
         generation = generate(execution, [request], prefix, timing=timing, reference=reference)

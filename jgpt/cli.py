@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
-from jgpt import compilation_cache
+from jgpt import command_line, compilation_cache
 from jgpt.errors import run_guarded
 
 # name -> (module with `main(command, argv) -> int`, summary)
@@ -29,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("experiments.cli", "write one self-contained HTML page explaining an experiment record"),
 }
 
-USAGE = "usage: jgpt [-h] COMMAND [ARGS...]\n"
+USAGE = "usage: jgpt [-h] [-V] COMMAND [ARGS...]\n"
 
 
 def _help() -> str:
@@ -40,16 +41,29 @@ def _help() -> str:
         "and simulate how a serving system holds and moves its KV state.\n",
         "commands:",
         *(f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()),
-        "\nRun `jgpt COMMAND --help` for the options of one command.",
+        "\nRun `jgpt COMMAND --help` for the options of one command; `jgpt --version` for the version.",
     ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    try:
+        try:
+            return _dispatch(sys.argv[1:] if argv is None else argv)
+        finally:  # also after argparse's --help (SystemExit)
+            sys.stdout.flush()  # output that fit in the pipe's buffer meets a closed pipe only here
+    except BrokenPipeError:  # `jgpt ... | head` stopped reading: end quietly, as a SIGPIPE death would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail too
+        return 128 + signal.SIGPIPE
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_help())
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"jgpt {command_line.version()}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(USAGE + f"jgpt: error: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)

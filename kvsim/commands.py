@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from jgpt import progress
+from jgpt.command_line import ArgumentParser
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes, write_atomically
 from jgpt.output_paths import output_directory, output_file
@@ -21,53 +23,66 @@ from kvsim.synthetic import REQUEST_LIMIT, conversations
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=f"jgpt {command}",
         description="KV residency and service simulator: deterministic, causal, replayable (see docs/kvsim.md)",
     )
-    sub = parser.add_subparsers(dest="action", required=True)
-    run = sub.add_parser("run", help="simulate INPUT.json, print a summary, optionally write the record")
-    run.add_argument("input", type=Path)
-    run.add_argument("--out", type=Path, help="where to write the CacheRun record (JSON)")
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run = sub.add_parser("run", help="simulate INPUT.json, print a summary, optionally write the record",
+                         description="Simulate INPUT.json and print a summary (times and sizes in human units; "
+                                     "--json and the record keep the exact numbers).")
+    run.add_argument("input", type=Path, metavar="INPUT.json", help="a kvsim input: system, computations, workload")
+    run.add_argument("--out", type=Path, metavar="RECORD.json", help="where to write the CacheRun record (JSON)")
+    run.add_argument("--json", action="store_true", help="print the run's id and outcomes as JSON instead of the summary")
+    run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     replay = sub.add_parser("replay", help="re-run a record's declaration; exit 0 only if the bytes are identical")
-    replay.add_argument("record", type=Path)
+    replay.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out`")
     plot = sub.add_parser("plot", help="write occupancy, timeline and latency-CDF PNGs")
-    plot.add_argument("record", type=Path)
-    plot.add_argument("--out-dir", type=Path, help="default: RECORD's name without .json, plus _plots")
+    plot.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out`")
+    plot.add_argument("--out-dir", type=Path, metavar="DIR",
+                      help="directory for the PNGs (default: RECORD's name without .json, plus _plots)")
     perfetto = sub.add_parser("perfetto", help="write Chrome/Perfetto trace JSON with flow arrows for causes")
-    perfetto.add_argument("record", type=Path)
-    perfetto.add_argument("--out", type=Path, help="default: RECORD's name with .perfetto.json")
+    perfetto.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out`")
+    perfetto.add_argument("--out", type=Path, metavar="TRACE.json",
+                          help="where to write the trace (default: RECORD's name with .perfetto.json)")
     trace = sub.add_parser(
         "import-trace", help="recorded computations (analytic counts) from a Mooncake or Azure trace"
     )
-    trace.add_argument("trace", type=Path)
-    trace.add_argument("--format", choices=traces.FORMATS, required=True)
-    trace.add_argument("--block-tokens", type=int, default=512, help="tokens per Mooncake hash block (at most --context)")
-    trace.add_argument("--out", type=Path, required=True)
+    trace.add_argument("trace", type=Path, metavar="TRACE", help="a Mooncake JSONL or Azure CSV trace file")
+    trace.add_argument("--format", choices=traces.FORMATS, required=True, help="the trace's format")
+    trace.add_argument("--block-tokens", type=int, default=512, metavar="N",
+                       help="tokens per Mooncake hash block (at most --context)")
+    trace.add_argument("--out", type=Path, required=True, metavar="COMPUTATIONS.json",
+                       help="where to write the recorded computation document")
     _model_options(trace)
     synth = sub.add_parser("synthesize", help="recorded computations (analytic counts) of multi-turn conversations")
-    synth.add_argument("--requests", type=int, default=100, help=f"at most {REQUEST_LIMIT}")
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--out", type=Path, required=True)
+    synth.add_argument("--requests", type=int, default=100, metavar="N", help=f"requests (turns of multi-turn conversations), at most {REQUEST_LIMIT:,}")
+    synth.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the synthetic conversations (>= 0)")
+    synth.add_argument("--out", type=Path, required=True, metavar="COMPUTATIONS.json",
+                       help="where to write the recorded computation document")
     _model_options(synth)
     calibrate = sub.add_parser("calibrate", help="fit the calibrated compute service and transfer to measured engine runs")
-    calibrate.add_argument("measured", type=Path, nargs="+", help="measured-run documents (jgpt serve --out)")
-    calibrate.add_argument("--out", type=Path, required=True, help="where to write the system fragment (JSON)")
+    calibrate.add_argument("measured", type=Path, nargs="+", metavar="MEASURED.json",
+                           help="measured-run documents (jgpt serve --out)")
+    calibrate.add_argument("--out", type=Path, required=True, metavar="SERVICE.json",
+                           help="where to write the system fragment (JSON)")
+    calibrate.add_argument("--json", action="store_true", help="print the fragment as JSON instead of the fit table")
     forecast = sub.add_parser("predict", help="simulate a measured engine run and compare with it field by field")
-    forecast.add_argument("measured", type=Path)
-    forecast.add_argument("--service", type=Path, help="a fragment from calibrate (default: the run's own rates)")
+    forecast.add_argument("measured", type=Path, metavar="MEASURED.json", help="a measured-run document (jgpt serve --out)")
+    forecast.add_argument("--service", type=Path, metavar="SERVICE.json",
+                          help="a fragment from calibrate (default: the run's own rates)")
     forecast.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("analytic model (counts only, no weights)")
-    group.add_argument("--layers", type=int, default=4)
-    group.add_argument("--width", type=int, default=128)
-    group.add_argument("--ffn", type=int, default=512)
-    group.add_argument("--vocabulary", type=int, default=260)
-    group.add_argument("--precision-bytes", type=int, default=4)
-    group.add_argument("--context", type=int, default=4096, help="positions a request may use (prompt plus output)")
+    group.add_argument("--layers", type=int, default=4, metavar="N", help="transformer blocks")
+    group.add_argument("--width", type=int, default=128, metavar="N", help="channels of the residual stream")
+    group.add_argument("--ffn", type=int, default=512, metavar="N", help="hidden units of each feed-forward block")
+    group.add_argument("--vocabulary", type=int, default=260, metavar="N", help="token ids the model knows")
+    group.add_argument("--precision-bytes", type=int, default=4, metavar="N", help="bytes per KV element")
+    group.add_argument("--context", type=int, default=4096, metavar="N", help="positions a request may use (prompt plus output)")
 
 
 def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
@@ -87,10 +102,18 @@ def main(command: str, argv: list[str]) -> int:
     if args.action == "run":
         if args.out:
             output_file(args.out, "--out", [args.input])
-        run = simulate(**load_input(args.input, out=args.out))
+        with progress.shown(args.quiet):
+            with progress.stage("simulating"):
+                run = simulate(**load_input(args.input, out=args.out))
+            if args.out:
+                with progress.stage(f"writing {args.out}"):
+                    write_atomically(args.out, record_chunks(run))
+        if args.json:
+            document = {"id": run_id(run), "outcomes": run.outcomes, "record": None if args.out is None else str(args.out)}
+            print(json.dumps(document, indent=1))
+            return 0
         print(summary_table({"id": run_id(run), "outcomes": run.outcomes}))
         if args.out:
-            write_atomically(args.out, record_chunks(run))
             print(f"record written to {args.out}")
         return 0
     if args.action == "replay":
@@ -153,8 +176,11 @@ def _fidelity(args: argparse.Namespace) -> int:
     if args.action == "calibrate":
         output_file(args.out, "--out", args.measured)
         fragment, fits, notes = fit([load_measured_run(path, f"MEASURED[{i}]") for i, path in enumerate(args.measured)])
-        print(fit_table(fits, notes))
         write_atomically(args.out, (json.dumps(fragment, indent=1) + "\n").encode())
+        if args.json:
+            print(json.dumps(fragment, indent=1))
+            return 0
+        print(fit_table(fits, notes))
         print(f"service fragment written to {args.out}")
         return 0
     run = load_measured_run(args.measured, "MEASURED")

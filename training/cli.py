@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
+from jgpt import progress
+from jgpt.command_line import ArgumentParser
 from jgpt.errors import ApiError
 from jgpt.output_paths import output_directory
 
@@ -17,9 +20,33 @@ OVERRIDES = {
     "log_every": int, "eval_every": int, "checkpoint_every": int, "train_conversations": int,
 }  # fmt: skip
 ARCHITECTURE_OVERRIDES = ("layers", "heads", "width", "ffn")
+# flag -> (metavar, help); the help ends with TrainingConfig's default, since the flag itself defaults to
+# "not given" (so a --config file's value stands unless a flag overrides it).
+HELP = {
+    "data": ("FILE.txt", "UTF-8 text file to train on (default: the built-in multi-turn conversations)"),
+    "out": ("DIR", "directory for checkpoints, metrics.jsonl, loss.png and model/"),
+    "tokenizer": (None, "bytes: the 260-id byte tokenizer; bpe: merges learned from --data"),
+    "vocab_size": ("N", "vocabulary of a bpe tokenizer"),
+    "seed": ("N", "seed of the initialization, the batches and the built-in conversations"),
+    "steps": ("N", "optimizer steps"),
+    "batch_size": ("N", "sequences per step"),
+    "learning_rate": ("LR", "peak learning rate of the warm-up + cosine schedule"),
+    "warmup_steps": ("N", "linear warm-up steps (default: min({WARMUP_STEPS}, steps // 10))"),
+    "context": ("N", "training window in tokens (default: the architecture's context)"),
+    "selection": (None, "which checkpoint becomes model/: the best development loss or the last"),
+    "log_every": ("N", "steps between metrics.jsonl lines"),
+    "eval_every": ("N", "steps between development-loss evaluations"),
+    "checkpoint_every": ("N", "steps between checkpoints"),
+    "train_conversations": ("N", "built-in conversations to generate for training"),
+    "layers": ("N", "transformer blocks"),
+    "heads": ("N", "attention heads"),
+    "width": ("N", "channels of the residual stream"),
+    "ffn": ("N", "hidden units of each feed-forward block"),
+}
+CHOICES = {"tokenizer": "TOKENIZERS", "selection": "SELECTIONS"}  # names in training.config
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(ArgumentParser):
     """Usage errors become ApiError, so every bad input leaves the same way."""
 
     def error(self, message: str):
@@ -28,26 +55,25 @@ class _Parser(argparse.ArgumentParser):
 
 def _train_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Train a model; writes checkpoints, metrics.jsonl, loss.png and model/ under --out.")
-    parser.add_argument("--config", help="JSON file of TrainingConfig fields (unknown keys are an error)")
+    import training.config as config  # no jax: `jgpt train --help` stays quick
+
+    defaults = {**{f.name: f.default for f in dataclasses.fields(config.TrainingConfig)}, **config.default_architecture()}
+    parser.add_argument("--config", metavar="FILE.json", help="JSON file of TrainingConfig fields (unknown keys are an error)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    for name, kind in OVERRIDES.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, dest=name)
-    for name in ARCHITECTURE_OVERRIDES:
-        parser.add_argument(f"--{name}", type=int, help=f"architecture {name}")
+    for name, kind in [*OVERRIDES.items(), *((name, int) for name in ARCHITECTURE_OVERRIDES)]:
+        metavar, text = HELP[name]
+        text = text.format(WARMUP_STEPS=config.WARMUP_STEPS)
+        if "(default" not in text:
+            text += f" (default: {defaults[name]})"
+        choices = getattr(config, CHOICES[name]) if name in CHOICES else None
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, dest=name, metavar=metavar, choices=choices, help=text)
     return parser
 
 
 def train_command(prog: str, argv: list[str]) -> int:
-    from training.config import TrainingConfig, from_json, load
-
     args = _train_parser(prog).parse_args(argv)
-    base = load(args.config) if args.config else TrainingConfig()
-    changes = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
-    architecture = {name: getattr(args, name) for name in ARCHITECTURE_OVERRIDES if getattr(args, name) is not None}
-    if architecture:
-        changes["architecture"] = {**base.architecture, **architecture}
-    config = from_json({**base.to_json(), **changes})
+    config = training_config(args)
     output_directory(config.out, "out", [args.config, config.data])
 
     from jgpt.artifact import save_artifact
@@ -72,22 +98,42 @@ def train_command(prog: str, argv: list[str]) -> int:
     return 0
 
 
+def training_config(args: argparse.Namespace):
+    """The TrainingConfig of `jgpt train`: the --config file's fields, overridden by the flags given."""
+    from jgpt.json_input import read_json
+    from training.config import from_json
+
+    # The file's own fields, not a completed config: a field it leaves out (the warm-up) follows the flags.
+    document = read_json(args.config, "config") if args.config else {}
+    base = from_json(document)
+    changes = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
+    architecture = {name: getattr(args, name) for name in ARCHITECTURE_OVERRIDES if getattr(args, name) is not None}
+    if architecture:
+        changes["architecture"] = {**base.architecture, **architecture}
+    return from_json({**document, **changes})
+
+
 def eval_command(prog: str, argv: list[str]) -> int:
     parser = _Parser(prog=prog, description="Development loss and held-out exact match of a model.")
-    parser.add_argument("--model", help="catalog id or artifact directory (default: the catalog's default model)")
-    parser.add_argument("--data", help="UTF-8 text file: evaluate on its development part instead of the conversations")
-    parser.add_argument("--development-fraction", type=float, default=0.1)
-    parser.add_argument("--conversations", type=int, default=500, help="held-out conversations to generate")
-    parser.add_argument("--seed", type=int, help="conversation seed (default: the model's training seed)")
+    parser.add_argument("--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)")
+    parser.add_argument("--data", metavar="FILE.txt",
+                        help="UTF-8 text file: evaluate on its development part instead of the conversations")
+    parser.add_argument("--development-fraction", type=float, default=0.1, metavar="F",
+                        help="the share of --data's text that is its development part (as `jgpt train` split it)")
+    parser.add_argument("--conversations", type=int, default=500, metavar="N", help="held-out conversations to generate")
+    parser.add_argument("--seed", type=int, metavar="N", help="conversation seed (default: the model's training seed)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     args = parser.parse_args(argv)
 
-    from training.report import evaluate_model
+    with progress.shown(args.quiet):
+        with progress.stage("starting jax"):
+            from training.report import evaluate_model
 
-    report = evaluate_model(
-        args.model, data=args.data, development_fraction=args.development_fraction,
-        conversations=args.conversations, seed=args.seed,
-    )  # fmt: skip
+        report = evaluate_model(
+            args.model, data=args.data, development_fraction=args.development_fraction,
+            conversations=args.conversations, seed=args.seed,
+        )  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -19,7 +19,6 @@ from jgpt.errors import ApiError
 from jgpt.identity import sha256_json
 from jgpt.json_input import read_json
 from jgpt.limits import CONVERSATION_LIMIT, PARAMETER_LIMIT, VOCABULARY_LIMIT, bounded
-from jgpt.weights import parameter_count
 
 SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
@@ -28,6 +27,8 @@ BYTE_VOCABULARY = 260
 BATCH_LIMIT = 1 << 16
 # Where the run writes; not part of what the run prepares.
 LOCATION_FIELDS = ("out",)
+# Linear warm-up steps when none are given: this many, but at most a tenth of the run's steps.
+WARMUP_STEPS = 100
 
 
 def default_architecture() -> dict[str, Any]:
@@ -56,7 +57,8 @@ class TrainingConfig:
     steps: int = 3000
     batch_size: int = 32
     learning_rate: float = 3e-3
-    warmup_steps: int = 100
+    # None: min(WARMUP_STEPS, steps // 10), so a short run needs no warm-up of its own; the number is stored.
+    warmup_steps: int | None = None
     final_learning_rate_fraction: float = 0.05
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -88,6 +90,8 @@ class TrainingConfig:
         for name in ("train_conversations", "development_conversations"):
             bounded(getattr(self, name), name, 1, CONVERSATION_LIMIT)
         bounded(self.batch_size, "batch_size", 1, BATCH_LIMIT)
+        if self.warmup_steps is None:
+            object.__setattr__(self, "warmup_steps", default_warmup_steps(self.steps))
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
             raise ApiError("warmup_steps", f"must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}")
         for name in ("learning_rate", "clip_norm"):
@@ -105,6 +109,8 @@ class TrainingConfig:
             raise ApiError("selection", f"unknown value {self.selection!r}; supported: {', '.join(SELECTIONS)}")
         if not isinstance(self.unroll, (bool, int)) or (not isinstance(self.unroll, bool) and self.unroll <= 0):
             raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
+        from jgpt.weights import parameter_count  # jax: `jgpt train --help` reads this module's defaults
+
         architecture = self.model_architecture  # validates the architecture's own fields
         if parameter_count(architecture) > PARAMETER_LIMIT:
             raise ApiError("architecture", f"{parameter_count(architecture):,} parameters exceed the limit of "
@@ -148,6 +154,10 @@ class TrainingConfig:
 def _is_number(value: Any) -> bool:
     """A finite JSON number: NaN or Infinity here once crashed the run while writing run.json."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def default_warmup_steps(steps: int) -> int:
+    return min(WARMUP_STEPS, steps // 10)
 
 
 def _plain(value: Any) -> Any:

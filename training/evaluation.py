@@ -6,6 +6,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
+from jgpt import progress
 from jgpt.tokenizer import Tokenizer
 from jgpt.weights import ModelWeights
 from training.batches import TokenRows
@@ -42,7 +43,7 @@ def exact_match(
         for n, (e, answer) in enumerate(zip(exercises, answers, strict=True))
     ]
     correct: dict[str, list[bool]] = defaultdict(list)
-    for start in range(0, len(requests), batch_size):
+    for start in progress.tracked(range(0, len(requests), batch_size), "exact match", unit="batch"):
         generation = generate(execution, requests[start : start + batch_size])
         for n, response in enumerate(generation.responses, start):
             correct[exercises[n].skill].append(tuple(response.output_ids) == answers[n])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+from jgpt import progress
 from jgpt.catalog import load_model, read_catalog
 from jgpt.errors import ApiError
 from jgpt.limits import CONVERSATION_LIMIT, bounded
@@ -26,7 +27,8 @@ def evaluate_model(
     raw, content = corpora.read_text(data) if data is not None else (None, None)  # refused before the model loads
     if model is None:
         model = read_catalog().default_id()
-    artifact = load_model(model)
+    with progress.stage(f"loading model {model}"):
+        artifact = load_model(model)
     if artifact.tokenizer_path is None:
         raise ApiError("model", f"{model} has no tokenizer to encode evaluation data with")
     tokenizer = Tokenizer.load(artifact.tokenizer_path)
@@ -42,9 +44,10 @@ def evaluate_model(
         )
     mesh = sharding.data_mesh()
     step = make_development_step(architecture, sharding.batch_sharding(mesh), unroll=True)
-    loss, bits = development_loss(
-        step, artifact.weights, corpus.development, corpus.development_bytes, DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
-    )  # fmt: skip
+    with progress.stage("development loss"):
+        loss, bits = development_loss(
+            step, artifact.weights, corpus.development, corpus.development_bytes, DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
+        )  # fmt: skip
     report = {
         "model": str(model),
         "checkpoint_sha256": artifact.checkpoint_sha256,

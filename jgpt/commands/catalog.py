@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from jgpt.command_line import ArgumentParser
 from jgpt.catalog import DEFAULT_CATALOG, DEFAULT_ROLE, add_model, describe, read_catalog, write_catalog
 from jgpt.errors import ApiError
 
@@ -19,18 +20,18 @@ examples:
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = ArgumentParser(
+        prog=prog, epilog=EXAMPLES,
         description="List the models a checkout knows about, or add a verified artifact to the catalog.")
-    p.add_argument("--catalog", type=Path, default=DEFAULT_CATALOG, metavar="FILE", help="catalog file (default: %(default)s)")
+    p.add_argument("--catalog", type=Path, default=DEFAULT_CATALOG, metavar="FILE", help="catalog file")
     p.add_argument("--json", action="store_true", help="print the catalog as JSON")
     sub = p.add_subparsers(dest="action")
     add = sub.add_parser("add", help="add an artifact directory under the catalog's storage")
-    add.add_argument("artifact", type=Path, metavar="ARTIFACT_DIR")
+    add.add_argument("artifact", type=Path, metavar="ARTIFACT_DIR", help="a jgpt artifact directory (manifest.json)")
     add.add_argument("--id", required=True, help="model id")
     add.add_argument("--label", required=True, help="one-line human label")
-    add.add_argument("--role", help='"default" marks the model used when none is named')
-    add.add_argument("--inspection", help="the text offered for inspecting this model")
+    add.add_argument("--role", metavar="ROLE", help=f'"{DEFAULT_ROLE}" marks the model used when none is named')
+    add.add_argument("--inspection", metavar="TEXT", help="the text offered for inspecting this model")
     add.add_argument("--stop-ids", type=int, nargs="*", default=[], metavar="ID", help="ids that end generation")
     return p
 

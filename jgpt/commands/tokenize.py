@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from jgpt.command_line import ArgumentParser
 from jgpt.encoding import Encoding
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
@@ -28,8 +29,8 @@ examples:
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = ArgumentParser(
+        prog=prog, epilog=EXAMPLES,
         description="Encode text (one user turn) or conversation turns with the byte-level tokenizer and "
                     "print the Encoding: token ids and the spans explaining them. Or train a tokenizer.")
     p.add_argument("text", nargs="?", metavar="TEXT", help="text to encode as one user turn")
@@ -43,7 +44,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     training.add_argument("--train", metavar="CORPUS.txt", help="learn BPE merges from this UTF-8 text file")
     training.add_argument("--vocab-size", type=int, metavar="N", help="target vocabulary size (>= 260) for --train")
     training.add_argument("--min-frequency", type=int, default=2, metavar="N",
-                          help="merge only pairs seen at least N times (default 2)")
+                          help="merge only pairs seen at least N times")
     training.add_argument("--out", metavar="FILE", help="where --train writes the tokenizer.json")
     return p
 
