@@ -5,6 +5,8 @@ An artifact is a directory:
     manifest.json    format, architecture, provenance, parameters, identities, assets
     weights/         the weights as an orbax-checkpoint PyTree checkpoint
     tokenizer.json   the tokenizer file (absent for an imported model without one)
+    tokenizer_config.json, chat_template.jinja
+                     an imported Hugging Face tokenizer's own companions, when it had them
 
 Identities (DESIGN.md):
 - `checkpoint_sha256`: SHA-256 of a canonical serialization of the weights (each
@@ -44,6 +46,8 @@ FORMAT = "jgpt-artifact-v1"
 WEIGHT_FORMAT = "orbax-checkpoint"
 TOKENIZER_FORMAT = "tokenizers-json"
 MANIFEST, WEIGHTS, TOKENIZER = "manifest.json", "weights", "tokenizer.json"
+# A Hugging Face tokenizer's own files beside tokenizer.json (jgpt/hf_tokenizer.py), listed assets like it.
+TOKENIZER_COMPANIONS = ("tokenizer_config.json", "chat_template.jinja")
 
 
 def checkpoint_sha256(weights: ModelWeights) -> str:
@@ -205,7 +209,8 @@ def _require_replaceable(path: Path) -> None:
     manifest = read_json(path / MANIFEST, "out", allow_non_finite=True)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ApiError("out", f"{path / MANIFEST} is not a {FORMAT} manifest; --overwrite replaces only an artifact")
-    foreign = sorted(entry.name for entry in path.iterdir() if entry.name not in (MANIFEST, WEIGHTS, TOKENIZER))
+    parts = (MANIFEST, WEIGHTS, TOKENIZER, *TOKENIZER_COMPANIONS)
+    foreign = sorted(entry.name for entry in path.iterdir() if entry.name not in parts)
     if foreign:
         raise ApiError("out", f"{path} also holds {foreign[0]!r}, which is not part of an artifact; not replacing it")
 
@@ -264,7 +269,7 @@ def _verify_assets(path: Path, manifest: Mapping[str, Any]) -> tuple[ModelAsset,
     # Every path is confined before any is looked at, so a refusal never tells whether some file exists.
     files = [confined(path, asset.path, f"assets[{n}].path") for n, asset in enumerate(assets)]
     for asset, file in zip(assets, files):
-        identity = "tokenizer_sha256" if asset.path == TOKENIZER else "checkpoint_sha256"
+        identity = "tokenizer_sha256" if asset.path in (TOKENIZER, *TOKENIZER_COMPANIONS) else "checkpoint_sha256"
         if not file.is_file():
             raise ApiError(identity, f"{asset.path} is missing from {path}")
         if file.stat().st_size != asset.bytes or file_sha256(file) != asset.sha256:
@@ -295,6 +300,10 @@ def load_artifact(path: str | os.PathLike) -> ModelArtifact:
     architecture = architecture_from_json(manifest["architecture"])
     weights_directory = confined(path, WEIGHTS, "checkpoint_sha256")
     _refuse_unlisted(path, weights_directory, assets)
+    # The tokenizer reads its companions beside tokenizer.json: only verified ones may be there.
+    if unlisted := [name for name in TOKENIZER_COMPANIONS
+                    if os.path.lexists(path / name) and name not in {asset.path for asset in assets}]:
+        raise ApiError("tokenizer_sha256", f"{unlisted[0]} in {path} is not an asset its manifest lists")
     try:
         weights = _restore_weights(weights_directory, architecture)
     except Exception as error:  # orbax and tensorstore raise many types for unreadable data

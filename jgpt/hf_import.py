@@ -13,8 +13,9 @@ config.json is a positive integer of at most DIMENSION_LIMIT, the parameters the
 imply at most jgpt.limits.PARAMETER_LIMIT, every number finite,
 every shard the index names lies inside the directory, and every tensor's shape (read
 from the safetensors headers alone) is the one the config implies. So memory follows
-the files' size, never a number written in them. A tokenizer.json must be a jgpt
-tokenizer whose ids the model can embed.
+the files' size, never a number written in them. A tokenizer.json (jgpt's own, or the
+model's Hugging Face one used as is, with the tokenizer_config.json and chat_template.jinja
+beside it: see jgpt/hf_tokenizer.py) must load and have no more ids than the model embeds.
 """
 
 from __future__ import annotations
@@ -313,8 +314,8 @@ def import_hf(directory: str | Path, out: str | Path, *, overwrite: bool = False
                          overwrite=overwrite)
 
 
-def _tokenizer(directory: Path, architecture: Architecture) -> Path | None:
-    """tokenizer.json when present, checked now rather than when the model first generates."""
+def _tokenizer(directory: Path, architecture: Architecture):
+    """The Tokenizer of tokenizer.json when present, checked now rather than when the model first generates."""
     from jgpt.tokenizer import Tokenizer
 
     path = directory / "tokenizer.json"
@@ -323,9 +324,8 @@ def _tokenizer(directory: Path, architecture: Architecture) -> Path | None:
     try:
         tokenizer = Tokenizer.load(path)
     except ApiError as error:
-        raise ApiError("tokenizer.json", f"{error.reason} (jgpt reads only its own byte-level tokenizer files; "
-                                         f"move it aside to import the model without a tokenizer)") from None
+        raise ApiError("tokenizer.json", f"{error.reason} (move it aside to import the model without a tokenizer)") from None
     if tokenizer.vocab_size > architecture.vocabulary:
         raise ApiError("tokenizer.json", f"has {tokenizer.vocab_size} ids, more than the model's vocab_size "
                                          f"{architecture.vocabulary} can embed")
-    return path
+    return tokenizer

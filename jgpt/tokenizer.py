@@ -15,6 +15,10 @@ UTF-8 bytes themselves, so that path needs no library call.
 
 Control tokens exist only as ids: text that happens to read "<|user|>" is encoded
 as its bytes, so user text can never forge framing.
+
+`Tokenizer.load` also reads a Hugging Face tokenizer.json that is not jgpt's layout (an
+imported model's own): it returns an `HFTokenizer` (jgpt/hf_tokenizer.py), which keeps
+this interface and uses that file as is.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ CONTROL_MARKERS = {**{ROLE_IDS[role]: f"<|{role}|>" for role in ROLES}, TURN_END
 
 NORMALIZATION = "NFC"
 CODEC_VERSION = "jgpt-byte-bpe/1"
+# The largest tokenizer file read: Llama 3's tokenizer.json is 9 MB; memory follows this bound.
+FILE_LIMIT = 64 << 20
 
 
 def _byte_level_alphabet() -> tuple[str, ...]:
@@ -168,15 +174,23 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike, context_limit: int | None = None) -> Tokenizer:
-        return cls._from_document(read_bytes(path, "tokenizer"), context_limit, source=str(path))
+        """jgpt's own tokenizer file, or any other Hugging Face tokenizer.json as an HFTokenizer
+        (with the tokenizer_config.json beside it, as Hugging Face saves them)."""
+        document = read_limited(Path(path), "tokenizer")
+        spec = _parse(document, str(path))
+        if _is_jgpt_layout(spec):
+            return Tokenizer._from_spec(document, spec, context_limit, str(path))
+        from jgpt.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer.of(document, spec, Path(path).parent, context_limit, str(path))
 
     @classmethod
     def _from_document(cls, document: bytes, context_limit: int | None, source: str = "tokenizer") -> Tokenizer:
+        return cls._from_spec(document, _parse(document, source), context_limit, source)
+
+    @classmethod
+    def _from_spec(cls, document: bytes, spec: Any, context_limit: int | None, source: str) -> Tokenizer:
         _check_context_limit(context_limit)
-        try:
-            spec = parse_json(document, "tokenizer", source=source)
-        except ApiError as error:
-            raise ApiError("tokenizer", f"not a JSON tokenizer file: {error.reason}") from None
         pieces = _pieces_of(spec, source)
         merges = spec["model"]["merges"]
         # The runtime copy drops the controls and the normalizer: controls are framing ids,
@@ -229,13 +243,7 @@ class Tokenizer:
             raise ApiError("id", f"{token_id} is not in the vocabulary of {self.vocab_size}")
         if token_id in CONTROL_MARKERS:
             return Token(token_id, "control", CONTROL_MARKERS[token_id], "turn framing")
-        piece = self.pieces[token_id]
-        text, problem, _ = _utf8_with_markers(piece)
-        if token_id >= FIRST_MERGE_ID:
-            return Token(token_id, "merge", text, "partial characters" if problem else "whole characters")
-        group = ("ascii" if token_id < 0x80 else "utf-8 continuation" if token_id < 0xC0
-                 else "utf-8 lead" if 0xC2 <= token_id <= 0xF4 else "never in utf-8")
-        return Token(token_id, "byte", text, group)
+        return describe_piece(token_id, self.pieces[token_id], merge=token_id >= FIRST_MERGE_ID)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -304,14 +312,7 @@ class Tokenizer:
         With final=False (generation still running) a valid but unfinished UTF-8
         sequence at the very end is no error: it is returned as `pending`.
         """
-        ids = np.asarray(ids)
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise ApiError("ids", f"must be a flat sequence of integers, got shape {ids.shape} of {ids.dtype}")
-        ids = ids.astype(np.int64, copy=False)  # also types an empty sequence
-        out_of_range = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
-        if out_of_range.size:
-            n = int(out_of_range[0])
-            raise ApiError("ids", f"id {int(ids[n])} at position {n} is not in the vocabulary of {self.vocab_size}")
+        ids = self._id_array(ids)
         # Runs of text tokens between control tokens decode independently: a control
         # token cuts any character still open before it.
         controls = np.flatnonzero((ids >= BYTE_COUNT) & (ids < FIRST_MERGE_ID)).tolist()
@@ -331,6 +332,55 @@ class Tokenizer:
                 notes.append(f"{reason} in the token at position {position}")
         return Decoded("".join(parts), "; ".join(notes) or None, pending)
 
+    def _id_array(self, ids: Sequence[int]) -> np.ndarray:
+        """ids as int64 [n], each checked to be in the vocabulary."""
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise ApiError("ids", f"must be a flat sequence of integers, got shape {ids.shape} of {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False)  # also types an empty sequence
+        out_of_range = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
+        if out_of_range.size:
+            n = int(out_of_range[0])
+            raise ApiError("ids", f"id {int(ids[n])} at position {n} is not in the vocabulary of {self.vocab_size}")
+        return ids
+
+
+
+def describe_piece(token_id: int, piece: bytes, *, merge: bool) -> Token:
+    """A text token's entry: a merge (or any piece of several bytes), or one byte grouped by its UTF-8 role."""
+    text, problem, _ = _utf8_with_markers(piece)
+    if merge:
+        return Token(token_id, "merge", text, "partial characters" if problem else "whole characters")
+    byte = piece[0]
+    group = ("ascii" if byte < 0x80 else "utf-8 continuation" if byte < 0xC0
+             else "utf-8 lead" if 0xC2 <= byte <= 0xF4 else "never in utf-8")
+    return Token(token_id, "byte", text, group)
+
+
+def read_limited(path: Path, field: str) -> bytes:
+    """A tokenizer file's bytes, refused before reading when it is larger than FILE_LIMIT."""
+    try:
+        size = path.stat().st_size
+    except OSError as error:
+        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
+    if size > FILE_LIMIT:
+        raise ApiError(field, f"{path} has {size:,} bytes, more than the {FILE_LIMIT:,} a tokenizer file may have")
+    return read_bytes(path, field)
+
+
+def _parse(document: bytes, source: str) -> Any:
+    try:
+        return parse_json(document, "tokenizer", source=source)
+    except ApiError as error:
+        raise ApiError("tokenizer", f"not a JSON tokenizer file: {error.reason}") from None
+
+
+def _is_jgpt_layout(spec: Any) -> bool:
+    """A file that declares any of jgpt's control tokens at its id is jgpt's (and checked as such)."""
+    added = spec.get("added_tokens") if isinstance(spec, dict) else None
+    return isinstance(added, list) and any(
+        CONTROL_MARKERS.get(token["id"]) == token.get("content") for token in added
+        if isinstance(token, dict) and isinstance(token.get("id"), int) and not isinstance(token["id"], bool))
 
 
 def _check_context_limit(context_limit: Any) -> None:

@@ -120,7 +120,9 @@ WITH_MERGES = json.loads(Tokenizer.train(["abababab cdcdcd abab"] * 4, 264).docu
 
 @pytest.mark.parametrize("document", [b"garbage", json.dumps({"model": {"type": "WordPiece"}}).encode(),
                                       json.dumps({**WITH_MERGES, "normalizer": "NFC"}).encode(),
-                                      json.dumps({**WITH_MERGES, "model": {**WITH_MERGES["model"], "merges": [[1, 2]]}}).encode()])
+                                      json.dumps({**WITH_MERGES, "model": {**WITH_MERGES["model"], "merges": [[1, 2]]}}).encode(),
+                                      # a Hugging Face tokenizer.json with no tokenizer_config.json naming its EOS
+                                      json.dumps({**WITH_MERGES, "added_tokens": []}).encode()])
 def test_import_hf_refuses_a_foreign_or_garbage_tokenizer_at_import(hf, tmp_path, document):
     model = tmp_path / "model"
     shutil.copytree(hf, model)

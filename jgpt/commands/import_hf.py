@@ -8,9 +8,10 @@ from pathlib import Path
 EXAMPLES = """\
 example:
   jgpt import-hf ~/models/tiny-gpt2 --out checkpoints/tiny-gpt2
-      reads config.json + model.safetensors (+ tokenizer.json if present); downloads nothing.
-      Sizes and shapes are checked before any tensor is loaded; a tokenizer.json must be a
-      jgpt tokenizer (move a foreign one aside to import the weights alone).
+      reads config.json + model.safetensors (+ tokenizer.json with its tokenizer_config.json
+      if present); downloads nothing, runs no remote code. Sizes and shapes are checked before
+      any tensor is loaded. The model keeps its own tokenizer (GPT-2 byte-level or Llama
+      byte-fallback BPE) as is; tokenizer_config.json must name its eos_token, the stop id.
 """
 
 

@@ -1,0 +1,423 @@
+"""HFTokenizer: an imported model's own Hugging Face tokenizer.json, used as is behind the Tokenizer interface.
+
+jgpt's byte tokenizer (jgpt/tokenizer.py) frames turns with its own control ids. A model
+imported from Hugging Face keeps the tokenizer it was trained with: its `tokenizer.json`
+runs in HF `tokenizers` unchanged (normalizer, pre-tokenizer, BPE merges, post-processor,
+decoder), and `tokenizer_config.json` beside it names the EOS token (the stop id) and may
+carry a chat template (as may `chat_template.jinja`). Two BPE kinds are read:
+
+    byte-level        GPT-2's: every vocabulary piece spells bytes through the ByteLevel alphabet
+    byte-fallback     Llama's (SentencePiece converted): "▁" spells a space, "<0xNN>" the byte NN
+
+Identity works as for jgpt's files: `tokenizer_sha256` is the SHA-256 of the exact
+tokenizer.json bytes; the companions' hashes, the EOS and the template are in the
+manifest, so `Encoding.manifest_sha256` names everything that determined the ids.
+
+Protection against forged framing holds here too: text is encoded with special tokens
+split (`encode_special_tokens`), so typed "</s>" or "<|endoftext|>" is text, never the
+special id. Only the framing (the post-processor's specials, a chat template's own text)
+yields special ids. A chat template is data: it is rendered in jinja2's immutable
+sandbox, never as code, and nothing is ever loaded with `trust_remote_code`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from jgpt.encoding import BPE_MERGE, BYTE, UTF8_SEQUENCE, Encoding, Span, control_span
+from jgpt.errors import ApiError, library_failure
+from jgpt.identity import sha256_json, write_atomically
+from jgpt.json_input import parse_json
+from jgpt.paths import confined
+from jgpt.tokenizer import (BYTE_LEVEL_ALPHABET, Decoded, PieceTable, Token, Tokenizer, Turn, _utf8_with_markers,
+                            describe_piece, read_limited)
+
+CODEC_VERSION = "hf-tokenizers/1"
+CONFIG, TEMPLATE = "tokenizer_config.json", "chat_template.jinja"
+COMPANIONS = (CONFIG, TEMPLATE)  # saved beside tokenizer.json when the source had them
+BYTE_LEVEL, BYTE_FALLBACK = "byte-level", "byte-fallback"
+_BYTE_OF_CHAR = {char: b for b, char in enumerate(BYTE_LEVEL_ALPHABET)}
+_FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_TURN_MARK = re.compile("\x00jgpt-turn-(\\d+)\x00")  # stands for a turn's text while a template renders
+
+
+@dataclass(frozen=True, repr=False)
+class HFTokenizer(Tokenizer):
+    """A Hugging Face tokenizer.json used as is; build with `Tokenizer.load`."""
+
+    companions: Mapping[str, bytes] = field(compare=False)  # file name -> exact bytes (tokenizer_config.json, ...)
+    eos_id: int = field(compare=False)
+    specials: Mapping[int, str] = field(compare=False)  # special added tokens: id -> content
+    chat_template: str | None = field(compare=False)
+    bos_token: str = field(compare=False)  # what a chat template reads as bos_token
+    merges: int = field(compare=False)
+    fallback: np.ndarray = field(compare=False)  # [vocab] bool: a byte-fallback piece <0xNN>
+    _framing: tokenizers.Tokenizer = field(compare=False)  # recognizes special tokens: for template text only
+
+    def __repr__(self) -> str:
+        return (f"HFTokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id}, "
+                f"tokenizer_sha256={self.tokenizer_sha256[:16]}..., context_limit={self.context_limit})")
+
+    @classmethod
+    def of(cls, document: bytes, spec: Any, directory: Path, context_limit: int | None, source: str) -> HFTokenizer:
+        """Check a parsed tokenizer.json (and the companions in `directory`) and bind it."""
+        from jgpt.tokenizer import _check_context_limit
+
+        _check_context_limit(context_limit)
+        pieces, specials, merges, fallback = _hf_pieces(spec, source)
+        # Confined: a companion that is a link out of the directory is refused, never read.
+        companions = {name: read_limited(confined(directory, name, "tokenizer"), "tokenizer")
+                      for name in COMPANIONS if os.path.lexists(directory / name)}
+        config = _config(companions.get(CONFIG), source)
+        text = _library(document, source)
+        text.encode_special_tokens = True  # typed special-token text stays text
+        framing = _library(document, source)
+        eos_id = _token_id(config.get("eos_token"), text, f"{CONFIG}:eos_token")
+        template = _text_file(companions[TEMPLATE], TEMPLATE) if TEMPLATE in companions \
+            else _template(config.get("chat_template"))
+        bos = config.get("bos_token")
+        bos = bos.get("content") if isinstance(bos, dict) else bos
+        return cls(document, hashlib.sha256(document).hexdigest(), context_limit, PieceTable.of(pieces), text,
+                   companions, eos_id, specials, template, bos if isinstance(bos, str) else "", merges, fallback,
+                   framing)
+
+    def save(self, path) -> None:
+        """tokenizer.json's exact bytes, and each companion beside it, atomically."""
+        write_atomically(Path(path), self.document)
+        for name, data in self.companions.items():
+            write_atomically(Path(path).parent / name, data)
+
+    # ---- vocabulary -------------------------------------------------------------------
+
+    @property
+    def merge_count(self) -> int:
+        return self.merges
+
+    @property
+    def turn_end_id(self) -> int:
+        """The EOS id: where a reply ends and generation stops."""
+        return self.eos_id
+
+    def role_id(self, role: str) -> int:
+        raise ApiError("role", "a Hugging Face tokenizer has no role ids; its chat template frames roles")
+
+    def token(self, token_id: int) -> Token:
+        if not 0 <= token_id < self.vocab_size:
+            raise ApiError("id", f"{token_id} is not in the vocabulary of {self.vocab_size}")
+        if token_id in self.specials:
+            return Token(token_id, "control", self.specials[token_id], "special token")
+        piece = self.pieces[token_id]
+        return describe_piece(token_id, piece, merge=len(piece) != 1)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "codec_version": CODEC_VERSION,
+            "context_limit": self.context_limit,
+            "control_tokens": {content: token_id for token_id, content in sorted(self.specials.items())},
+            "companions_sha256": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(self.companions.items())},
+            "eos_id": self.eos_id,
+            "normalization": "declared by tokenizer.json",
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "unicode_version": _LIBRARY_VERSION,
+            "vocab_size": self.vocab_size,
+        }
+
+    # ---- encoding ---------------------------------------------------------------------
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of text as the tokenizer's own pipeline gives them, without special tokens."""
+        return self._library.encode(_checked(text, "text"), add_special_tokens=False).ids
+
+    def encode_turns(self, turns: Sequence[Turn], *, open_turn: str | None = None) -> Encoding:
+        """With a chat template: the turns rendered by it (open_turn adds its generation prompt).
+        Without one: a single turn's text with the tokenizer's own special tokens (e.g. Llama's BOS)."""
+        if not_turns := [n for n, turn in enumerate(turns) if not isinstance(turn, Turn)]:
+            raise ApiError(f"turns[{not_turns[0]}]", f"must be a Turn, got {type(turns[not_turns[0]]).__name__}")
+        if open_turn is not None and open_turn != "assistant":
+            raise ApiError("open_turn", f"a chat template opens only the assistant's turn, got {open_turn!r}")
+        texts = [_checked(turn.text, f"turns[{n}].text") for n, turn in enumerate(turns)]
+        if self.chat_template is None:
+            if len(turns) != 1:
+                raise ApiError("turns", f"this tokenizer has no chat template, so it encodes exactly one turn, "
+                                        f"got {len(turns)}")
+            ids, spans = self._plain(texts[0])
+        else:
+            ids, spans = self._templated(turns, texts, open_turn is not None)
+        if self.context_limit is not None and len(ids) > self.context_limit:
+            raise ApiError("context_limit", f"the input encodes to {len(ids)} token ids, "
+                                            f"more than the context_limit of {self.context_limit}")
+        canonical_input = {"open_turn": open_turn,
+                           "turns": [{"role": turn.role, "text": text} for turn, text in zip(turns, texts)]}
+        return Encoding(
+            ids=tuple(ids), spans=tuple(spans), input_sha256=sha256_json(canonical_input),
+            input_kind="conversation" if open_turn is None else "generation prompt",
+            manifest_sha256=sha256_json(self.manifest), context_limit=self.context_limit,
+            codec_version=CODEC_VERSION, unicode_version=_LIBRARY_VERSION)
+
+    def _plain(self, text: str) -> tuple[list[int], list[Span]]:
+        encoding = self._library.encode(text, add_special_tokens=True)
+        ids = encoding.ids
+        special = np.asarray(encoding.special_tokens_mask, dtype=bool)
+        spans: list[Span] = []
+        start = 0
+        # Runs of text tokens between the post-processor's special tokens (there are a few at most).
+        for stop in [*np.flatnonzero(special).tolist(), len(ids)]:
+            spans += self._text_spans(ids[start:stop], encoding.offsets[start:stop], text, start, 0, 0)
+            if stop < len(ids):
+                spans.append(control_span(ids[stop], stop, 0))
+            start = stop + 1
+        return ids, spans
+
+    def _templated(self, turns: Sequence[Turn], texts: list[str], generation_prompt: bool) -> tuple[list[int], list[Span]]:
+        """Template text is encoded with special tokens recognized (it is the framing); each turn's
+        text separately with them split, so no typed text can become framing."""
+        rendered = _render(self.chat_template, [{"role": turn.role, "content": f"\x00jgpt-turn-{n}\x00"}
+                                                for n, turn in enumerate(turns)],
+                           generation_prompt, self._library.id_to_token(self.eos_id), self.bos_token)
+        parts = _TURN_MARK.split(rendered)  # template text, turn index, template text, ...
+        order = [int(n) for n in parts[1::2]]
+        if order != list(range(len(turns))):
+            raise ApiError("chat_template", "does not render each turn's text exactly once and in order, "
+                                            "so its ids cannot be explained by spans")
+        ids: list[int] = []
+        spans: list[Span] = []
+        byte_offset = 0
+        for n, framing in enumerate(parts[0::2]):
+            for token_id in self._framing.encode(framing, add_special_tokens=False).ids if framing else ():
+                spans.append(control_span(token_id, len(ids), n))
+                ids.append(token_id)
+            if n < len(turns):
+                encoding = self._library.encode(texts[n], add_special_tokens=False)
+                spans += self._text_spans(encoding.ids, encoding.offsets, texts[n], len(ids), byte_offset, n)
+                ids += encoding.ids
+                byte_offset += len(texts[n].encode("utf-8"))
+        return ids, spans
+
+    def _text_spans(self, ids: list[int], offsets: list[tuple[int, int]], text: str,
+                    token_offset: int, byte_offset: int, turn: int) -> list[Span]:
+        """Spans from the library's offsets: the shortest runs of tokens that do not share a character.
+
+        Offsets are in characters of the text; a character spelled by several tokens (byte
+        fallback, or a merge that cuts it) gives each of them that character's offsets.
+        """
+        if not ids:
+            return []
+        source = text.encode("utf-8")
+        byte_at = _byte_offsets(text)  # [characters + 1]
+        starts, ends = (np.asarray(column, dtype=np.int64) for column in zip(*offsets))  # [n] character offsets
+        span_ends = np.flatnonzero(np.append(ends[:-1] <= starts[1:], True)) + 1  # [s] token index after each span
+        span_starts = np.concatenate([[0], span_ends[:-1]])
+        byte_starts = byte_at[np.minimum.reduceat(starts, span_starts)]
+        byte_ends = byte_at[np.maximum.reduceat(ends, span_starts)]
+        lengths = self.table.lengths[np.asarray(ids)]
+        bytewise = np.add.reduceat(lengths != 1, span_starts) == 0  # every piece one byte
+        spelled = np.add.reduceat(lengths, span_starts) == byte_ends - byte_starts  # no normalizer added any
+        reasons = np.where(~(bytewise & spelled), BPE_MERGE,
+                           np.where(span_ends - span_starts == 1, BYTE, UTF8_SEQUENCE))
+        return [
+            Span("text", str(reason), byte_offset + b0, byte_offset + b1, token_offset + t0, token_offset + t1,
+                 source[b0:b1], tuple(ids[t0:t1]), turn)
+            for t0, t1, b0, b1, reason in zip(span_starts.tolist(), span_ends.tolist(), byte_starts.tolist(),
+                                              byte_ends.tolist(), reasons)
+        ]
+
+    # ---- decoding ---------------------------------------------------------------------
+
+    def decode(self, ids: Sequence[int], *, final: bool = True) -> Decoded:
+        """The tokenizer's own decoding of ids (special tokens shown); the note names malformed UTF-8
+        in the bytes the ids spell. With final=False (generation still running), the tokens whose
+        text a later id could still change are held back, their bytes as `pending`: those past the
+        last whole character, or with byte fallback the trailing run of <0xNN> pieces."""
+        ids = self._id_array(ids)
+        data = self.table.bytes_of(ids)
+        _, problem, pending = _utf8_with_markers(data, not final)
+        ends = np.cumsum(self.table.lengths[ids])  # [n] byte offset after each token
+        if final:
+            kept = ids.size
+        elif self.fallback.any():  # ByteFallback decodes each run of <0xNN> pieces as one group: hold the last run
+            kept = int(np.flatnonzero(np.concatenate([[True], ~self.fallback[ids]]))[-1])
+        else:  # ByteLevel decodes all bytes at once: hold the tokens past the last whole character
+            kept = int(np.searchsorted(ends, len(data) - len(pending), side="right"))
+        text = self._library.decode(ids[:kept].tolist(), skip_special_tokens=False)
+        note = None
+        if problem:
+            reason, byte = problem
+            note = f"{reason} in the token at position {int(np.searchsorted(ends, byte, side='right'))}"
+        return Decoded(text, note, data[int(ends[kept - 1]) if kept else 0:])
+
+
+_LIBRARY_VERSION = f"tokenizers {tokenizers.__version__}"
+
+
+def _checked(text: str, field_name: str) -> str:
+    """Text as given (the tokenizer normalizes it itself), refusing what has no UTF-8."""
+    if not isinstance(text, str):
+        raise ApiError(field_name, f"must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ApiError(field_name, f"is not valid Unicode: lone surrogate U+{ord(error.object[error.start]):04X} "
+                                   f"at character {error.start} (undecodable input bytes?)") from None
+    return text
+
+
+def _byte_offsets(text: str) -> np.ndarray:
+    """[len(text) + 1] the UTF-8 byte offset of each character boundary."""
+    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    widths = 1 + (code_points >= 0x80) + (code_points >= 0x800) + (code_points >= 0x10000)
+    return np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
+
+
+def _library(document: bytes, source: str) -> tokenizers.Tokenizer:
+    try:
+        library = tokenizers.Tokenizer.from_str(document.decode("utf-8"))
+    except BaseException as error:  # its own exception types, or a Rust panic on what _hf_pieces missed
+        if not library_failure(error):
+            raise
+        raise ApiError("tokenizer", f"{source}: HF tokenizers rejects it: {error}") from None
+    # A truncation or padding declared in the file would change ids silently: jgpt limits length itself.
+    library.no_truncation()
+    library.no_padding()
+    return library
+
+
+def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str], int, np.ndarray]:
+    """Check a parsed foreign tokenizer.json; return the bytes each id spells, the special tokens,
+    the merge count and which ids are byte-fallback pieces. Every value the library reads is type-checked first (it panics in Rust
+    on some inconsistent files, such as a merge whose parts are not in the vocabulary)."""
+    def reject(reason: str) -> ApiError:
+        return ApiError("tokenizer", f"{source}: {reason}")
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        raise reject("has no \"model\" object")
+    model = spec["model"]
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) \
+            or not isinstance(model.get("merges"), list) or model.get("dropout") is not None:
+        raise reject("jgpt reads BPE tokenizers: model must be BPE with a vocab object, a merges list and no dropout")
+    if any(model.get(name) is not None for name in ("continuing_subword_prefix", "end_of_word_suffix")):
+        raise reject("a piece must spell its bytes alone: no continuing_subword_prefix nor end_of_word_suffix")
+    vocab = model["vocab"]
+    if not all(isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= 0
+               for token_id in vocab.values()):
+        raise reject("vocab ids must be non-negative integers")
+    added = spec.get("added_tokens", [])
+    if not isinstance(added, list) or not all(
+            isinstance(token, dict) and isinstance(token.get("id"), int) and not isinstance(token["id"], bool)
+            and token["id"] >= 0 and isinstance(token.get("content"), str) and token["content"]
+            and isinstance(token.get("special", False), bool) for token in added):
+        raise reject("added_tokens must be a list of objects with an integer id, a content string and a boolean special")
+    for n, merge in enumerate(model["merges"]):
+        pair = merge.split(" ") if isinstance(merge, str) else merge
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(part, str) and part for part in pair):
+            raise reject(f"merges[{n}] must be two pieces, as [left, right] or \"left right\", got {merge!r}")
+        missing = next((piece for piece in (*pair, "".join(pair)) if piece not in vocab), None)
+        if missing is not None:
+            raise reject(f"merges[{n}] {merge!r}: {missing!r} is not in the vocab")
+    byte_level = not model.get("byte_fallback") and _declares(spec.get("decoder"), "ByteLevel")
+    if not byte_level and not (model.get("byte_fallback") is True and _declares(spec.get("decoder"), "ByteFallback")):
+        raise reject("jgpt reads byte-level BPE (GPT-2's ByteLevel) and byte-fallback BPE (Llama's), "
+                     "where every piece spells known bytes")
+    by_id: dict[int, bytes] = {}
+    for piece, token_id in vocab.items():
+        if token_id in by_id:
+            raise reject(f"vocab id {token_id} is given to more than one piece")
+        by_id[token_id] = _spelled(piece, byte_level, reject)
+    specials = {}
+    for token in added:
+        if token["id"] in by_id and token["content"] not in vocab:
+            raise reject(f"added token {token['content']!r} takes id {token['id']}, which the vocab gives another piece")
+        if token.get("special", False):
+            specials[token["id"]] = token["content"]
+            by_id[token["id"]] = b""  # framing: spells no text bytes
+        else:
+            by_id.setdefault(token["id"], token["content"].encode("utf-8"))
+    if set(by_id) != set(range(len(by_id))):
+        raise reject(f"vocab and added token ids must run from 0 to {len(by_id) - 1} without gaps")
+    fallback = np.zeros(len(by_id), dtype=bool)
+    if not byte_level:
+        fallback[[token_id for piece, token_id in vocab.items() if _FALLBACK_PIECE.fullmatch(piece)]] = True
+    return tuple(by_id[token_id] for token_id in range(len(by_id))), specials, len(model["merges"]), fallback
+
+
+def _spelled(piece: str, byte_level: bool, reject) -> bytes:
+    if not piece:
+        raise reject("the vocab has an empty piece")
+    if byte_level:
+        if not all(char in _BYTE_OF_CHAR for char in piece):
+            raise reject(f"vocab entry {piece!r} is not a byte-level piece")
+        return bytes(map(_BYTE_OF_CHAR.__getitem__, piece))
+    fallback = _FALLBACK_PIECE.fullmatch(piece)
+    return bytes([int(fallback[1], 16)]) if fallback else piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _declares(component: Any, kind: str) -> bool:
+    """Whether a decoder (or a Sequence of them) includes one of type `kind`."""
+    if not isinstance(component, dict):
+        return False
+    parts = component.get("decoders") if component.get("type") == "Sequence" else [component]
+    return isinstance(parts, list) and any(isinstance(part, dict) and part.get("type") == kind for part in parts)
+
+
+def _config(document: bytes | None, source: str) -> dict[str, Any]:
+    if document is None:
+        raise ApiError("tokenizer", f"{source}: no {CONFIG} beside it names the eos_token, which jgpt needs to "
+                                    f"stop generation (Hugging Face's save_pretrained writes it)")
+    config = parse_json(document, f"{CONFIG}")
+    if not isinstance(config, dict):
+        raise ApiError(CONFIG, "must be a JSON object")
+    return config
+
+
+def _token_id(value: Any, library: tokenizers.Tokenizer, field_name: str) -> int:
+    content = value.get("content") if isinstance(value, dict) else value
+    if not isinstance(content, str):
+        raise ApiError(field_name, f"must name a token (jgpt stops generation there), got {value!r}")
+    token_id = library.token_to_id(content)
+    if token_id is None:
+        raise ApiError(field_name, f"{content!r} is not a token of tokenizer.json")
+    return token_id
+
+
+def _template(value: Any) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or named templates of which "default" is used."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if isinstance(named.get("default"), str):
+            return named["default"]
+    raise ApiError(f"{CONFIG}:chat_template", "must be a template string or a list with a \"default\" template")
+
+
+def _text_file(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ApiError(name, f"is not valid UTF-8 at byte {error.start}") from None
+
+
+def _render(template: str, messages: list[dict[str, str]], generation_prompt: bool, eos: str, bos: str) -> str:
+    """A chat template rendered in jinja2's immutable sandbox: it reads the messages, calls nothing of ours."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise ApiError("chat_template", f"refuses the turns: {message}")
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = raise_exception
+    try:
+        return environment.from_string(template).render(
+            messages=messages, add_generation_prompt=generation_prompt, eos_token=eos, bos_token=bos)
+    except TemplateError as error:
+        raise ApiError("chat_template", f"cannot be rendered: {error}") from None
