@@ -223,3 +223,28 @@ def test_commands_draw_no_progress_when_stderr_is_not_a_terminal(tmp_path):
     done = subprocess.run([str(SCRIPT), "kvsim", "run", str(EXAMPLE), "--out", str(tmp_path / "r.json")],
                           capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == ""
+
+
+def test_weights_are_read_without_orbax_as_orbax_restores_them(tmp_path):
+    """Start-up: load_artifact reads orbax's OCDBT layout with tensorstore; the arrays are orbax's, bit for bit."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from conftest import tiny_model
+    from jgpt.artifact import _read_ocdbt
+    from jgpt.weights import abstract_weights
+
+    artifact = tiny_model(tmp_path, seed=3)
+    directory = artifact.path / "weights"
+    target = abstract_weights(artifact.architecture).as_dict()
+    with ocp.StandardCheckpointer() as checkpointer:
+        restored = checkpointer.restore(directory, target)
+    read = _read_ocdbt(directory, target)
+    assert read.keys() == restored.keys()
+    assert all(read[name].dtype == np.float32 and np.array_equal(read[name], restored[name]) for name in read)
+    wider = {**target, "query": type(target["query"])((9, *target["query"].shape[1:]), np.float32)}
+    assert _read_ocdbt(directory, wider) is None  # another shape: orbax's to read (and refuse)
+    assert _read_ocdbt(tmp_path, target) is None  # not an OCDBT checkpoint
+    code = f"import sys; from jgpt.artifact import load_artifact; load_artifact({str(artifact.path)!r}); print('orbax' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
