@@ -31,12 +31,18 @@ from kvsim.compute_service import (
     SIZE_TERMS,
     term_names,
 )
+from kvsim.system import parse_system
 from kvsim.workload import parse_workload
 
 FORMAT = "jgpt-measured-run"
 VERSION = 1
 WORK_KINDS = (PREFILL, DECODE, "offload", "reload")
 DIRECTIONS = {"offload": DEVICE_TO_HOST, "reload": HOST_TO_DEVICE}
+HOST = "host"  # the fit of the host time before compute works (step overhead) and after a finish
+FINISH = "finish"
+# The terms a fit may leave out (bench/fidelity.py compares the model with and without each).
+OPTIONAL_TERMS = (FINISH,)
+POSITION_BIN = 32  # decode residuals are reported per this many context positions a row held
 SIGNIFICANT_DIGITS = 6  # fitted parameters are written with this many, and read back as those exact decimals
 
 
@@ -47,6 +53,7 @@ class MeasuredRun:
     document: dict  # the whole document, as read
     sha256: str  # of the file's bytes
     works: tuple[dict, ...]
+    retained_bytes_per_position: int  # KV bytes a finished request retains per position (0: the run retains nothing)
     slot_capacity: int
     prefill_window_buckets: tuple[int, ...]
     decode_batch_buckets: tuple[int, ...]
@@ -63,6 +70,9 @@ class KindFit:
     mean_error_us: float  # mean |predicted - measured|
     mean_relative_error: float
     p90_relative_error: float
+    # per shape (prefill window; decode rows, and the context positions a row held; finishes before a work):
+    # (count, mean (predicted - measured) / measured)
+    residuals: dict[str, tuple[int, float]]
 
 
 def load_measured_run(path: Path, field: str) -> MeasuredRun:
@@ -75,8 +85,9 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
         value,
         field,
         {"format", "version", "execution", "machine", "system", "engine", "workload", "computations", "works",
-         "requests", "totals"},
+         "requests", "totals", "kv_bytes_per_position"},
     )  # fmt: skip
+    kv_bytes = fields.integer(top["kv_bytes_per_position"], f"{field}.kv_bytes_per_position")
     if top["format"] != FORMAT:
         raise ApiError(f"{field}.format", f"expected {FORMAT!r}, got {top['format']!r}")
     if top["version"] != VERSION:
@@ -84,14 +95,16 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
     execution = fields.loose_mapping(top["execution"], f"{field}.execution", {"backend"})
     fields.loose_mapping(execution["backend"], f"{field}.execution.backend", set())
     fields.loose_mapping(top["machine"], f"{field}.machine", set())
-    fields.loose_mapping(top["system"], f"{field}.system", set())
+    system = parse_system(top["system"], f"{field}.system")
     engine = fields.loose_mapping(
         top["engine"], f"{field}.engine", {"slot_capacity", "prefill_window_buckets", "decode_batch_buckets"}
     )
     requests = fields.loose_mapping(top["requests"], f"{field}.requests", set())
     for request_id, outcome in requests.items():
-        fields.integer(fields.loose_mapping(outcome, f"{field}.requests.{request_id}", {"arrival_us"})["arrival_us"],
-                       f"{field}.requests.{request_id}.arrival_us")  # fmt: skip
+        names = ("arrival_us", "prompt_positions", "selected_tokens")
+        outcome = fields.loose_mapping(outcome, f"{field}.requests.{request_id}", set(names))
+        for name in names:
+            fields.integer(outcome[name], f"{field}.requests.{request_id}.{name}")
     works = tuple(_work(w, f"{field}.works[{i}]") for i, w in enumerate(fields.array(top["works"], f"{field}.works")))
     for index, work in enumerate(works):
         if unknown := [r for r in work["request_ids"] if r not in requests]:
@@ -104,6 +117,7 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
         document=top,
         sha256=sha256,
         works=works,
+        retained_bytes_per_position=kv_bytes if system.kv_cache.retention_policy == "lru" else 0,
         slot_capacity=fields.integer(engine["slot_capacity"], f"{field}.engine.slot_capacity", 1),
         prefill_window_buckets=tuple(fields.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)),
         decode_batch_buckets=tuple(fields.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)),
@@ -133,14 +147,14 @@ def _work(value: Any, field: str) -> dict:
     work = fields.loose_mapping(
         value,
         field,
-        {"kind", "request_ids", "rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes",
-         "start_us", "end_us", "wall_us"},
+        {"kind", "request_ids", "rows", "executed_rows", "window", "reused_positions", "matmul_flops",
+         "logical_memory_bytes", "bytes", "start_us", "end_us", "wall_us"},
     )  # fmt: skip
     fields.string(work["kind"], f"{field}.kind", WORK_KINDS)
     for index, request_id in enumerate(fields.array(work["request_ids"], f"{field}.request_ids")):
         fields.string(request_id, f"{field}.request_ids[{index}]")
-    for name in ("rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes", "start_us",
-                 "end_us", "wall_us"):  # fmt: skip
+    for name in ("rows", "executed_rows", "window", "reused_positions", "matmul_flops", "logical_memory_bytes", "bytes",
+                 "start_us", "end_us", "wall_us"):  # fmt: skip
         fields.integer(work[name], f"{field}.{name}")
     return work
 
@@ -172,8 +186,11 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best / scale
 
 
-def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
-    """The system fragment fitted to every work of the runs, the fit's error per kind, and notes."""
+def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> tuple[dict, list[KindFit], list[str]]:
+    """The system fragment fitted to every work of the runs, the fit's error per kind, and notes.
+
+    `optional` names the optional terms to fit (`finish`); the others are left out of the fragment, which
+    then behaves as a fragment written before they existed."""
     windows = tuple(sorted({b for run in runs for b in run.prefill_window_buckets}))
     batches = tuple(sorted({b for run in runs for b in run.decode_batch_buckets}))
     fits, notes = [], []
@@ -188,23 +205,36 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
     minimum = idle_minimum(compute_works, vary)
     for kind, kind_works in compute_works.items():
         columns = _columns(kind, kind_works, vary, minimum)
-        kind_fit = _fit_kind(kind, _column_names(kind, kind_works), columns, [w for w, _, _ in kind_works])
+        works = [w for w, _, _ in kind_works]
+        kind_fit = _fit_kind(kind, _column_names(kind, kind_works), columns, works, [_shapes(w) for w in works])
         fits.append(kind_fit)
         compute[kind] = _nested(kind, kind_fit.terms)
-    compute["step_overhead_us"] = _round(step_overhead_us(runs))
+    finish = host = None
+    if FINISH in optional:
+        host = host_fit(runs)
+        compute["step_overhead_us"] = host.terms["step_overhead_us"]
+        finish = {"fixed_us": host.terms["finish.fixed_us"], "per_byte_us": host.terms["finish.per_byte_us"]}
+    else:
+        compute["step_overhead_us"] = _round(step_overhead_us(runs))
     compute["after_idle_min_us"] = minimum
     compute["slot_capacity"] = max(run.slot_capacity for run in runs)
     compute["prefill_window_buckets"], compute["decode_batch_buckets"] = list(windows), list(batches)
+    if finish is not None:
+        compute[FINISH] = finish
     fragment = {"compute_service": compute}
     transfer = {}
     for kind, direction in DIRECTIONS.items():
-        # A transfer's time includes the host time before it, as the serving thread spent it.
+        # A transfer's time includes the host time before it, as the serving thread spent it, less the host
+        # time after a finish that kvsim charges before it.
         works = [w | {"wall_us": gap + w["wall_us"]} for run in runs
-                 for gap, w in zip(host_gaps(run), run.works, strict=True) if w["kind"] == kind]  # fmt: skip
+                 for gap, w in zip(transfer_gaps(run, finish), run.works, strict=True) if w["kind"] == kind]  # fmt: skip
         if works:
-            kind_fit = _fit_kind(kind, ("latency_us", "per_byte_us"), [[1] * len(works), [w["bytes"] for w in works]], works)
+            columns = [[1] * len(works), [w["bytes"] for w in works]]
+            kind_fit = _fit_kind(kind, ("latency_us", "per_byte_us"), columns, works, [()] * len(works))
             fits.append(kind_fit)
             transfer[direction] = kind_fit.terms
+    if host is not None:
+        fits.append(host)
     if len(transfer) == 1:
         (measured,) = transfer
         other = DEVICE_TO_HOST if measured == HOST_TO_DEVICE else HOST_TO_DEVICE
@@ -231,6 +261,16 @@ def fit(runs: list[MeasuredRun]) -> tuple[dict, list[KindFit], list[str]]:
         notes.append(f"every run had {runs[0].slot_capacity} slots, so per_slot_us is 0 and the fixed times hold the "
                      "slots' share: calibrate on runs of two slot capacities to predict others")  # fmt: skip
     return fragment, fits, notes
+
+
+def _shapes(work: dict) -> tuple[str, ...]:
+    """The shapes a work's residual is reported under: its executed window; or its executed rows and the
+    context positions its rows held (a decode step's FLOPs and bytes grow with them: attention over the
+    context), in bins of POSITION_BIN."""
+    if work["kind"] == PREFILL:
+        return (f"window {work['window']}",)
+    position = work["reused_positions"] // max(1, work["rows"]) // POSITION_BIN * POSITION_BIN
+    return f"rows {work['executed_rows']}", f"position {position}"
 
 
 def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int]]], vary: bool) -> int:
@@ -286,22 +326,37 @@ def _nested(kind: str, terms: dict) -> dict:
     return {name: times if name == size else terms[name] for name in term_names(kind)}
 
 
-def _fit_kind(kind: str, names: list[str] | tuple[str, ...], columns: list[list[int]], works: list[dict]) -> KindFit:
+def _fit_kind(
+    kind: str, names: list[str] | tuple[str, ...], columns: list[list[int]], works: list[dict],
+    shapes: list[tuple[str, ...]],
+) -> KindFit:
+    """Non-negative least squares of the works' walls on the columns; residuals per shape a work has."""
     a = np.asarray(columns, dtype=np.float64).T
     wall = np.asarray([w["wall_us"] for w in works], dtype=np.float64)
     terms = {name: _round(value) for name, value in zip(names, nnls(a, wall), strict=True)}
     predicted = a @ np.asarray([terms[name] for name in names])
-    error = np.abs(predicted - wall)
-    relative = error / np.maximum(wall, 1.0)
+    signed = (predicted - wall) / np.maximum(wall, 1.0)
+    relative = np.abs(signed)
+    residuals = {
+        shape: (int(np.sum(mask)), float(signed[mask].mean()))
+        for shape in sorted({s for labels in shapes for s in labels}, key=_shape_order)
+        if (mask := np.asarray([shape in labels for labels in shapes])).any()
+    }
     return KindFit(
         kind=kind,
         terms=terms,
         count=len(works),
         mean_wall_us=float(wall.mean()),
-        mean_error_us=float(error.mean()),
+        mean_error_us=float(np.abs(predicted - wall).mean()),
         mean_relative_error=float(relative.mean()),
         p90_relative_error=float(np.percentile(relative, 90)),
+        residuals=residuals,
     )
+
+
+def _shape_order(shape: str) -> tuple[str, int]:
+    name, _, number = shape.rpartition(" ")
+    return name, int(number.rstrip("+"))
 
 
 def host_gaps(run: MeasuredRun) -> list[int]:
@@ -332,9 +387,67 @@ def idle_us(run: MeasuredRun) -> list[int]:
 
 
 def step_overhead_us(runs: list[MeasuredRun]) -> float:
-    """Mean host time before a compute work (the host time before a transfer is the transfer's)."""
+    """Mean host time before a compute work (the host time before a transfer is the transfer's): the step
+    overhead of a fit without the `finish` term."""
     gaps = [g for run in runs for g, w in zip(host_gaps(run), run.works, strict=True) if w["kind"] in (PREFILL, DECODE)]
     return float(np.mean(gaps)) if gaps else 0.0
+
+
+def finishes(run: MeasuredRun) -> list[tuple[int, int]]:
+    """Per work, in the serving thread's order: (requests that ended with it, the bytes of the states they
+    retain). A request ends with the last compute work it took part in; it retains every position it
+    computed (a sequence already retained, rarely, is counted too) unless the run retains nothing."""
+    last = {r: index for index, w in enumerate(run.works) if w["kind"] in (PREFILL, DECODE) for r in w["request_ids"]}
+    ended = [(0, 0) for _ in run.works]
+    for request_id, index in last.items():
+        outcome = run.document["requests"][request_id]
+        computed = outcome["prompt_positions"] + max(0, outcome["selected_tokens"] - 1)
+        count, size = ended[index]
+        ended[index] = (count + 1, size + computed * run.retained_bytes_per_position)
+    return ended
+
+
+def _finish_samples(run: MeasuredRun) -> list[tuple[int, int, int]]:
+    """(finishes before, their retained bytes, host time) of each compute work whose host time tells the
+    finish time apart: after a compute work with nothing on the thread between (a transfer there may have
+    run amid the finishes), and, when the engine was idle before it (the finish time may overlap the
+    idle stretch), only after a work in which nothing ended."""
+    samples, requests = [], run.document["requests"]
+    ended = finishes(run)
+    for index, (work, gap) in enumerate(zip(run.works, host_gaps(run), strict=True)):
+        if index == 0 or work["kind"] not in (PREFILL, DECODE) or run.works[index - 1]["kind"] not in (PREFILL, DECODE):
+            continue
+        count, size = ended[index - 1]
+        busy = max(requests[r]["arrival_us"] for r in work["request_ids"]) <= run.works[index - 1]["end_us"]
+        if busy or count == 0:
+            samples.append((count, size, gap))
+    return samples
+
+
+def host_fit(runs: list[MeasuredRun]) -> KindFit:
+    """The host time before a compute work: step_overhead_us, plus finish.fixed_us + finish.per_byte_us *
+    retained bytes for each request that ended with the work before (non-negative least squares)."""
+    samples = [s for run in runs for s in _finish_samples(run)]
+    if not samples:
+        raise ApiError("MEASURED", "no compute work follows another: nothing to fit the host time to")
+    columns = [[1] * len(samples), [n for n, _, _ in samples], [b for _, b, _ in samples]]
+    works = [{"wall_us": gap} for _, _, gap in samples]
+    shapes = [(f"finishes {n}" if n < 3 else "finishes 3+",) for n, _, _ in samples]
+    return _fit_kind(HOST, ("step_overhead_us", "finish.fixed_us", "finish.per_byte_us"), columns, works, shapes)
+
+
+def transfer_gaps(run: MeasuredRun, finish: dict | None) -> list[int]:
+    """`host_gaps`, less the host time kvsim charges for finishes before a transfer that directly follows the
+    compute work they ended with (at least 0; with no finish term, the host gaps themselves)."""
+    gaps = host_gaps(run)
+    if finish is None:
+        return gaps
+    ended = finishes(run)
+    return [
+        max(0, round(gap - ended[index - 1][0] * finish["fixed_us"] - ended[index - 1][1] * finish["per_byte_us"]))
+        if index > 0 and work["kind"] in DIRECTIONS else gap
+        for index, (work, gap) in enumerate(zip(run.works, gaps, strict=True))
+    ]  # fmt: skip
 
 
 def _round(value: float) -> float | int:
@@ -366,4 +479,8 @@ def fit_table(fits: list[KindFit], notes: list[str]) -> str:
             f"  {f.kind:<9}{f.count:>7}{f.mean_wall_us:>14.1f}{f.mean_error_us:>13.1f}"
             f"{100 * f.mean_relative_error:>9.1f}%{100 * f.p90_relative_error:>9.1f}%  {terms}"
         )
+    lines.append("  residuals, mean (fitted - measured) / measured per shape:")
+    for f in (f for f in fits if f.residuals):
+        shapes = "  ".join(f"{shape}: {100 * mean:+.1f}% (n={count})" for shape, (count, mean) in f.residuals.items())
+        lines.append(f"  {f.kind:<9}{shapes}")
     return "\n".join(lines + [f"  note: {note}" for note in notes])

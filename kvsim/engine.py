@@ -261,7 +261,7 @@ class _Engine:
         causes = (decision,) if self.link_free_event < 0 else (decision, self.link_free_event)
         start = self.emit(request_id, "transfer_start", causes, state.state_id, state.size, direction=direction)
         self.link_busy = True
-        self.schedule(self.occupy(self.transfer.transfer_us(direction, state.size)), _TRANSFER_END, (*transfer, start))
+        self.schedule(self.occupy(self.transfer.transfer_us(direction, state.size), True), _TRANSFER_END, (*transfer, start))
 
     def on_transfer_end(self, transfer: tuple) -> None:
         direction, state, request_id, _, start = transfer
@@ -329,9 +329,10 @@ class _Engine:
         self.busy_us += busy
         self.schedule(self.occupy(duration), _COMPUTE_END, (batch, starts, memory))
 
-    def occupy(self, duration: int) -> int:
-        """When something started now for `duration` ends (after what the serving thread runs first, if one)."""
-        if self.one_thread:
+    def occupy(self, duration: int, transfer: bool = False) -> int:
+        """When something started now for `duration` ends: after what the serving thread runs first (a compute
+        work always waits for the thread's host time after a finish; a transfer only on one thread)."""
+        if self.one_thread or not transfer:
             self.thread_free = end = max(self.now, self.thread_free) + duration
         else:
             end = self.now + duration
@@ -391,6 +392,7 @@ class _Engine:
         cache.reserved -= request.reservation
         released = self.emit(spec.request_id, "release", (end,), size=request.reservation)
         computed = len(spec.prompt_ids) + request.step - 1 if request.step > 0 else request.reused
+        retained = 0
         if self.retain_states and computed > 0:
             key = token_key((*spec.prompt_ids, *spec.output_ids)[:computed])
             if cache.has(key):
@@ -410,7 +412,16 @@ class _Engine:
                     "fate": "on device",
                 }
                 self.emit(spec.request_id, "retain", (released,), state.state_id, state.size)
+                retained = state.size
+        if request.step > 0:
+            self.hold_thread(self.compute.finish_us(retained))
         self.admit(released)
+
+    def hold_thread(self, duration: int) -> None:
+        """Host time on the serving thread (after a request that ran ends): what it runs next starts later,
+        and no compute is busy. Idle time is still counted from the end of the last work or transfer."""
+        if duration:
+            self.thread_free = max(self.now, self.thread_free) + duration
 
     def outcome(self, request: _Request, status: str, reason: str, end_event: int) -> dict:
         spec, now = request.spec, self.now

@@ -24,7 +24,9 @@ from kvsim import parse_document, parse_system, record_json, record_value, rerun
 from kvsim.analytic import AnalyticModel, analytic_computations
 from kvsim.calibration import (
     FORMAT,
+    finishes,
     fit,
+    host_fit,
     host_gaps,
     idle_us,
     merge_service,
@@ -32,7 +34,7 @@ from kvsim.calibration import (
     read_measured_run,
     step_overhead_us,
 )
-from kvsim.compute_service import CalibratedComputeService, CalibratedTransfer, LinkTerms, WorkTerms
+from kvsim.compute_service import CalibratedComputeService, CalibratedTransfer, LinkTerms, WorkTerms, compute_service_json
 from kvsim.fidelity import compare, predict
 from kvsim.recorded import document_json
 from kvsim.synthetic import conversations
@@ -87,32 +89,35 @@ def measured_run(system: dict, document: dict, service: dict, slots: int = 256) 
     """A measured-run document of what kvsim, run with `service` at `slots` slots, did: its events become the works.
 
     kvsim plays an engine with one serving thread: each work or transfer begins when the thread is
-    free, a compute work after the step overhead."""
+    free, a compute work after the step overhead, and a request that ends holds the thread for the
+    service's finish time once its state is retained."""
     service = service | {"compute_service": service["compute_service"] | {"slot_capacity": slots}}
-    record = record_value(simulate(parse_system(merge_service(system, service)), parse_document(document)))
+    config = parse_system(merge_service(system, service))
+    record = record_value(simulate(config, parse_document(document)))
     specs = {r.request_id: r for r in parse_document(document).requests}
     outcomes = record["outcomes"]["requests"]
     overhead = service["compute_service"]["step_overhead_us"]
     steps = dict.fromkeys(specs, 0)
     events = record["events"]
     ends = {e["causes"][0]: e["time_us"] for e in events if e["kind"] in ("compute_end", "transfer_end")}
-    works, batch = [], []
+    works, batch, free = [], [], 0  # free: when the serving thread is next free
     for index, event in enumerate(events):
-        if event["kind"] == "compute_start":
+        if event["kind"] in ("retain", "retain_skip"):
+            retained = event["bytes"] if event["kind"] == "retain" else 0
+            free = max(free, event["time_us"]) + config.compute_service.finish_us(retained)
+        elif event["kind"] == "compute_start":
             batch.append(event)
             if index + 1 < len(events) and events[index + 1]["kind"] == "compute_start":
                 continue  # the rest of the batch starts with it
-            works.append(_compute_work(batch, specs, outcomes, steps, ends[batch[0]["event_id"]]))
-            batch = []
+            end = ends[batch[0]["event_id"]]
+            works.append(_compute_work(batch, specs, outcomes, steps, max(event["time_us"], free) + overhead, end))
+            batch, free = [], end
         elif event["kind"] == "transfer_start":
             kind = "offload" if event["transfer_direction"] == "device_to_host" else "reload"
             end = ends[event["event_id"]]
-            works.append(_work(kind, [event["request_id"]], 0, 0, 0, 0, 0, event["bytes"], event["time_us"], end))
-    previous = 0
-    for work in sorted(works, key=lambda w: w["end_us"]):  # the thread's order; start_us held the dispatch time
-        begin = max(work["start_us"], previous) + (overhead if work["kind"] in ("prefill", "decode") else 0)
-        work.update(start_us=begin, wall_us=work["end_us"] - begin)
-        previous = work["end_us"]
+            begin = max(event["time_us"], free)
+            works.append(_work(kind, [event["request_id"]], 0, 0, 0, 0, 0, event["bytes"], begin, end))
+            free = end
     return {
         "format": FORMAT,
         "version": 1,
@@ -132,29 +137,30 @@ def measured_run(system: dict, document: dict, service: dict, slots: int = 256) 
     }
 
 
-def _compute_work(batch, specs, outcomes, steps, end) -> dict:
-    flops = memory = 0
+def _compute_work(batch, specs, outcomes, steps, start, end) -> dict:
+    flops = memory = context = 0
     for event in batch:
         spec, step = specs[event["request_id"]], steps[event["request_id"]]
         if step == 0:
             f, b = spec.prefill_cost(outcomes[event["request_id"]]["reuse_positions"])
         else:
             f, b = spec.decode_flops[step - 1], spec.decode_bytes[step - 1]
+            context += len(spec.prompt_ids) + step - 1  # the positions the row held before the step
         flops, memory = flops + f, memory + (b if not memory else b - spec.fixed_memory_bytes)
         steps[event["request_id"]] += 1
     head = batch[0]["request_id"]
     if batch[0]["phase"] == "prefill":
         positions = len(specs[head].prompt_ids) - outcomes[head]["reuse_positions"]
         window = next(w for w in WINDOWS if w >= positions)
-        return _work("prefill", [head], 1, window, flops, memory, positions, 0, batch[0]["time_us"], end)
+        return _work("prefill", [head], 1, window, flops, memory, positions, 0, start, end)
     rows = next(b for b in BATCHES if b >= len(batch))
     ids = [e["request_id"] for e in batch]
-    return _work("decode", ids, rows, 1, flops, memory, len(batch), 0, batch[0]["time_us"], end)
+    return _work("decode", ids, rows, 1, flops, memory, len(batch), 0, start, end, context)
 
 
-def _work(kind, ids, rows, window, flops, memory, processed, size, start, end) -> dict:
+def _work(kind, ids, rows, window, flops, memory, processed, size, start, end, reused=0) -> dict:
     return {"work_id": 0, "kind": kind, "request_ids": ids, "rows": len(ids), "executed_rows": rows, "window": window,
-            "processed_positions": processed, "reused_positions": 0, "matmul_flops": flops,
+            "processed_positions": processed, "reused_positions": reused, "matmul_flops": flops,
             "logical_memory_bytes": memory, "bytes": size, "start_us": start, "end_us": end, "wall_us": end - start}  # fmt: skip
 
 
@@ -227,6 +233,12 @@ def test_a_roofline_system_is_written_as_before_and_calibrated_records_replay(do
         (lambda s: s["transfer"]["host_to_device"].update(per_byte_us="1"), "system.transfer.host_to_device.per_byte_us"),
         (lambda s: s["transfer"].pop("device_to_host"), "system.transfer.device_to_host"),
         (lambda s: s.update(calibration={"backend": {}}), "system.calibration.machine"),
+        (lambda s: s["compute_service"].update(finish={"fixed_us": -1, "per_byte_us": 0}), "system.compute_service.finish.fixed_us"),
+        (lambda s: s["compute_service"].update(finish={"fixed_us": 1, "per_byte_us": "0"}), "system.compute_service.finish.per_byte_us"),
+        (lambda s: s["compute_service"].update(finish={"fixed_us": 1}), "system.compute_service.finish.per_byte_us"),
+        (lambda s: s["compute_service"].update(finish={"fixed_us": 1, "per_byte_us": 0, "per_us": 0}), "system.compute_service.finish.per_us"),
+        (lambda s: s["compute_service"].update(finish=[1, 0]), "system.compute_service.finish"),
+        (lambda s: s["compute_service"].update(finish={"fixed_us": True, "per_byte_us": 0}), "system.compute_service.finish.fixed_us"),
     ],
 )
 def test_bad_calibrated_systems_are_refused_naming_the_field(change, field):
@@ -280,6 +292,67 @@ def test_calibration_recovers_the_service_that_produced_the_works(document, poli
     assert max(abs(row.error) for row in hypothetical if row.error is not None) > 0.5
 
 
+# The engine's host time after a request ends (measured ~0.7-1 ms per finish on two cores), with values the
+# fit must recover.
+WITH_FINISH = TRUTH | {
+    "compute_service": TRUTH["compute_service"] | {"finish": {"fixed_us": 700, "per_byte_us": 0.0005}}
+}  # fmt: skip
+
+
+def test_the_finish_time_holds_the_serving_thread_and_busies_no_compute(document):
+    """A finish delays what the serving thread runs next; zero terms, like no terms, change nothing."""
+    system = conversation_system("serialized") | {"scheduling": {"max_active_requests": 1, "policy": "serialized"},
+                                                  "kv_cache": {"device_kv_bytes": 10**9, "host_kv_bytes": 0}}  # fmt: skip
+    compute = parse_system(merge_service(system, WITH_FINISH)).compute_service
+    assert compute.finish_us(0) == 700 and compute.finish_us(1001) == 701  # 700 + 0.5005, rounded up
+    assert compute_service_json(compute)["finish"] == {"fixed_us": 700, "per_byte_us": 0.0005}
+    assert "finish" not in compute_service_json(parse_system(merge_service(system, TRUTH)).compute_service)
+    base = record_value(simulate(parse_system(merge_service(system, TRUTH)), parse_document(document)))
+    finish_only = copy.deepcopy(TRUTH)
+    finish_only["compute_service"]["finish"] = {"fixed_us": 700, "per_byte_us": 0}
+    held = record_value(simulate(parse_system(merge_service(system, finish_only)), parse_document(document)))
+    assert held["outcomes"]["totals"]["compute_busy_us"] == base["outcomes"]["totals"]["compute_busy_us"]
+    assert held["outcomes"]["totals"]["end_us"] > base["outcomes"]["totals"]["end_us"]
+    # A request admitted when the one before it ended (one at a time) ends its prefill 700 us later than
+    # without the finish time: after it, the step overhead and the prefill itself.
+    specs, held_compute = {r.request_id: r for r in parse_document(document).requests}, parse_system(
+        merge_service(system, finish_only)).compute_service  # fmt: skip
+    by_id, waits = {e["event_id"]: e for e in held["events"]}, []
+    for admit in (e for e in held["events"] if e["kind"] == "admit" and len(e["causes"]) == 2):
+        if by_id[admit["causes"][1]]["kind"] != "release":
+            continue
+        spec, outcome = specs[admit["request_id"]], held["outcomes"]["requests"][admit["request_id"]]
+        reused = outcome["reuse_positions"]
+        overhead, prefill = held_compute.work_us("prefill", len(spec.prompt_ids) - reused, 1, *spec.prefill_cost(reused), 0)
+        first_token = outcome["first_token_us"]
+        waits.append(first_token - admit["time_us"] - (700 + overhead + prefill))
+    assert len(waits) > 10 and set(waits) == {0}
+    zero = copy.deepcopy(TRUTH)
+    zero["compute_service"]["finish"] = {"fixed_us": 0, "per_byte_us": 0}
+    same = record_value(simulate(parse_system(merge_service(system, zero)), parse_document(document)))
+    assert same["events"] == base["events"] and same["outcomes"] == base["outcomes"]  # zero terms change nothing
+
+
+@pytest.mark.parametrize("policy", ["serialized", "continuous_batching"])
+def test_calibration_recovers_the_finish_term(document, policy):
+    measured = read_measured_run(measured_run(conversation_system(policy), document, WITH_FINISH), "0" * 64)
+    smaller = read_measured_run(measured_run(conversation_system(policy), document, WITH_FINISH, slots=160), "1" * 64)
+    fragment, fits, _ = fit([measured, smaller])
+    compute, truth = fragment["compute_service"], WITH_FINISH["compute_service"]
+    assert compute["finish"]["fixed_us"] == pytest.approx(700, abs=3)
+    assert compute["finish"]["per_byte_us"] == pytest.approx(0.0005, rel=0.05)
+    assert compute["step_overhead_us"] == pytest.approx(truth["step_overhead_us"], abs=2)
+    host = next(f for f in fits if f.kind == "host")
+    assert host.mean_error_us < 1.0 and {"finishes 0", "finishes 1"} <= set(host.residuals)
+    rows = compare(measured.document["totals"], predict(measured, fragment).outcomes["totals"])
+    assert all(row.measured == row.predicted if row.exact else abs(row.error) < 0.01 for row in rows), rows
+    # Fitted without the term (the model before it): the fragment has none, and predicts worse.
+    before, _, _ = fit([measured, smaller], optional=())
+    assert "finish" not in before["compute_service"]
+    worse = compare(measured.document["totals"], predict(measured, before).outcomes["totals"])
+    assert max(abs(r.error) for r in worse if r.error is not None) > max(abs(r.error) for r in rows if r.error is not None)
+
+
 def _with_idle_minimum(service: dict, minimum: int) -> dict:
     return service | {"compute_service": service["compute_service"] | {"after_idle_min_us": minimum}}
 
@@ -306,11 +379,18 @@ def test_step_overhead_is_the_host_time_before_compute_works_and_waking_an_idle_
     works = [work("prefill", "a", 0, 100), work("decode", "a", 150, 200), work("offload", "a", 220, 250),
              work("decode", "a", 300, 400), work("decode", "a", 470, 500), work("prefill", "b", 5000, 5100)]  # fmt: skip
     # Idle from 500 until b arrives at 4990; the offload's 20 us before it are the transfer's, not compute's.
-    requests = {"a": {"arrival_us": 0}, "b": {"arrival_us": 4990}}
-    run = type("Run", (), {"document": {"requests": requests}, "works": works})
+    requests = {"a": {"arrival_us": 0, "prompt_positions": 10, "selected_tokens": 3},
+                "b": {"arrival_us": 4990, "prompt_positions": 5, "selected_tokens": 1}}  # fmt: skip
+    run = type("Run", (), {"document": {"requests": requests}, "works": works, "retained_bytes_per_position": 100})
     assert host_gaps(run) == [0, 50, 20, 50, 70, 10]
     assert idle_us(run) == [1, 0, 0, 0, 0, 4490]  # a's prefill and b's woke the engine (idle since before 0, and 4490 us)
     assert step_overhead_us([run]) == (0 + 50 + 50 + 70 + 10) / 5
+    # a ends with its last decode and retains 10 + 3 - 1 positions, b with its prefill (5 positions).
+    assert finishes(run) == [(0, 0)] * 4 + [(1, 1200), (1, 500)]
+    # The finish fit's samples: compute works right after compute works, not after an idle stretch that
+    # followed a finish (b's prefill): the two decode steps, 50 and 70 us after one, nothing ended before.
+    host = host_fit([run])
+    assert host.count == 2 and host.terms == {"step_overhead_us": 60, "finish.fixed_us": 0, "finish.per_byte_us": 0}
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
