@@ -17,14 +17,17 @@ one at a time in FIFO order; kvsim's link runs concurrently with compute.
 
 Execution uses fixed compiled shapes (`inference/slot_execution.py`), all
 compiled before the clock starts; the engine counts any XLA compilation while
-the clock runs. Retained states move between the slot rows and their
+the clock runs, and pauses Python's garbage collector while it runs. Retained
+states move between the slot rows and their
 exact-length arrays through host numpy slicing and padding, which compiles
 nothing per length.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import heapq
 import time
 from collections import deque
@@ -517,7 +520,8 @@ class InferenceEngine:
         listener = lambda event, duration, **_: compiles.append(event) if event == COMPILE_EVENT else None  # noqa: E731
         jax.monitoring.register_event_duration_secs_listener(listener)
         try:
-            serving.run(ordered, list(interaction.actions) if interaction else [])
+            with collector_paused():
+                serving.run(ordered, list(interaction.actions) if interaction else [])
         finally:
             jax.monitoring.unregister_event_duration_listener(listener)
         served = tuple(
@@ -528,6 +532,23 @@ class InferenceEngine:
             plan, compiled, compile_wall_us, len(compiles), as_fast_as_possible, served, tuple(serving.works),
             serving.busy_us, end_us, dict(serving.moved), dict(serving.counts),
         )  # fmt: skip
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while the clock runs, as servers run it: a collection would
+    stall whichever work it fell in. What exists before is collected and frozen (kept out of every later
+    collection); the run's own cycles wait for the collector's return (reference counting frees the rest)."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
 
 
 def read_served_workload(
