@@ -1,26 +1,38 @@
-"""kvsim fidelity: calibrate on one workload served by the real InferenceEngine, predict three others.
+"""kvsim fidelity: calibrate on a profiling sweep served by the real InferenceEngine, predict three other workloads.
 
 Every workload is served for real (`inference.engine.InferenceEngine`, wall
-clock, the shipped chat model) under serialized service and under continuous
-batching, `--repeats` times each for the noise band. `jgpt kvsim calibrate`'s
-fit runs on the calibration workload's measured runs only; kvsim then predicts
-each other workload's run from its system, arrivals and recorded computations
-(`kvsim.fidelity.predict`), once with the calibrated service and once with the
-hypothetical default rates of docs/experiments.md, and the bench prints, field
-by field: measured (median over repeats), the repeats' spread, predicted, error.
+clock, the shipped chat model, Python's garbage collector paused while the
+clock runs) under serialized service and under continuous batching,
+`--repeats` times each, the workloads interleaved (ABCABC...: a change in the
+machine's speed hits them all alike). `jgpt kvsim calibrate`'s fit runs on the
+calibration workloads' runs of this bench run only; kvsim then predicts each
+other workload's runs from their systems, arrivals and recorded computations
+(`kvsim.fidelity.predict`), with the calibrated service, with the same service
+fitted without its optional terms (the model before them), and with the
+hypothetical default rates of docs/experiments.md. Printed per workload, policy
+and field: the measured median over repeats with its noise band (the repeats'
+minimum and maximum), each prediction and its error; then how many latencies
+each model predicts within 10% and the worst.
 
-    .venv/bin/python bench/fidelity.py [--repeats 3] [--out-dir runs/fidelity] [--plot docs/kvsim-fidelity.png]
+    .venv/bin/python bench/fidelity.py [--repeats 5] [--out-dir runs/fidelity] [--write-docs] [--gc-compare]
 
-The measured-run documents and the service fragment are written to --out-dir,
-so `jgpt kvsim calibrate` and `jgpt kvsim predict` can be run on them by hand.
-The machine is shared: run it on a quiet one for figures worth quoting.
+--write-docs rewrites the generated part of docs/kvsim.md's Fidelity section
+(between its fidelity-bench markers) and docs/kvsim-fidelity.png from this run.
+--gc-compare also serves each predicted workload with the collector left on,
+interleaved, and compares the measured tails. The measured-run documents and
+the service fragment are written to --out-dir, so `jgpt kvsim calibrate` and
+`jgpt kvsim predict` can be run on them by hand. The machine is shared: run it
+on a quiet one for figures worth quoting.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
+import os
 import statistics
 import sys
 import time
@@ -29,30 +41,42 @@ from pathlib import Path
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from bench.workloads import burst_workload, chat_workload, system  # noqa: E402
+import inference.engine  # noqa: E402
+from bench.workloads import burst_workload, chat_workload, sweep_workload, system  # noqa: E402
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from jgpt.catalog import load_model, read_catalog  # noqa: E402
-from kvsim.calibration import fit, fit_table, read_measured_run  # noqa: E402
+from jgpt.identity import write_atomically  # noqa: E402
+from kvsim.calibration import OPTIONAL_TERMS, fit, fit_table, read_measured_run  # noqa: E402
 from kvsim.fidelity import compare, predict, replay  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 POLICIES = ("serialized", "continuous_batching")
 GOAL = 0.10
+CALIBRATION = "calibration"  # workloads whose names start with it are fitted, the others predicted
+DOCS, PLOT = _ROOT / "docs" / "kvsim.md", _ROOT / "docs" / "kvsim-fidelity.png"
+BEGIN, END = "<!-- fidelity-bench:begin (bench/fidelity.py --write-docs) -->", "<!-- fidelity-bench:end -->"
+# The models compared: the calibrated service as `jgpt kvsim calibrate` fits it, and fitted without its
+# optional terms (the model before them).
+MODELS = {"calibrated": OPTIONAL_TERMS, "without finish": ()}
+SHOWN = (*MODELS, "hypothetical")  # the predictions each row shows
 
 
 def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
-    """name -> (Workload document, system for a policy). Names starting with "calibration" are fitted."""
+    """name -> (Workload document, system for a policy)."""
     ample = 1 << 40  # bytes: nothing is ever evicted
     calibration = chat_workload(conversations=12, turns=4, spread_us=600_000, seed=11)
     return {
-        # The calibration workload, served whole with a host tier under a tight device budget (every kind of
-        # work occurs; the engine's slots hold the context), and its first turns only, arriving fifty times
-        # as fast (decode batches of up to 8 rows, half the slots).
+        # The profiling sweep: groups of 1, 2, 4 and 8 chats' turns at once, round after round (batch sizes
+        # at every context position, reuse, requests ending together, idle stretches between groups), at the
+        # 4 slots the chat and long-prompt workloads run (the other calibration workloads run 8).
+        "calibration, sweep": (sweep_workload(), lambda p: system(p, 4, ample, 0)),
+        # The calibration chats served whole with a host tier under a tight device budget (every kind of work,
+        # offloads and reloads), as their first turns only arriving fifty times as fast (a queue, half the
+        # slot capacity), and four times slower (idle stretches of tens of milliseconds).
         "calibration": (calibration, lambda p: system(p, 8, 512 * kv_bytes, 4096 * kv_bytes)),
         "calibration, first turns": (_first_turns(calibration, 50), lambda p: system(p, 8, ample, 0)),
-        # And whole, four times slower (2.4 s): idle stretches of tens of milliseconds, after which works run cold.
         "calibration, spread out": (_stretched(calibration, 4), lambda p: system(p, 8, ample, 0)),
         "multi-turn chat": (
             chat_workload(conversations=12, turns=4, spread_us=2_000_000, seed=0),
@@ -88,78 +112,107 @@ def serve(execution, tokenizer, document: dict, system_json: dict) -> dict:
     return measured_run(execution, config, served, kind=document["kind"], interaction=interaction, tokenizer=tokenizer)
 
 
+@contextlib.contextmanager
+def collector_left_on():
+    """Serve with Python's garbage collector running as usual (the engine pauses it while its clock runs)."""
+    paused = inference.engine.collector_paused
+    inference.engine.collector_paused = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        inference.engine.collector_paused = paused
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="engine runs per workload and policy (noise band)")
+    parser.add_argument("--repeats", type=int, default=5, help="engine runs per workload and policy (noise band)")
     parser.add_argument("--out-dir", type=Path, default=Path("runs/fidelity"))
-    parser.add_argument("--plot", type=Path, help="also write the measured-vs-predicted plot here (PNG)")
+    parser.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {DOCS.name} and {PLOT.name}")
+    parser.add_argument("--gc-compare", action="store_true", help="also serve the predicted workloads with the GC on")
     args = parser.parse_args()
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     artifact = load_model(read_catalog().default_id())
     tokenizer = artifact.tokenizer()
     execution = ModelExecution.from_artifact(artifact, tokenizer)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, str], list] = {}
-    # Repeats go round all workloads in turn, so that a change in the machine's load spreads over all of them.
-    for repeat in range(args.repeats):
+    collected: dict[tuple[str, str], list] = {}  # with the collector left on (--gc-compare)
+    for repeat in range(args.repeats):  # interleaved: every workload once per repeat
         for name, (document, make_system) in workloads(execution.costs.kv_bytes_per_position).items():
             for policy in POLICIES:
-                measured = serve(execution, tokenizer, document, make_system(policy))
-                data = (json.dumps(measured) + "\n").encode()
-                (args.out_dir / f"{_slug(name)}-{policy}-{repeat}.json").write_bytes(data)
-                runs.setdefault((name, policy), []).append(read_measured_run(measured, hashlib.sha256(data).hexdigest()))
+                runs.setdefault((name, policy), []).append(_served(args.out_dir, name, policy, repeat, execution,
+                                                                   tokenizer, document, make_system(policy)))  # fmt: skip
+                if args.gc_compare and not name.startswith(CALIBRATION):
+                    with collector_left_on():
+                        collected.setdefault((name, policy), []).append(_served(
+                            args.out_dir, f"{name} gc on", policy, repeat, execution, tokenizer, document,
+                            make_system(policy)))  # fmt: skip
         print(f"repeat {repeat + 1} of {args.repeats} served ({time.monotonic() - started:.0f} s)", flush=True)
-    calibration = [run for (name, _), measured in runs.items() if name.startswith("calibration") for run in measured]
-    fragment, fits, notes = fit(calibration)
-    (args.out_dir / "service.json").write_text(json.dumps(fragment, indent=1) + "\n")
-    print(f"\ncalibrated on {len(calibration)} runs of the calibration workload ({fragment['calibration']['works']} works):")
-    print(fit_table(fits, notes))
-    table = fidelity(runs, fragment)
+    calibration = [run for (name, _), measured in runs.items() if name.startswith(CALIBRATION) for run in measured]
+    fragments, fit_texts = {}, {}
+    for model, optional in MODELS.items():
+        fragments[model], fits, notes = fit(calibration, optional)
+        fit_texts[model] = fit_table(fits, notes)
+        print(f"\n{model}: fitted on {len(calibration)} runs of the calibration workloads "
+              f"({fragments[model]['calibration']['works']} works):\n{fit_texts[model]}")  # fmt: skip
+    (args.out_dir / "service.json").write_text(json.dumps(fragments["calibrated"], indent=1) + "\n")
+    table = fidelity(runs, fragments)
     print(render(table))
     print("\nkvsim fed every work's and transfer's measured time (its rules alone), largest latency error over repeats:")
     for (name, policy), measured in runs.items():
         print(f"  {name:<26}{policy:<21}{100 * max(replayed_error(r) for r in measured):.2f}%")
-    print(f"\nworst latency error: calibrated {_worst(table, 'calibrated')}, hypothetical {_worst(table, 'hypothetical')}; "
-          f"hit rates exact in {sum(r['exact'] for r in table if r['kind'] == 'hit')} of "
-          f"{sum(r['kind'] == 'hit' for r in table)}; bench took {time.monotonic() - started:.0f} s")  # fmt: skip
+    if collected:
+        print(gc_comparison(runs, collected))
+    took = time.monotonic() - started
+    summary = summarize(table)
+    print(f"\n{summary}\nbench took {took:.0f} s (load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end)")
     (args.out_dir / "fidelity.json").write_text(json.dumps(table, indent=1) + "\n")
     (args.out_dir / "fidelity.md").write_text(markdown(table))
-    if args.plot:
-        plot(table, args.plot)
-        print(f"plot: {args.plot}")
+    if args.write_docs:
+        header = (f"Generated by `python bench/fidelity.py --repeats {args.repeats} --write-docs` at "
+                  f"{time.strftime('%H:%M UTC %Y-%m-%d', time.gmtime())} ({os.cpu_count()} CPUs, load average "
+                  f"{load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end; the bench took {took:.0f} s). "
+                  f"Fitted on the {len(calibration)} calibration runs:")  # fmt: skip
+        write_docs(f"{header}\n\n```\n{fit_texts['calibrated']}\n```\n\n{markdown(table)}\n```\n{summary}\n```\n")
+        plot(table, PLOT)
+        print(f"rewrote the table in {DOCS} and {PLOT}")
 
 
-def fidelity(runs: dict, fragment: dict) -> list[dict]:
-    """One row per workload, policy and field: the measured median and spread, and both predictions."""
+def _served(out_dir: Path, name: str, policy: str, repeat: int, execution, tokenizer, document, system_json):
+    measured = serve(execution, tokenizer, document, system_json)
+    data = (json.dumps(measured) + "\n").encode()
+    (out_dir / f"{_slug(name)}-{policy}-{repeat}.json").write_bytes(data)
+    return read_measured_run(measured, hashlib.sha256(data).hexdigest())
+
+
+def fidelity(runs: dict, fragments: dict[str, dict]) -> list[dict]:
+    """One row per predicted workload, policy and field: the measured median and range, each prediction."""
     rows = []
     for (name, policy), measured in runs.items():
-        if name.startswith("calibration"):
+        if name.startswith(CALIBRATION):
             continue
         per_repeat = [
-            (compare(r.document["totals"], predict(r, fragment).outcomes["totals"]),
-             compare(r.document["totals"], predict(r, None).outcomes["totals"]))
+            {model: compare(r.document["totals"], predict(r, fragment).outcomes["totals"])
+             for model, fragment in [*fragments.items(), ("hypothetical", None)]}
             for r in measured
         ]  # fmt: skip
-        for index, first in enumerate(per_repeat[0][0]):
-            values = [calibrated[index].measured for calibrated, _ in per_repeat]
+        for index, first in enumerate(per_repeat[0]["calibrated"]):
+            values = [repeat["calibrated"][index].measured for repeat in per_repeat]
+            head = {"workload": name, "policy": policy, "field": first.field.removesuffix("_us")}
             if first.exact:
-                exact = all(c[index].measured == c[index].predicted for c, _ in per_repeat)
-                rows.append({"workload": name, "policy": policy, "field": first.field, "kind": "hit",
-                             "measured": values, "predicted": [c[index].predicted for c, _ in per_repeat],
-                             "exact": exact})  # fmt: skip
+                predicted = [repeat["calibrated"][index].predicted for repeat in per_repeat]
+                rows.append(head | {"kind": "hit", "measured": values, "predicted": predicted,
+                                    "exact": all(m == p for m, p in zip(values, predicted, strict=True))})  # fmt: skip
                 continue
             if any(v is None for v in values):
                 continue
             median = statistics.median(values)
-            calibrated = statistics.median(c[index].predicted for c, _ in per_repeat)
-            hypothetical = statistics.median(h[index].predicted for _, h in per_repeat)
-            rows.append({
-                "workload": name, "policy": policy, "field": first.field.removesuffix("_us"), "measured": median,
-                "kind": "busy" if first.field == "compute_busy_us" else "latency",
-                "low": min(values), "high": max(values), "spread": (max(values) - min(values)) / median if median else 0.0, "calibrated": calibrated,
-                "calibrated_error": (calibrated - median) / median, "hypothetical": hypothetical,
-                "hypothetical_error": (hypothetical - median) / median,
-            })  # fmt: skip
+            row = head | {"kind": "busy" if first.field == "compute_busy_us" else "latency", "measured": median,
+                          "low": min(values), "high": max(values)}  # fmt: skip
+            for model in per_repeat[0]:
+                predicted = statistics.median(repeat[model][index].predicted for repeat in per_repeat)
+                row |= {model: predicted, f"{model} error": (predicted - median) / median}
+            rows.append(row)
     return rows
 
 
@@ -169,40 +222,56 @@ def replayed_error(run) -> float:
     return max(abs(r.error) for r in rows if r.error is not None)
 
 
+def summarize(table: list[dict]) -> str:
+    """Per model: latencies within the goal, the mean absolute error and the worst row; hit rates exact."""
+    latency = [row for row in table if row["kind"] == "latency"]
+    hits = [row for row in table if row["kind"] == "hit"]
+    lines = []
+    for model in SHOWN:
+        errors = [abs(row[f"{model} error"]) for row in latency]
+        worst = max(latency, key=lambda row: abs(row[f"{model} error"]))
+        lines.append(
+            f"{model}: {sum(e <= GOAL for e in errors)} of {len(errors)} latencies within {GOAL:.0%}, "
+            f"{sum(e <= 2 * GOAL for e in errors)} within {2 * GOAL:.0%}, mean |error| {100 * statistics.mean(errors):.1f}%, "
+            f"worst {100 * worst[f'{model} error']:+.1f}% ({worst['workload']}, {worst['policy']}, {worst['field']})"
+        )  # fmt: skip
+    inside = sum(row["low"] <= row["calibrated"] <= row["high"] for row in latency)
+    lines.append(f"calibrated predictions inside the measured range: {inside} of {len(latency)}; "
+                 f"hit rates exact in every repeat: {sum(row['exact'] for row in hits)} of {len(hits)}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def render(table: list[dict]) -> str:
     lines = [
         "",
-        f"{'workload':<24}{'policy':<21}{'field':<16}{'measured':>10}{'spread':>8}"
-        f"{'calibrated':>12}{'error':>8}{'hypoth.':>10}{'error':>9}",
+        f"{'workload':<24}{'policy':<21}{'field':<16}{'measured [range]':>24}"
+        + "".join(f"{model[:14]:>15}{'error':>9}" for model in SHOWN),
     ]
     for row in table:
         head = f"{row['workload']:<24}{row['policy']:<21}{row['field']:<16}"
         if row["kind"] == "hit":
             measured = "/".join(_num(v) for v in sorted(set(row["measured"]), key=str))
             predicted = "/".join(_num(v) for v in sorted(set(row["predicted"]), key=str))
-            lines.append(f"{head}{measured:>10}{'':>8}{predicted:>12}{'exact' if row['exact'] else 'DIFFERS':>8}")
+            lines.append(f"{head}{measured:>24}{predicted:>15}{'exact' if row['exact'] else 'DIFFERS':>9}")
             continue
-        mark = "" if abs(row["calibrated_error"]) <= GOAL else " *"
-        lines.append(
-            f"{head}{row['measured']:>10.0f}{100 * row['spread']:>7.0f}%{row['calibrated']:>12.0f}"
-            f"{100 * row['calibrated_error']:>+7.1f}%{row['hypothetical']:>10.0f}{100 * row['hypothetical_error']:>+8.1f}%{mark}"
-        )
-    lines.append(f"(latencies in us; measured = median over repeats, spread = (max - min) / median; * misses {GOAL:.0%})")
+        mark = "" if abs(row["calibrated error"]) <= GOAL else " *"
+        measured = f"{row['measured'] / 1000:.2f} [{row['low'] / 1000:.2f}-{row['high'] / 1000:.2f}]"
+        predictions = "".join(f"{row[m] / 1000:>15.2f}{100 * row[f'{m} error']:>+8.1f}%" for m in SHOWN)
+        lines.append(f"{head}{measured:>24}{predictions}{mark}")
+    lines.append(f"(ms; measured: median over repeats [min-max]; * calibrated misses {GOAL:.0%})")
     return "\n".join(lines)
 
 
 def markdown(table: list[dict]) -> str:
-    """The tables docs/kvsim.md shows: latencies in ms, then hit rates."""
+    """The tables docs/kvsim.md shows: latencies and compute busy time in ms, then hit rates."""
     lines = [
-        "| workload | policy | field | measured ms | spread | calibrated ms | error | hypothetical ms | error |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | policy | field | measured ms [min-max] | " + " | ".join(f"{m} ms | error" for m in SHOWN) + " |",
+        "|---|---|---|---|" + "---|---|" * len(SHOWN),
     ]
     for r in (r for r in table if r["kind"] != "hit"):
-        lines.append(
-            f"| {r['workload']} | {r['policy']} | {r['field']} | {r['measured'] / 1000:.2f} | {100 * r['spread']:.0f}% | "
-            f"{r['calibrated'] / 1000:.2f} | {100 * r['calibrated_error']:+.1f}% | {r['hypothetical'] / 1000:.2f} | "
-            f"{100 * r['hypothetical_error']:+.1f}% |"
-        )
+        predictions = " | ".join(f"{r[m] / 1000:.2f} | {100 * r[f'{m} error']:+.1f}%" for m in SHOWN)
+        lines.append(f"| {r['workload']} | {r['policy']} | {r['field']} | {r['measured'] / 1000:.2f} "
+                     f"[{r['low'] / 1000:.2f}-{r['high'] / 1000:.2f}] | {predictions} |")  # fmt: skip
     lines += ["", "| workload | policy | field | measured (each repeat) | predicted | |", "|---|---|---|---|---|---|"]
     for r in (r for r in table if r["kind"] == "hit"):
         measured = ", ".join(_num(v) for v in r["measured"])
@@ -210,6 +279,30 @@ def markdown(table: list[dict]) -> str:
         lines.append(f"| {r['workload']} | {r['policy']} | {r['field']} | {measured} | {predicted} | "
                      f"{'exact' if r['exact'] else 'differs'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def gc_comparison(runs: dict, collected: dict) -> str:
+    """Per predicted workload and policy: the median over repeats of each p90 latency, the collector paused
+    (as the engine serves) against left on, and the largest of each over the repeats."""
+    lines = ["", "garbage collector paused vs left on (ms; p90 latencies, median over repeats [max]):"]
+    for key, on in collected.items():
+        cells = []
+        for name in ("ttft", "tpot", "e2e"):
+            paused, left = ([r.document["totals"]["latency_us"][name]["p90"] for r in rs] for rs in (runs[key], on))
+            cells.append(f"{name} {statistics.median(paused) / 1000:.2f} [{max(paused) / 1000:.2f}] vs "
+                         f"{statistics.median(left) / 1000:.2f} [{max(left) / 1000:.2f}]")  # fmt: skip
+        lines.append(f"  {key[0]:<24}{key[1]:<21}" + "   ".join(cells))
+    return "\n".join(lines)
+
+
+def write_docs(generated: str) -> None:
+    """Replace what lies between the markers in docs/kvsim.md with `generated`."""
+    text = DOCS.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise SystemExit(f"{DOCS}: expected one {BEGIN!r} before one {END!r}")
+    before, rest = text.split(BEGIN)
+    after = rest.split(END)[1]
+    write_atomically(DOCS, f"{before}{BEGIN}\n{generated}{END}{after}".encode())
 
 
 def plot(table: list[dict], path: Path) -> None:
@@ -235,13 +328,9 @@ def plot(table: list[dict], path: Path) -> None:
              "(measured: median of the repeats, bars: their range)")  # fmt: skip
     axes.legend(loc="upper left")
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-
-
-def _worst(table: list[dict], key: str) -> str:
-    worst = max((r for r in table if r["kind"] == "latency"), key=lambda r: abs(r[f"{key}_error"]))
-    return f"{100 * worst[f'{key}_error']:+.1f}% ({worst['workload']}, {worst['policy']}, {worst['field']})"
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=110)
+    write_atomically(path, image.getvalue())
 
 
 def _num(value) -> str:

@@ -60,6 +60,26 @@ def burst_workload(requests: int = 32, max_new_tokens: int = 24, seed: int = 1) 
     return _document("burst", [(0, f"b{i}", turns) for i, turns in enumerate(first_turns)], max_new_tokens)
 
 
+def sweep_workload(groups: tuple[int, ...] = (1, 2, 4, 8), turns: int = 4, max_new_tokens: int = 24, seed: int = 11,
+                   idle_us: int = 30_000, per_request_us: int = 15_000) -> dict:  # fmt: skip
+    """A profiling sweep (as Vidur profiles an engine before simulating it): chats whose requests arrive in
+    groups of each size in `groups` at once, round after round, round t bringing every chat's turn t (so a
+    round's prompts are longer and reuse the previous round's states). Each group's decode steps batch its
+    rows at every context position its turns reach, its requests end together, and the engine idles for
+    about `idle_us` before the next group (a group gets `idle_us + per_request_us * size`)."""
+    chats = _chats(sum(groups), turns, seed)
+    arrivals, at = [], 0
+    for t in range(turns):
+        first = 0
+        for size in groups:
+            for c in range(first, first + size):
+                if t < len(chats[c]):
+                    arrivals.append((at, f"s{c}t{t}", chats[c][t]))
+            first += size
+            at += idle_us + per_request_us * size
+    return _document("profiling_sweep", arrivals, max_new_tokens)
+
+
 def _chats(count: int, turns: int, seed: int) -> list[list[list[dict]]]:
     """Per chat, the turns of each of its requests: everything before a user turn, and that turn."""
     chats = []
