@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("training.cli", "development loss and held-out exact match per skill of a model"),
     "catalog": ("jgpt.commands.catalog", "list the model catalog or add a verified artifact to it"),
     "import-hf": ("jgpt.commands.import_hf", "convert a local Hugging Face GPT-2 or Llama directory into an artifact"),
+    "export-hf": ("jgpt.commands.export_hf", "write an artifact as a Hugging Face directory (config.json, safetensors, tokenizer)"),
     "generate": ("inference.commands", "greedy generation with a jitted KV-cached loop; streams text, or --json evidence"),
     "record": ("inference.commands", "run a Workload and write the recorded computation document kvsim reads"),
     "serve": ("inference.commands", "serve a Workload on the InferenceEngine (wall clock, batching, KV pool); measured-run document"),
