@@ -4,7 +4,7 @@ For a tiny GPT (layers 4, width 128) and a GPT-2-small-sized one (layers 12, wid
 768, vocabulary 50257), both built as random GPT2LMHeadModels and imported into
 jgpt, this prints greedy decode tokens/s with the KV cache on for jgpt and for HF
 (batch 1, same prompt, same number of new tokens), their ratio, jgpt's layers
-unrolled vs scanned, batched throughput at batch 16 with ragged prompts, and the
+layer strategies (unrolled layers, the scan unrolled, the rolled scan), batched throughput at batch 16 with ragged prompts, and the
 GPT-2-small memory roofline (weight + KV bytes per token over measured bandwidth).
 
 Decode time excludes the prompt: jgpt reports its loop's wall time (dispatch to
@@ -34,6 +34,7 @@ from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
 from jgpt.hf_import import convert
 from jgpt.kv_state import StateIdentity
+from jgpt.layer_strategy import LayerStrategy
 
 SIZES = {
     "tiny (L4 C128 V512)": dict(n_layer=4, n_embd=128, n_head=4, vocab_size=512, n_positions=256),
@@ -41,6 +42,11 @@ SIZES = {
 }
 NO_END = -1  # no id ends a bench run early: both sides decode exactly N tokens
 BATCH = 16
+STRATEGIES = (
+    (LayerStrategy.unrolled_layers(), "unrolled layers"),
+    (LayerStrategy.scan(unroll=True), "scan, unrolled"),
+    (LayerStrategy.scan(), "scan"),
+)
 
 
 def hf_model(config: dict, seed: int = 0) -> GPT2LMHeadModel:
@@ -51,13 +57,13 @@ def hf_model(config: dict, seed: int = 0) -> GPT2LMHeadModel:
     return model.eval()
 
 
-def jgpt_execution(model: GPT2LMHeadModel, unroll) -> ModelExecution:
+def jgpt_execution(model: GPT2LMHeadModel, strategy: LayerStrategy) -> ModelExecution:
     """The same weights in jgpt, through its own Hugging Face import."""
     with tempfile.TemporaryDirectory() as directory:
         model.save_pretrained(directory)
         architecture, weights, _ = convert(directory)
     weights = jax.tree.map(jnp.asarray, weights)
-    return ModelExecution(weights, architecture, StateIdentity("bench", "bench", "float32"), NO_END, unroll)
+    return ModelExecution(weights, architecture, StateIdentity("bench", "bench", "float32"), NO_END, strategy)
 
 
 def prompts(batch: int, vocabulary: int) -> list[list[int]]:
@@ -134,13 +140,13 @@ def main() -> None:
         single = prompts(1, config["vocab_size"])
         hf_step, hf_ids, threads = hf_decode_seconds(model, single, new_tokens, repeats)
         print(f"  HF transformers generate   {1 / hf_step:9.1f} tok/s  ({hf_step * 1e3:.2f} ms/token, {threads} torch threads)")
-        for unroll, label in (("split", "layers split"), (True, "scan, unrolled"), (1, "scan")):
-            execution = jgpt_execution(model, unroll)
+        for strategy, label in STRATEGIES:
+            execution = jgpt_execution(model, strategy)
             step, ids = jgpt_decode_seconds(execution, single, new_tokens, repeats)
             same = "same ids as HF" if ids == hf_ids else "ids differ from HF"
             print(f"  jgpt, {label:<19} {1 / step:9.1f} tok/s  ({step * 1e3:.2f} ms/token)  "
                   f"ratio {hf_step / step:5.2f}x  [{same}]")  # fmt: skip
-            if unroll == "split":
+            if strategy == LayerStrategy.for_backend():
                 best, best_step = execution, step
         batch = prompts(BATCH, config["vocab_size"])
         hf_batch, _, _ = hf_decode_seconds(model, batch, new_tokens, max(2, repeats // 2))

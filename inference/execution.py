@@ -7,6 +7,9 @@ a window of the prompt (prompt lengths bucketed to powers of two, so a model
 compiles a handful of programs, not one per length); decode is a window of one.
 Continuing a state returns a new state; the caller's value is never donated, so
 every snapshot stays valid.
+
+How the layers run inside a step is the execution's LayerStrategy, by default the one
+`LayerStrategy.for_backend()` picks for the backend JAX runs on (`jgpt/layer_strategy.py`).
 """
 
 from __future__ import annotations
@@ -24,16 +27,13 @@ from inference.policy import check_prompt
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState, StateIdentity
-from jgpt.model import forward, split_layers
+from jgpt.layer_strategy import LayerStrategy
+from jgpt.model import forward
 from jgpt.tokenizer import TURN_END_ID
 from jgpt.weights import ModelWeights
 
 MIN_BUCKET = 16
 CAPACITY_STEP = 32
-# How the layers run inside a step: straight-line code over per-layer weight arrays ("split"), or a
-# scan over the stacked tensors with this unroll. On XLA CPU "split" is much faster (bench/decode.py).
-SPLIT = "split"
-DEFAULT_UNROLL = SPLIT
 
 
 def bucket(n: int, limit: int) -> int:
@@ -94,31 +94,37 @@ def _full_prefix_logits(weights, architecture, token_ids, unroll, layer_weights)
 
 @dataclasses.dataclass(frozen=True)
 class ModelExecution:
-    """A model bound for execution: weights, architecture, the identity its states carry, and costs."""
+    """A model bound for execution: weights, architecture, the identity its states carry, and costs.
+
+    The weights are held once, stacked: the unrolled-layers strategy runs over a per-layer view of
+    them (`layer_weights`), which on CPU shares their memory.
+    """
 
     weights: ModelWeights
     architecture: Architecture
     identity: StateIdentity
     turn_end_id: int = TURN_END_ID
-    unroll: int | bool | str = DEFAULT_UNROLL  # SPLIT, or the layer scan's unroll
+    strategy: LayerStrategy = dataclasses.field(default_factory=LayerStrategy.for_backend)
 
     @classmethod
-    def from_artifact(cls, artifact, tokenizer, unroll: int | bool | str = DEFAULT_UNROLL) -> ModelExecution:
+    def from_artifact(cls, artifact, tokenizer, strategy: LayerStrategy | None = None) -> ModelExecution:
         """Bind a loaded ModelArtifact; its states carry the checkpoint's and the tokenizer's identity."""
         identity = StateIdentity(
             checkpoint_sha256=artifact.checkpoint_sha256,
             tokenizer_sha256=tokenizer.tokenizer_sha256,
             precision=artifact.architecture.precision,
         )
-        return cls(artifact.weights, artifact.architecture, identity, tokenizer.turn_end_id, unroll)
+        strategy = strategy or LayerStrategy.for_backend()
+        return cls(artifact.weights, artifact.architecture, identity, tokenizer.turn_end_id, strategy)
 
     @functools.cached_property
     def layer_weights(self) -> tuple[dict[str, jax.Array], ...] | None:
-        return split_layers(self.weights) if self.unroll == SPLIT else None
+        """The per-layer view of the weights the strategy runs over, or None where it scans the stacked tensors."""
+        return self.strategy.layer_weights(self.weights)
 
     @property
     def scan_unroll(self) -> int | bool:
-        return 1 if self.unroll == SPLIT else self.unroll
+        return self.strategy.unroll
 
     @functools.cached_property
     def costs(self) -> WorkCosts:
@@ -205,13 +211,13 @@ def prefill(weights, architecture, token_ids, *, identity: StateIdentity, state:
     The functional form scans the stacked layers; bind a ModelExecution for repeated, faster use.
     """
     single = len(token_ids) == 0 or isinstance(token_ids[0], (int, np.integer))
-    return ModelExecution(weights, architecture, identity, unroll=1).prefill([token_ids] if single else token_ids, state)
+    return ModelExecution(weights, architecture, identity, strategy=LayerStrategy.scan()).prefill([token_ids] if single else token_ids, state)
 
 
 def decode(weights, architecture, state: KVState, token_id):
     """`decode(weights, architecture, KVState, token_id) -> (logits, KVState)`; one id, or one per row."""
     token_ids = [token_id] if isinstance(token_id, (int, np.integer)) else list(token_id)
-    return ModelExecution(weights, architecture, state.identity, unroll=1).decode(state, token_ids)
+    return ModelExecution(weights, architecture, state.identity, strategy=LayerStrategy.scan()).decode(state, token_ids)
 
 
 def _reusable(prefix: tuple[int, ...], prompt: Sequence[int]) -> int:

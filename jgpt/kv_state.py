@@ -22,10 +22,36 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
+from jgpt import pytree as struct
+from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
-from jgpt.model import KVBuffers
+
+
+@struct.dataclass
+class KVBuffers:
+    """Keys and values by layer, row, head and slot (slot = absolute position): [layers, B, kv_heads, S, head_dim].
+
+    The arrays the forward pass writes into and attends over; a KVState is these
+    buffers bound to the tokens that produced them and to an identity.
+
+    Head-major, so that every head's keys and values are one [S, head_dim] matrix that
+    attention's products read as stored. With the heads inside the channels
+    ([layers, B, S, kv_width]) XLA on CPU copied every layer's keys and values into
+    that order at every decode step.
+    """
+
+    keys: jax.Array
+    values: jax.Array
+
+    @classmethod
+    def empty(cls, architecture: Architecture, batch: int, slots: int) -> KVBuffers:
+        """Zeroed buffers in the architecture's compute dtype, for `slots` positions per row."""
+        a = architecture
+        shape = (a.layers, batch, a.kv_heads, slots, a.head_dim)
+        dtype = jnp.dtype(a.precision)
+        # Two distinct buffers, so that a jitted step may donate both.
+        return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype))
 
 
 @dataclasses.dataclass(frozen=True)

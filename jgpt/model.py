@@ -1,9 +1,15 @@
-"""The forward pass: a pure function of weights, architecture and token ids.
+"""The forward pass: a pure function of weights, architecture and token ids, in the walkthrough's steps.
 
-`forward` embeds the tokens, scans one decoder block over the layer axis of the
-stacked weights (carrying the K/V buffers, which each layer writes into), normalizes,
-and projects to logits. It is jit-compatible with the architecture as a static
-argument:
+    forward = embed -> block x layers -> head
+    block   = attention_sublayer -> feed_forward_sublayer   (each added to the residual stream)
+
+Each step is a top-level function that runs under a `jax.named_scope` of its name
+("embed", "block", "attention", "feed_forward", "head"), so the lowered program and a
+profile name every operation by the step it belongs to. The blocks run as a
+`lax.scan` over the layer axis of the stacked weights, or as straight-line code over
+per-layer arrays (`layer_weights`; `jgpt.layer_strategy` chooses). The K/V buffers
+ride along, and each layer writes into them. `forward` is jit-compatible with the
+architecture as a static argument:
 
     step = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"), donate_argnames=("cache",))
 
@@ -13,12 +19,16 @@ donation every call copies the whole buffer first.
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import chex
 import jax
 import jax.numpy as jnp
-from flax import struct
 
+from jgpt import pytree as struct
 from jgpt.architecture import Architecture
+from jgpt.kv_state import KVBuffers
 from jgpt.operations import (
     attention,
     embedding,
@@ -31,29 +41,6 @@ from jgpt.operations import (
     write_slots,
 )
 from jgpt.weights import ModelWeights
-
-
-@struct.dataclass
-class KVBuffers:
-    """Keys and values by layer, row, head and slot (slot = absolute position): [layers, B, kv_heads, S, head_dim].
-
-    Head-major, so that every head's keys and values are one [S, head_dim] matrix that
-    attention's products read as stored. With the heads inside the channels
-    ([layers, B, S, kv_width]) XLA on CPU copied every layer's keys and values into
-    that order at every decode step.
-    """
-
-    keys: jax.Array
-    values: jax.Array
-
-    @classmethod
-    def empty(cls, architecture: Architecture, batch: int, slots: int) -> KVBuffers:
-        """Zeroed buffers in the architecture's compute dtype, for `slots` positions per row."""
-        a = architecture
-        shape = (a.layers, batch, a.kv_heads, slots, a.head_dim)
-        dtype = jnp.dtype(a.precision)
-        # Two distinct buffers, so that a jitted step may donate both.
-        return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype))
 
 
 @struct.dataclass
@@ -94,6 +81,13 @@ BLOCK_STAGES = {
 }
 
 
+class TokenPositions(NamedTuple):
+    """Where the tokens of one pass sit: what every block reads besides its weights and the stream."""
+
+    positions: jax.Array  # [B, T] absolute positions of the queries
+    key_positions: jax.Array  # [B or 1, S] absolute positions of the keys attended over
+
+
 def forward(
     weights: ModelWeights,
     architecture: Architecture,
@@ -111,8 +105,9 @@ def forward(
     keys and values are written into their slots and every query attends causally to
     slots <= its position; the returned cache holds the write. Without one the block
     attends among the given tokens only and returns their keys and values (S = T).
-    `layer_weights` (from `split_layers(weights)`) runs the blocks over those per-layer
-    arrays instead of scanning the stacked block tensors of `weights`; same result.
+    `layer_weights` (`jgpt.layer_strategy.per_layer_view(weights)`) runs the blocks over those
+    per-layer arrays instead of scanning the stacked block tensors of `weights` (with `unroll`);
+    same result.
     """
     a = architecture
     chex.assert_rank(token_ids, 2)
@@ -122,78 +117,125 @@ def forward(
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     chex.assert_shape(positions, (B, T))
     chex.assert_type(positions, jnp.int32)
-    dtype = jnp.dtype(a.precision)
     if cache is not None:
         chex.assert_equal_shape([cache.keys, cache.values])
         chex.assert_shape(cache.keys, (a.layers, B, a.kv_heads, None, a.head_dim))
 
-    position_vectors = learned_positions(weights.position_embedding, positions) if a.position == "learned" else None
-    x = embedding(weights.token_embedding, token_ids, position_vectors)  # [B, T, C]
+    x, position_vectors = embed(weights, a, token_ids, positions)
     # With a cache every slot is visible up to its own position; without one, the
     # given tokens are the keys, at their own positions.
     key_positions = positions if cache is None else jnp.arange(cache.keys.shape[3])[None, :]
-
-    def block(carry, layer):
-        h, buffers = carry
-        w, index = layer
-        h1 = normalization(h, w["ln1_scale"], w.get("ln1_bias"), a)
-        q, k, v = query_key_value(h1, w, positions, a, dtype)
-        if buffers is None:
-            keys, values, new = k, v, (k, v)
-        else:
-            buffers = KVBuffers(write_slots(buffers.keys, index, k, positions), write_slots(buffers.values, index, v, positions))
-            keys, values, new = buffers.keys[index], buffers.values[index], None
-        mixed, attention_weights = attention(q, keys, values, positions, key_positions, w, a, dtype)
-        h2 = residual_addition(h, mixed)
-        h3 = normalization(h2, w["ln2_scale"], w.get("ln2_bias"), a)
-        ff = feed_forward(h3, w, a, dtype)
-        out = residual_addition(h2, ff)
-        stages = None
-        if observe:
-            by_stage = dict(ln1=h1, attention=mixed, residual1=h2, ln2=h3, feed_forward=ff, residual2=out)
-            stages = {name: t.reshape(B, T, -1) for name, t in by_stage.items()}
-            stages |= {"query": q, "key": k.transpose(0, 2, 1, 3), "attention_weights": attention_weights}
-        return (out, buffers), (new, stages)
-
+    run = functools.partial(block, architecture=a, tokens=TokenPositions(positions, key_positions), observe=observe)
+    carry = (x.reshape(B * T, a.width), cache)
     if layer_weights is None:
-        layers = (weights.block(), jnp.arange(a.layers))
-        (h, cache), (new, stages) = jax.lax.scan(block, (x.reshape(B * T, a.width), cache), layers, unroll=unroll)
+        (h, cache), (new, stages) = _scanned(run, carry, weights.block(), a.layers, unroll)
     else:
-        # The blocks as straight-line code over separately stored layers: no step slices a layer out of a
-        # stacked tensor, which on XLA CPU copies that layer's weights at every decode step.
-        carry, outputs = (x.reshape(B * T, a.width), cache), []
-        for index, w in enumerate(layer_weights):
-            carry, output = block(carry, (w, index))
-            outputs.append(output)
-        (h, cache), (new, stages) = carry, jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *outputs)
+        (h, cache), (new, stages) = _straight_line(run, carry, layer_weights)
     if new is not None:
         cache = KVBuffers(keys=new[0], values=new[1])
-    h = normalization(h, weights.ln_final_scale, weights.ln_final_bias, a)
-    logits = output_projection(h, weights.lm_head, weights.lm_bias, dtype).reshape(B, T, a.vocabulary)
+    h, logits = head(weights, a, h)
+    logits = logits.reshape(B, T, a.vocabulary)
     chex.assert_type(logits, jnp.float32)
-
     observations = None
     if observe:
-        records = [Observation("Embedding", "embedding", None, x)]
-        if position_vectors is not None:
-            records.insert(0, Observation("PositionEncoding", "position_embedding", None, position_vectors))
-        for layer in range(a.layers):
-            for name, op in BLOCK_STAGES.items():
-                op = "Attention" if name in ("query", "key") and a.position != "rope" else op
-                records.append(Observation(op, name, layer, stages[name][layer]))
-        records += [
-            Observation("Normalization", "ln_final", None, h.reshape(B, T, a.width)),
-            Observation("OutputProjection", "logits", None, logits),
-        ]
-        observations = Observations(positions=positions, records=tuple(records))
+        observations = _observations(a, positions, x, position_vectors, stages, h.reshape(B, T, a.width), logits)
     return ForwardOutput(logits=logits, cache=cache, observations=observations)
 
 
-def split_layers(weights: ModelWeights) -> tuple[dict[str, jax.Array], ...]:
-    """The block tensors as separate arrays, one dict per layer, for `forward(layer_weights=...)`.
+def embed(
+    weights: ModelWeights, architecture: Architecture, token_ids: jax.Array, positions: jax.Array
+) -> tuple[jax.Array, jax.Array | None]:
+    """The residual stream's start: token vectors [B, T, C] (plus learned position vectors, also returned)."""
+    with jax.named_scope("embed"):
+        learned = architecture.position == "learned"
+        position_vectors = learned_positions(weights.position_embedding, positions) if learned else None
+        return embedding(weights.token_embedding, token_ids, position_vectors), position_vectors
 
-    Call it once, outside jit: it copies the block weights into per-layer buffers.
+
+def block(carry, layer, *, architecture: Architecture, tokens: TokenPositions, observe: bool):
+    """One decoder block, as a scan step: ((stream [N, C], buffers), (weights, index)) -> (carry, outputs).
+
+    The outputs are this layer's new (keys, values) when there is no cache to write them
+    into (else None), and its observed stages when `observe` (else None).
     """
-    block = weights.block()
-    layers = next(iter(block.values())).shape[0]
-    return tuple({name: tensor[i] for name, tensor in block.items()} for i in range(layers))
+    stream, buffers = carry
+    w, index = layer
+    with jax.named_scope("block"):
+        stream, buffers, new, attended = attention_sublayer(stream, buffers, w, index, architecture, tokens)
+        stream, fed = feed_forward_sublayer(stream, w, architecture)
+    return (stream, buffers), (new, _observed_stages(attended | fed, tokens.positions.shape) if observe else None)
+
+
+def attention_sublayer(stream, buffers: KVBuffers | None, w, index, architecture: Architecture, tokens: TokenPositions):
+    """Normalize, attend causally (writing this layer's keys and values into `buffers`, if any) and add.
+
+    Returns (stream, buffers, new keys and values or None, the stages' tensors by stage name).
+    """
+    a = architecture
+    dtype = jnp.dtype(a.precision)
+    with jax.named_scope("attention"):
+        h1 = normalization(stream, w["ln1_scale"], w.get("ln1_bias"), a)
+        q, k, v = query_key_value(h1, w, tokens.positions, a, dtype)
+        if buffers is None:
+            keys, values, new = k, v, (k, v)
+        else:
+            slots = tokens.positions
+            buffers = KVBuffers(write_slots(buffers.keys, index, k, slots), write_slots(buffers.values, index, v, slots))
+            keys, values, new = buffers.keys[index], buffers.values[index], None
+        mixed, attention_weights = attention(q, keys, values, tokens.positions, tokens.key_positions, w, a, dtype)
+        out = residual_addition(stream, mixed)
+    stages = {"ln1": h1, "query": q, "key": k, "attention_weights": attention_weights, "attention": mixed, "residual1": out}
+    return out, buffers, new, stages
+
+
+def feed_forward_sublayer(stream, w, architecture: Architecture):
+    """Normalize, apply the position-wise feed-forward network and add: (stream, the stages' tensors)."""
+    a = architecture
+    with jax.named_scope("feed_forward"):
+        h3 = normalization(stream, w["ln2_scale"], w.get("ln2_bias"), a)
+        ff = feed_forward(h3, w, a, jnp.dtype(a.precision))
+        out = residual_addition(stream, ff)
+    return out, {"ln2": h3, "feed_forward": ff, "residual2": out}
+
+
+def head(weights: ModelWeights, architecture: Architecture, stream: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The final normalization and the projection to vocabulary scores: (normalized [N, C], logits [N, V] float32)."""
+    with jax.named_scope("head"):
+        h = normalization(stream, weights.ln_final_scale, weights.ln_final_bias, architecture)
+        return h, output_projection(h, weights.lm_head, weights.lm_bias, jnp.dtype(architecture.precision))
+
+
+def _scanned(run, carry, stacked: dict[str, jax.Array], layers: int, unroll: int | bool):
+    """The blocks as one scan over the stacked tensors' layer axis."""
+    return jax.lax.scan(run, carry, (stacked, jnp.arange(layers)), unroll=unroll)
+
+
+def _straight_line(run, carry, layer_weights: tuple[dict[str, jax.Array], ...]):
+    """The blocks one after another over separately stored layers: no step slices a layer out of a stacked
+    tensor, which on XLA CPU copies that layer's weights at every call. Outputs stacked as a scan's."""
+    outputs = []
+    for index, w in enumerate(layer_weights):
+        carry, output = run(carry, (w, index))
+        outputs.append(output)
+    return carry, jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *outputs)
+
+
+def _observed_stages(tensors: dict[str, jax.Array], shape: tuple[int, int]) -> dict[str, jax.Array]:
+    """A block's stage tensors as observed: [B, T, ...], keys by position rather than head-major."""
+    B, T = shape
+    heads_inside = ("query", "key", "attention_weights")
+    stages = {name: t.reshape(B, T, -1) for name, t in tensors.items() if name not in heads_inside}
+    return stages | {"query": tensors["query"], "key": tensors["key"].transpose(0, 2, 1, 3),
+                     "attention_weights": tensors["attention_weights"]}  # fmt: skip
+
+
+def _observations(a: Architecture, positions, x, position_vectors, stages, final, logits) -> Observations:
+    records = [Observation("Embedding", "embedding", None, x)]
+    if position_vectors is not None:
+        records.insert(0, Observation("PositionEncoding", "position_embedding", None, position_vectors))
+    for layer in range(a.layers):
+        for name, op in BLOCK_STAGES.items():
+            op = "Attention" if name in ("query", "key") and a.position != "rope" else op
+            records.append(Observation(op, name, layer, stages[name][layer]))
+    records += [Observation("Normalization", "ln_final", None, final), Observation("OutputProjection", "logits", None, logits)]
+    return Observations(positions=positions, records=tuple(records))

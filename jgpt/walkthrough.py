@@ -5,6 +5,10 @@ the ontology concept that owns it, the earlier stages it reads (residual branche
 stay explicit as two inputs), the operations it performs, related concepts, and
 `inspection`, the observation stage of `model.forward(..., observe=True)` that
 shows its output in an actual pass. Stages are templates, never captured values.
+
+`jgpt.model` computes the stages in the same steps: the "input" stages in `embed`,
+the "block" stages in `attention_sublayer` (up to the attention residual) and
+`feed_forward_sublayer`, the "output" stages in `head`.
 """
 
 from __future__ import annotations

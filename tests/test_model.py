@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture, architecture_from_json
 from jgpt.errors import ApiError
-from jgpt.model import KVBuffers, forward, split_layers
+from jgpt.kv_state import KVBuffers
+from jgpt.layer_strategy import LayerStrategy, per_layer_view
+from jgpt.model import forward
 from jgpt.ontology import is_admitted
 from jgpt.walkthrough import walkthrough
 from jgpt.weights import BLOCK_NAMES, ModelWeights, check_weights, initialize, parameter_count
@@ -261,13 +263,68 @@ def test_walkthrough_stages_are_owned_by_admitted_concepts_and_inspect_real_obse
     assert walkthrough(architecture).to_json()["stages"][0]["owner"] == owners[0]
 
 
+# --- layer strategy -----------------------------------------------------------------------------------
+
+STRATEGIES = [LayerStrategy.unrolled_layers(), LayerStrategy.scan(unroll=True), LayerStrategy.scan(unroll=2)]
+
+
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_split_layers_gives_the_scanned_result(name):
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=str)
+def test_every_layer_strategy_gives_the_rolled_scans_logits_cache_and_observations(name, strategy):
     architecture = ARCHITECTURES[name]
     ids = random_ids((2, 7), architecture.vocabulary, seed=4)
     cache = KVBuffers.empty(architecture, 2, 10)
     scanned = FORWARD(weights_of(name), architecture, ids, cache=cache, observe=True)
-    split = FORWARD(weights_of(name), architecture, ids, cache=cache, observe=True, layer_weights=split_layers(weights_of(name)))
-    for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(split)):
+    run = functools.partial(FORWARD, unroll=strategy.unroll, layer_weights=strategy.layer_weights(weights_of(name)))
+    other = run(weights_of(name), architecture, ids, cache=cache, observe=True)
+    # The same operations in the same order; 1e-6 leaves room for XLA fusing them differently.
+    for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(other)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
-    assert [(r.stage, r.layer) for r in scanned.observations.records] == [(r.stage, r.layer) for r in split.observations.records]
+    assert [(r.stage, r.layer) for r in scanned.observations.records] == [(r.stage, r.layer) for r in other.observations.records]
+
+
+@pytest.mark.parametrize(("backend", "expected"), [
+    ("cpu", LayerStrategy.unrolled_layers()), ("gpu", LayerStrategy.scan()), ("tpu", LayerStrategy.scan()),
+])  # fmt: skip
+def test_the_layer_strategy_is_chosen_by_asking_the_backend(monkeypatch, backend, expected):
+    from inference.execution import ModelExecution
+    from jgpt.kv_state import StateIdentity
+
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert LayerStrategy.for_backend() == expected
+    execution = ModelExecution(weights_of("gpt"), GPT, StateIdentity("c", "t", "float32"))
+    assert execution.strategy == expected
+    # A scan holds no per-layer view at all: the stacked weights are the one copy.
+    assert (execution.layer_weights is None) == (backend != "cpu")
+
+
+def test_the_per_layer_view_shares_the_stacked_weights_memory_on_cpu():
+    weights = weights_of("llama")
+    view = per_layer_view(weights)
+    assert len(view) == LLAMA.layers
+    for name, stacked in weights.block().items():
+        stride = stacked.nbytes // LLAMA.layers  # every layer of these widths starts 64-byte aligned
+        for index, layer in enumerate(view):
+            np.testing.assert_array_equal(layer[name], stacked[index])
+            assert layer[name].unsafe_buffer_pointer() == stacked.unsafe_buffer_pointer() + index * stride, name
+
+
+def test_layer_strategy_refuses_a_meaningless_unroll():
+    for bad in (0, -1, 1.5, "split"):
+        with pytest.raises(ApiError) as error:
+            LayerStrategy.scan(unroll=bad)
+        assert error.value.field == "unroll"
+    with pytest.raises(ApiError) as error:
+        LayerStrategy(per_layer=True, unroll=4)
+    assert error.value.field == "unroll"
+
+
+@pytest.mark.parametrize("strategy", [LayerStrategy.unrolled_layers(), LayerStrategy.scan()], ids=str)
+def test_the_walkthrough_steps_name_the_operations_of_the_lowered_program(strategy):
+    ids = random_ids((1, 4), GPT.vocabulary)
+    layers = strategy.layer_weights(weights_of("gpt"))
+    lowered = FORWARD.lower(weights_of("gpt"), GPT, ids, cache=KVBuffers.empty(GPT, 1, 8), layer_weights=layers)
+    text = lowered.as_text(debug_info=True)  # operations carry their scope path in their locations
+    for operation in ("embed/jit(_take)", "block/attention/dot_general", "block/attention/scatter",
+                      "block/feed_forward/dot_general", "head/dot_general"):  # fmt: skip
+        assert f'{operation}"' in text, operation
