@@ -42,12 +42,13 @@ _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
 from bench.workloads import burst_workload, chat_workload, system  # noqa: E402
-from inference.commands import _load  # noqa: E402
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
+from inference.execution import ModelExecution  # noqa: E402
 from inference.generation import generate  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from inference.policy import GenerationPolicy, InferenceRequest  # noqa: E402
 from inference.slot_execution import SlotExecution  # noqa: E402
+from jgpt.catalog import load_model, read_catalog  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 BUDGET = 64
@@ -170,7 +171,9 @@ def main() -> None:
     parser.add_argument("--workload", action="store_true", help="serve the chat workload and the burst instead")
     parser.add_argument("--quick", action="store_true", help="smaller runs")
     args = parser.parse_args()
-    execution, tokenizer = _load(None)
+    artifact = load_model(read_catalog().default_id())
+    tokenizer = artifact.tokenizer()
+    execution = ModelExecution.from_artifact(artifact, tokenizer)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; the shipped chat model")
     if args.workload:
         workload_bench(execution, tokenizer, args.quick)

@@ -28,7 +28,7 @@ from inference.slot_execution import EnginePlan
 from jgpt.architecture import architecture_from_json
 from jgpt.catalog import load_model
 from jgpt.errors import ApiError
-from kvsim.system import parse_system
+from kvsim import parse_system
 
 
 @functools.cache

@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import kvsim
 from experiments.controls import CONTROLS, chosen
 from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
@@ -55,12 +56,7 @@ from jgpt.identity import read_bytes
 from jgpt.json_input import parse_json
 from jgpt.paths import confined
 from jgpt.walkthrough import walkthrough
-from kvsim.cache_run import record_json, simulate
-from kvsim.calibration import merge_service
-from kvsim.fidelity import compare
-from kvsim.recorded import parse_document
-from kvsim.system import parse_system
-from kvsim.workload import parse_workload
+from kvsim import compare, merge_service, parse_document, parse_system, record_json, simulate
 
 FORMAT = "jgpt-experiment-execution"
 VERSION = 1
@@ -374,15 +370,19 @@ def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab:
         system = merge_service(system, fragment)
         system = system | {"compute_service": system["compute_service"] | engine_shapes(document, system, _generation(execution))}
     system = parse_system(system, "system")
-    arrivals = {"kind": workload.kind, "requests": [{"request_id": r.request_id, "arrival_us": r.arrival_us} for r in workload.requests]}
     return simulate(
         system,
         computations,
-        parse_workload(arrivals),
+        _arrivals(workload),
         workload.interaction,
         None,
         lab.ontology_binding.to_json(),
     )
+
+
+def _arrivals(workload: Workload) -> kvsim.Workload:
+    """kvsim's Workload of a lab's: which requests arrive and when (the recorded document holds the rest)."""
+    return kvsim.Workload(workload.kind, tuple(kvsim.RequestArrival(r.request_id, r.arrival_us) for r in workload.requests))
 
 
 def _generation(execution: ExecutionSpec) -> dict[str, Any]:

@@ -34,8 +34,7 @@ from experiments.record_integrity import check_measured_run
 from experiments.workload import Workload
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
-from kvsim.calibration import fit, read_measured_run
-from kvsim.system import parse_system, system_json
+from kvsim import fit, parse_system, read_measured_run, system_json
 
 
 def engine_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording: Recording, workload: Workload,

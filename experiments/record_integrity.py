@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jgpt.errors import ApiError
-from kvsim.calibration import read_measured_run
-from kvsim.outcomes import totals
+from kvsim import read_measured_run, totals
 
 # The measured totals a measured run's per-request outcomes and works determine. The rest
 # (saved_matmul_flops needs the model's cost function; drops are not works) are taken as written.

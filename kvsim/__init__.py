@@ -8,27 +8,73 @@ API the labs use:
     record_json(run) -> bytes          # deterministic; replay compares bytes
     record_chunks(run)                 # the same bytes in pieces, for records too large to hold
     run.outcomes["totals"]             # the summary numbers; run_id(run) names the run
+
+and, for the labs that compare kvsim with the InferenceEngine (these import numpy, so they load on
+first use and `import kvsim` stays light):
+
+    read_measured_run(document, sha256, field) -> MeasuredRun
+    fit(runs) -> (service fragment, ...);  merge_service(system_json, fragment) -> system_json
+    compare(measured_totals, predicted_totals) -> rows
+
+The labs import these names from `kvsim`, never its submodules (docs/architecture.md).
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from kvsim.cache_run import CacheRun, read_record, record_chunks, record_json, record_value, rerun, run_id, simulate
+from kvsim.outcomes import totals
 from kvsim.recorded import RecordedComputations, parse_document
 from kvsim.resource_graph import ResourceGraph, parse_resource_graph
 from kvsim.summary import summary_table
-from kvsim.system import KVResidencySystemConfig, parse_system
-from kvsim.workload import CustomerInteraction, Workload, parse_interaction, parse_workload
+from kvsim.system import KVResidencySystemConfig, parse_system, system_json
+from kvsim.workload import (
+    CustomerInteraction,
+    RequestArrival,
+    Workload,
+    interaction_json,
+    parse_interaction,
+    parse_workload,
+)
+
+if TYPE_CHECKING:
+    from kvsim.calibration import MeasuredRun, fit, merge_service, read_measured_run
+    from kvsim.fidelity import compare
+
+_ON_FIRST_USE = {
+    "MeasuredRun": "kvsim.calibration",
+    "fit": "kvsim.calibration",
+    "merge_service": "kvsim.calibration",
+    "read_measured_run": "kvsim.calibration",
+    "compare": "kvsim.fidelity",
+}
+
+
+def __getattr__(name: str):
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
+    return getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+
 
 __all__ = [
     "CacheRun",
     "CustomerInteraction",
     "KVResidencySystemConfig",
+    "MeasuredRun",
     "RecordedComputations",
+    "RequestArrival",
     "ResourceGraph",
     "Workload",
+    "compare",
+    "fit",
+    "interaction_json",
+    "merge_service",
     "parse_document",
     "parse_interaction",
     "parse_resource_graph",
     "parse_system",
     "parse_workload",
+    "read_measured_run",
     "read_record",
     "record_chunks",
     "record_json",
@@ -37,4 +83,6 @@ __all__ = [
     "run_id",
     "simulate",
     "summary_table",
+    "system_json",
+    "totals",
 ]
