@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvsim.kv_cache import DEVICE, HOST, Residency, RetainedState
-from kvsim.recorded import TURN_END, RecordedComputations, RecordedRequest, token_key
+from kvsim.recorded import RecordedComputations, RecordedRequest, token_key
 from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
 from kvsim.workload import CustomerInteraction, Workload
 
@@ -361,7 +361,7 @@ class _Engine:
             request.boundary = end
             if request.first_token_us is None:
                 request.first_token_us = self.now
-            if selected != TURN_END:
+            if request.step <= spec.outcome["published_tokens"]:  # a selected turn end is last, unpublished
                 request.published += 1
                 request.boundary = self.emit(spec.request_id, "publish", (end,), detail=f"token={selected}")
                 if request.publish_log is not None:
