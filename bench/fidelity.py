@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import io
 import json
@@ -113,10 +114,27 @@ def serve(execution, tokenizer, document: dict, system_json: dict) -> dict:
 
 
 @contextlib.contextmanager
-def collector_left_on():
-    """Serve with Python's garbage collector running as usual (the engine pauses it while its clock runs)."""
+def collector_left_on(collections: list[float]):
+    """Serve with Python's garbage collector running as usual (the engine pauses it while its clock runs),
+    appending the seconds of every collection inside a run's clock to `collections`."""
+    started: list[float] = []
+
+    def timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            collections.append(time.perf_counter() - started.pop())
+
+    @contextlib.contextmanager
+    def timed():
+        gc.callbacks.append(timer)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(timer)
+
     paused = inference.engine.collector_paused
-    inference.engine.collector_paused = contextlib.nullcontext
+    inference.engine.collector_paused = timed
     try:
         yield
     finally:
@@ -137,16 +155,19 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, str], list] = {}
     collected: dict[tuple[str, str], list] = {}  # with the collector left on (--gc-compare)
+    collections: dict[tuple[str, str], list] = {}  # the seconds of each collection in those runs, per run
     for repeat in range(args.repeats):  # interleaved: every workload once per repeat
         for name, (document, make_system) in workloads(execution.costs.kv_bytes_per_position).items():
             for policy in POLICIES:
                 runs.setdefault((name, policy), []).append(_served(args.out_dir, name, policy, repeat, execution,
                                                                    tokenizer, document, make_system(policy)))  # fmt: skip
                 if args.gc_compare and not name.startswith(CALIBRATION):
-                    with collector_left_on():
+                    seconds: list[float] = []
+                    with collector_left_on(seconds):
                         collected.setdefault((name, policy), []).append(_served(
                             args.out_dir, f"{name} gc on", policy, repeat, execution, tokenizer, document,
                             make_system(policy)))  # fmt: skip
+                    collections.setdefault((name, policy), []).append(seconds)
         print(f"repeat {repeat + 1} of {args.repeats} served ({time.monotonic() - started:.0f} s)", flush=True)
     calibration = [run for (name, _), measured in runs.items() if name.startswith(CALIBRATION) for run in measured]
     fragments, fit_texts = {}, {}
@@ -162,7 +183,7 @@ def main() -> None:
     for (name, policy), measured in runs.items():
         print(f"  {name:<26}{policy:<21}{100 * max(replayed_error(r) for r in measured):.2f}%")
     if collected:
-        print(gc_comparison(runs, collected))
+        print(gc_comparison(runs, collected, collections))
     took = time.monotonic() - started
     summary = summarize(table)
     print(f"\n{summary}\nbench took {took:.0f} s (load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end)")
@@ -281,12 +302,16 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gc_comparison(runs: dict, collected: dict) -> str:
-    """Per predicted workload and policy: the median over repeats of each p90 latency, the collector paused
-    (as the engine serves) against left on, and the largest of each over the repeats."""
-    lines = ["", "garbage collector paused vs left on (ms; p90 latencies, median over repeats [max]):"]
+def gc_comparison(runs: dict, collected: dict, collections: dict) -> str:
+    """Per predicted workload and policy: the collections inside a run with the collector left on, and the
+    median over repeats of each p90 latency, the collector paused (as the engine serves) against left on,
+    with the largest of each over the repeats."""
+    lines = ["", "garbage collector left on: collections inside a run's clock (per run: count, ms in all; "
+             "median over repeats)", "and paused vs left on (ms; p90 latencies, median over repeats [max]):"]  # fmt: skip
     for key, on in collected.items():
-        cells = []
+        per_run = collections[key]
+        cells = [f"{statistics.median(map(len, per_run)):.0f} collections, "
+                 f"{statistics.median(1000 * sum(s) for s in per_run):.2f} ms"]  # fmt: skip
         for name in ("ttft", "tpot", "e2e"):
             paused, left = ([r.document["totals"]["latency_us"][name]["p90"] for r in rs] for rs in (runs[key], on))
             cells.append(f"{name} {statistics.median(paused) / 1000:.2f} [{max(paused) / 1000:.2f}] vs "

@@ -53,6 +53,7 @@ class MeasuredRun:
     document: dict  # the whole document, as read
     sha256: str  # of the file's bytes
     works: tuple[dict, ...]
+    slot_rows: int | None  # rows of the engine's slot state (residuals are reported per rows); None if not given
     retained_bytes_per_position: int  # KV bytes a finished request retains per position (0: the run retains nothing)
     slot_capacity: int
     prefill_window_buckets: tuple[int, ...]
@@ -70,8 +71,8 @@ class KindFit:
     mean_error_us: float  # mean |predicted - measured|
     mean_relative_error: float
     p90_relative_error: float
-    # per shape (prefill window; decode rows, and the context positions a row held; finishes before a work):
-    # (count, mean (predicted - measured) / measured)
+    # per shape (prefill window; decode rows, and the context positions a row held; the engine's slot capacity
+    # and slot rows; finishes before a work): (count, mean (predicted - measured) / measured)
     residuals: dict[str, tuple[int, float]]
 
 
@@ -118,6 +119,7 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
         sha256=sha256,
         works=works,
         retained_bytes_per_position=kv_bytes if system.kv_cache.retention_policy == "lru" else 0,
+        slot_rows=fields.integer(engine["slot_rows"], f"{field}.engine.slot_rows", 1) if "slot_rows" in engine else None,
         slot_capacity=fields.integer(engine["slot_capacity"], f"{field}.engine.slot_capacity", 1),
         prefill_window_buckets=tuple(fields.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)),
         decode_batch_buckets=tuple(fields.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)),
@@ -198,6 +200,8 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
     compute_works = {kind: [(w, run.slot_capacity, idle) for run in runs
                             for w, idle in zip(run.works, idle_us(run), strict=True) if w["kind"] == kind]
                      for kind in (PREFILL, DECODE)}  # fmt: skip
+    shapes = {kind: [_shapes(w) + _engine_shapes(run) for run in runs for w in run.works if w["kind"] == kind]
+              for kind in (PREFILL, DECODE)}  # fmt: skip
     if missing := [kind for kind, kind_works in compute_works.items() if not kind_works]:
         raise ApiError("MEASURED", f"no {missing[0]} works to fit")
     # With one slot capacity the per-slot terms cannot be told from the fixed ones: they are fit as 0.
@@ -206,7 +210,7 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
     for kind, kind_works in compute_works.items():
         columns = _columns(kind, kind_works, vary, minimum)
         works = [w for w, _, _ in kind_works]
-        kind_fit = _fit_kind(kind, _column_names(kind, kind_works), columns, works, [_shapes(w) for w in works])
+        kind_fit = _fit_kind(kind, _column_names(kind, kind_works), columns, works, shapes[kind])
         fits.append(kind_fit)
         compute[kind] = _nested(kind, kind_fit.terms)
     finish = host = None
@@ -271,6 +275,11 @@ def _shapes(work: dict) -> tuple[str, ...]:
         return (f"window {work['window']}",)
     position = work["reused_positions"] // max(1, work["rows"]) // POSITION_BIN * POSITION_BIN
     return f"rows {work['executed_rows']}", f"position {position}"
+
+
+def _engine_shapes(run: MeasuredRun) -> tuple[str, ...]:
+    """The engine's shapes a work's residual is also reported under: its slot capacity and slot rows."""
+    return (f"capacity {run.slot_capacity}",) + (() if run.slot_rows is None else (f"slot rows {run.slot_rows}",))
 
 
 def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int]]], vary: bool) -> int:

@@ -126,7 +126,7 @@ def measured_run(system: dict, document: dict, service: dict, slots: int = 256) 
         "execution": document["execution"],
         "machine": MACHINE,
         "system": system_json(parse_system(system)),
-        "engine": {"prefill_window_buckets": WINDOWS, "decode_batch_buckets": BATCHES, "slot_capacity": slots,
+        "engine": {"prefill_window_buckets": WINDOWS, "decode_batch_buckets": BATCHES, "slot_capacity": slots, "slot_rows": 8,
                    "transfers": "synchronous"},
         "workload": record["declaration"]["workload"],
         "customer_interaction": None,
@@ -344,6 +344,10 @@ def test_calibration_recovers_the_finish_term(document, policy):
     assert compute["step_overhead_us"] == pytest.approx(truth["step_overhead_us"], abs=2)
     host = next(f for f in fits if f.kind == "host")
     assert host.mean_error_us < 1.0 and {"finishes 0", "finishes 1"} <= set(host.residuals)
+    # Residuals per shape: every shape the works ran, each about 0 (the service made the works).
+    decode = next(f for f in fits if f.kind == "decode")
+    assert {"capacity 160", "capacity 256", "slot rows 8", "rows 1", "position 64"} <= set(decode.residuals)
+    assert all(abs(mean) < 0.01 for _, mean in decode.residuals.values()), decode.residuals
     rows = compare(measured.document["totals"], predict(measured, fragment).outcomes["totals"])
     assert all(row.measured == row.predicted if row.exact else abs(row.error) < 0.01 for row in rows), rows
     # Fitted without the term (the model before it): the fragment has none, and predicts worse.
