@@ -72,7 +72,7 @@ class KindFit:
     mean_relative_error: float
     p90_relative_error: float
     # per shape (prefill window; decode rows, and the context positions a row held; the engine's slot capacity
-    # and slot rows; finishes before a work): (count, mean (predicted - measured) / measured)
+    # and slot rows; finishes before a work): (count, (fitted - measured) / measured of the works' total time)
     residuals: dict[str, tuple[int, float]]
 
 
@@ -344,10 +344,10 @@ def _fit_kind(
     wall = np.asarray([w["wall_us"] for w in works], dtype=np.float64)
     terms = {name: _round(value) for name, value in zip(names, nnls(a, wall), strict=True)}
     predicted = a @ np.asarray([terms[name] for name in names])
-    signed = (predicted - wall) / np.maximum(wall, 1.0)
-    relative = np.abs(signed)
+    relative = np.abs(predicted - wall) / np.maximum(wall, 1.0)
+    # Of totals, not a mean of ratios: a work's noise is skewed (stalls), and a mean of ratios reads it as a bias.
     residuals = {
-        shape: (int(np.sum(mask)), float(signed[mask].mean()))
+        shape: (int(np.sum(mask)), float((predicted[mask].sum() - wall[mask].sum()) / max(wall[mask].sum(), 1.0)))
         for shape in sorted({s for labels in shapes for s in labels}, key=_shape_order)
         if (mask := np.asarray([shape in labels for labels in shapes])).any()
     }
@@ -488,7 +488,7 @@ def fit_table(fits: list[KindFit], notes: list[str]) -> str:
             f"  {f.kind:<9}{f.count:>7}{f.mean_wall_us:>14.1f}{f.mean_error_us:>13.1f}"
             f"{100 * f.mean_relative_error:>9.1f}%{100 * f.p90_relative_error:>9.1f}%  {terms}"
         )
-    lines.append("  residuals, mean (fitted - measured) / measured per shape:")
+    lines.append("  residuals per shape, (fitted - measured) / measured of the works' total time:")
     for f in (f for f in fits if f.residuals):
         shapes = "  ".join(f"{shape}: {100 * mean:+.1f}% (n={count})" for shape, (count, mean) in f.residuals.items())
         lines.append(f"  {f.kind:<9}{shapes}")
