@@ -226,3 +226,17 @@ def test_a_tokenizer_file_over_the_limit_is_refused_before_reading(tmp_path, mon
     monkeypatch.setattr(jgpt.tokenizer, "FILE_LIMIT", 100)
     with pytest.raises(ApiError, match="more than the 100"):
         Tokenizer.load(tmp_path / "tokenizer.json")
+
+
+def test_record_runs_a_workload_with_the_imported_tokenizer(hf, tmp_path, capsys):
+    workload = {"kind": "single_turn", "requests": [
+        {"request_id": f"r{n}", "arrival_us": n, "request": {"text": text, "generation": {"max_new_tokens": 3}}}
+        for n, text in enumerate(["some text", "some text about the cat"])]}
+    (tmp_path / "workload.json").write_text(json.dumps(workload))
+    assert jgpt(["record", str(tmp_path / "workload.json"), "--model", str(hf.root / "artifact"),
+                 "--out", str(tmp_path / "computations.json")]) == 0
+    document = json.loads((tmp_path / "computations.json").read_text())
+    assert document["model"]["tokenizer_sha256"] == hf.artifact.tokenizer_sha256
+    for request, text in zip(document["requests"], ["some text", "some text about the cat"]):
+        assert request["prompt_ids"] == hf.reference(text).input_ids
+        assert request["output_token_bytes"] == [len(hf.tokenizer.pieces[t]) for t in request["output_ids"]]
