@@ -1,4 +1,5 @@
-"""Execution evidence: CacheComputation per executed work, GenerationWork totals, TensorObservation."""
+"""Execution evidence: CacheComputation per executed work, GenerationWork totals, TensorObservation,
+and the rounds of speculative decoding."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 PREFILL = "prefill"
 DECODE = "decode"
+VERIFY = "verify"  # the target's forward over the last id and the drafted ones (speculative decoding)
 
 # Which earlier stages each stage of a block reads; "input" is the block's input stream. A stage not
 # listed reads the stage observed just before it.
@@ -72,6 +74,51 @@ class GenerationWork:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculationRound:
+    """One round of speculative decoding of one request: what the draft proposed and what the target kept."""
+
+    step: int  # the output id the round selected first
+    drafted_ids: tuple[int, ...]  # the draft's k proposals
+    accepted_ids: tuple[int, ...]  # the leading proposals the target agreed with and that were selected
+    rejected_ids: tuple[int, ...]  # the rest: from the first disagreement (or past a stop) on
+    target_id: int | None  # the target's own id selected after the accepted ones; None when a stop came first
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculationEvidence:
+    """A request's speculative decoding: the draft model, k, and every round."""
+
+    draft_checkpoint_sha256: str
+    speculate: int  # k: ids drafted per round
+    rounds: tuple[SpeculationRound, ...]
+    draft_prefill_wall_time_us: float  # the draft's own prefill (the target's is a CacheComputation)
+
+    @property
+    def drafted(self) -> int:
+        return sum(len(r.drafted_ids) for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(len(r.accepted_ids) for r in self.rounds)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted over drafted ids; None when no round ran (the prefill's id was the whole output)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "draft_checkpoint_sha256": self.draft_checkpoint_sha256, "speculate": self.speculate,
+            "drafted": self.drafted, "accepted": self.accepted, "acceptance_rate": self.acceptance_rate,
+            "draft_prefill_wall_time_us": self.draft_prefill_wall_time_us,
+            "rounds": [r.to_json() for r in self.rounds],
+        }  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""Greedy generation: the whole token loop in one jitted `lax.while_loop`, batched over requests.
+"""Generation: the whole token loop in one jitted `lax.while_loop`, batched over requests.
 
 `generate` prefills every request's prompt (reusing exact prefixes a given
 KVState already holds), then runs the decode loop on the device without a host
 round trip per token: each iteration processes the last selected id of every
-unfinished row, selects the next id greedily and updates the stop flags. Rows
+unfinished row, selects the next id (greedily, or by the request's seeded sampling rule,
+`inference/sampling.py`) and updates the stop flags. Rows
 stop independently (TURN_END, their own budget, or context capacity); the loop
 ends when all have.
 
@@ -26,8 +27,9 @@ import numpy as np
 
 from inference.evidence import DECODE, PREFILL, CacheComputation, GenerationWork, tensor_observations
 from inference.execution import ModelExecution, advance, bucket
-from inference.policy import STOP_BUDGET, STOP_CONTEXT, STOP_TURN_END, InferenceRequest
+from inference.policy import SAMPLE, STOP_BUDGET, STOP_CONTEXT, STOP_TURN_END, InferenceRequest
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
+from inference.sampling import TOP_CANDIDATES, SelectionRule, candidates, candidates_jit, request_stream, select, select_jit
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
 from jgpt.model import forward
@@ -51,39 +53,53 @@ def stop_codes(xp, selected_id, selected, budget, prefix_length, context, turn_e
 @functools.partial(
     jax.jit, static_argnames=("architecture", "steps", "turn_end_id", "keep_logits", "unroll"), donate_argnames="state"
 )
-def _decode_loop(weights, layer_weights, architecture, state, first_logits, budget, *, steps, turn_end_id, keep_logits, unroll):
+def _decode_loop(
+    weights, layer_weights, architecture, state, first_logits, budget, rule, *, steps, turn_end_id, keep_logits, unroll
+):
     """Select and process ids until every row stops. Returns (output ids [B, steps], selected [B],
-    stop codes [B], logits [B, steps, V] or None, final state)."""
+    stop codes [B], logits [B, steps, V] or None, candidates or None, final state).
+
+    rule: the rows' SelectionRule, or None when every row is greedy; candidates are then None, else
+    the filtered distribution's top ids and probabilities, each [B, steps, TOP_CANDIDATES].
+    """
     B = first_logits.shape[0]
     prefix_length = state.lengths  # processed positions before the first selection
     context = architecture.context
-    first = jnp.argmax(first_logits, axis=-1).astype(jnp.int32)
+    first = select(first_logits, rule, jnp.zeros((B,), jnp.int32))
     one = jnp.ones((B,), jnp.int32)
     outputs = jnp.zeros((B, steps), jnp.int32).at[:, 0].set(first)
     logits_seen = jnp.zeros((B, steps, architecture.vocabulary), jnp.float32).at[:, 0].set(first_logits) if keep_logits else None
+    seen = None
+    if rule is not None:
+        ids, probabilities = candidates(first_logits, rule)
+        seen = (jnp.zeros((B, steps, TOP_CANDIDATES), jnp.int32).at[:, 0].set(ids),
+                jnp.zeros((B, steps, TOP_CANDIDATES), jnp.float32).at[:, 0].set(probabilities))  # fmt: skip
     stop = stop_codes(jnp, first, one, budget, prefix_length, context, turn_end_id)
 
     def running(carry):
         return jnp.any(carry[3] == 0)
 
     def step(carry):
-        state, last, selected, stop, outputs, logits_seen = carry
+        state, last, selected, stop, outputs, logits_seen, seen = carry
         active = (stop == 0).astype(jnp.int32)
         logits, state = advance(weights, architecture, state, last[:, None], active, unroll, layer_weights)
-        chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        chosen = select(logits, rule, selected)
         rows = jnp.arange(B)
         column = jnp.where(active == 1, selected, steps)  # out of range: dropped for stopped rows
         outputs = outputs.at[rows, column].set(chosen, mode="drop")
         if keep_logits:
             logits_seen = logits_seen.at[rows, column].set(logits, mode="drop")
+        if rule is not None:
+            ids, probabilities = candidates(logits, rule)
+            seen = (seen[0].at[rows, column].set(ids, mode="drop"), seen[1].at[rows, column].set(probabilities, mode="drop"))
         selected = selected + active
         new_stop = stop_codes(jnp, chosen, selected, budget, prefix_length, context, turn_end_id)
         stop = jnp.where(active == 1, new_stop, stop)
-        return state, jnp.where(active == 1, chosen, last), selected, stop, outputs, logits_seen
+        return state, jnp.where(active == 1, chosen, last), selected, stop, outputs, logits_seen, seen
 
-    carry = (state, first, one, stop, outputs, logits_seen)
-    state, _, selected, stop, outputs, logits_seen = jax.lax.while_loop(running, step, carry)
-    return outputs, selected, stop, logits_seen, state
+    carry = (state, first, one, stop, outputs, logits_seen, seen)
+    state, _, selected, stop, outputs, logits_seen, seen = jax.lax.while_loop(running, step, carry)
+    return outputs, selected, stop, logits_seen, seen, state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +120,7 @@ def generate(
     run_id: str = "run",
     on_select: Callable[[int, int], None] | None = None,
 ) -> Generation:
-    """Greedy generation for a batch of requests, with evidence.
+    """Generation for a batch of requests (each by its own selection rule), with evidence.
 
     state: rows whose token ids are exact prefixes of the prompts are reused.
     reference: record each work's max abs logit error against a full-prefix recompute.
@@ -125,7 +141,7 @@ def generate(
     # Slots for every position a row can process: its prompt and all selections but the last.
     capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
     work_state, window_ids, counts, reused = execution.window(prompts, state, capacity)
-    plan = _Plan(work_state, window_ids, counts, budgets, keep_logits=reference or scores)
+    plan = _Plan(work_state, window_ids, counts, budgets, reference or scores, SelectionRule.of(requests))
     if timing == "step":
         observe = None
         if observe_step is not None:
@@ -152,8 +168,10 @@ def generate(
             errors = [float(np.max(np.abs(references[b, last_prompt + k] - logits[b][k]))) for k in range(n)]
         computations = work_computations(execution, request, outputs[b], reused[b], ran.seconds[b], errors, timing)
         selections = tuple(
-            TokenSelection(selected_id=t) if not scores else _scored(t, logits[b][k]) for k, t in enumerate(outputs[b])
-        )
+            _selection(request, k, t, None if logits is None or not scores else logits[b][k],
+                       None if ran.candidates is None else (ran.candidates[0][b][k], ran.candidates[1][b][k]))
+            for k, t in enumerate(outputs[b])
+        )  # fmt: skip
         output_ids = tuple(outputs[b])
         responses.append(
             InferenceResponse(
@@ -176,6 +194,7 @@ class _Plan:
     counts: np.ndarray  # [B] new ids per row
     budgets: np.ndarray  # [B]
     keep_logits: bool
+    rule: SelectionRule | None  # None: every row greedy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +205,7 @@ class _Run:
     seconds: list[list[float]]  # per row, per work
     state: KVState
     observations: dict  # row -> TensorObservations
+    candidates: tuple | None = None  # per row, the filtered distribution's top (ids [selected, N], probabilities), when sampling
 
 
 def _run_loop(execution: ModelExecution, plan: _Plan) -> _Run:
@@ -197,16 +217,16 @@ def _run_loop(execution: ModelExecution, plan: _Plan) -> _Run:
     budgets = jnp.asarray(plan.budgets)
     # Compile both programs first (a budget of one ends the loop at once), so times exclude compilation.
     warm_logits, warm_state = execution.advance(plan.state, plan.window_ids, plan.counts)
-    jax.block_until_ready(loop(warm_state, warm_logits, jnp.ones_like(budgets)))
+    jax.block_until_ready(loop(warm_state, warm_logits, jnp.ones_like(budgets), plan.rule))
 
     started = time.perf_counter()
     first_logits, state = execution.advance(plan.state, plan.window_ids, plan.counts)
     first_logits.block_until_ready()
     prefill_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    outputs, selected, stop, logits, state = jax.block_until_ready(loop(state, first_logits, budgets))
+    outputs, selected, stop, logits, seen, state = jax.block_until_ready(loop(state, first_logits, budgets, plan.rule))
     per_step = (time.perf_counter() - started) / max(1, int(selected.max()) - 1)
-    outputs, selected, stop, logits = jax.device_get((outputs, selected, stop, logits))
+    outputs, selected, stop, logits, seen = jax.device_get((outputs, selected, stop, logits, seen))
     rows = range(len(budgets))
     return _Run(
         output_ids=[[int(t) for t in outputs[b, : selected[b]]] for b in rows],
@@ -215,6 +235,7 @@ def _run_loop(execution: ModelExecution, plan: _Plan) -> _Run:
         seconds=[[prefill_seconds] + [per_step] * (int(selected[b]) - 1) for b in rows],
         state=state,
         observations={},
+        candidates=None if seen is None else tuple([part[b, : selected[b]] for b in rows] for part in seen),
     )
 
 
@@ -223,7 +244,7 @@ def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on
     B = len(plan.budgets)
     state, window, active = plan.state, plan.window_ids, plan.counts
     prefix_length = np.asarray(state.lengths) + active
-    ids, logits, seconds = ([[] for _ in range(B)] for _ in range(3))
+    ids, logits, seconds, seen = ([[] for _ in range(B)] for _ in range(4))
     stop = np.zeros(B, np.int64)
     observations, compiled = {}, set()
     for step in itertools.count():
@@ -234,12 +255,19 @@ def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on
             compiled.add(window.shape)
         started = time.perf_counter()
         step_logits, state = execution.advance(state, window, active)
-        step_logits = np.asarray(step_logits)
+        if plan.rule is None:
+            step_logits = np.asarray(step_logits)
+            chosen = np.argmax(step_logits, axis=-1).astype(np.int32)
+        else:  # the loop's own draw, keyed by each row's selection index
+            chosen = np.asarray(select_jit(step_logits, plan.rule, jnp.asarray([len(r) for r in ids], jnp.int32)))
+            top = jax.device_get(candidates_jit(step_logits, plan.rule))
+            step_logits = np.asarray(step_logits)
         elapsed = time.perf_counter() - started
-        chosen = np.argmax(step_logits, axis=-1).astype(np.int32)
         for b in np.flatnonzero(active):
             ids[b].append(int(chosen[b]))
             logits[b].append(step_logits[b])
+            if plan.rule is not None:
+                seen[b].append((top[0][b], top[1][b]))
             seconds[b].append(elapsed)
             if on_select is not None:
                 on_select(int(b), int(chosen[b]))
@@ -251,7 +279,10 @@ def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on
             break
         active = (stop == 0).astype(np.int32)
         window = np.asarray([r[-1] for r in ids], np.int32)[:, None]
-    return _Run(ids, [STOP_REASONS[c] for c in stop], logits if plan.keep_logits else None, seconds, state, observations)
+    if plan.rule is not None:
+        seen = tuple([np.asarray([c[part] for c in row]) for row in seen] for part in (0, 1))
+    kept = logits if plan.keep_logits else None
+    return _Run(ids, [STOP_REASONS[c] for c in stop], kept, seconds, state, observations, seen if plan.rule else None)
 
 
 _observed_forward = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"))
@@ -292,6 +323,16 @@ def work_computations(execution, request, output_ids, reused, seconds, errors, t
     )  # fmt: skip
 
 
-def _scored(selected_id: int, logits: np.ndarray) -> TokenSelection:
-    probabilities = np.exp(logits - logits.max())
-    return TokenSelection(selected_id, raw_logits=logits, probabilities=probabilities / probabilities.sum())
+def _selection(request: InferenceRequest, step: int, selected_id: int, logits, top) -> TokenSelection:
+    """One step's evidence: raw scores when kept; for a sampled row, the filtered distribution's top
+    candidates and the (seed, stream, step) its key was derived from."""
+    scored = {}
+    if logits is not None:
+        probabilities = np.exp(logits - logits.max())
+        scored = {"raw_logits": logits, "probabilities": probabilities / probabilities.sum()}
+    policy = request.generation
+    if policy.selection != SAMPLE:
+        return TokenSelection(selected_id, **scored)
+    key = {"seed": policy.seed, "stream": request_stream(request.request_id), "step": step}
+    ranked = tuple((int(i), float(p)) for i, p in zip(*top) if p > 0)
+    return TokenSelection(selected_id, rule=SAMPLE, rng_state=key, candidates=ranked, **scored)

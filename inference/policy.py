@@ -9,6 +9,8 @@ from typing import Any
 from jgpt.errors import ApiError
 
 GREEDY = "greedy"
+SAMPLE = "sample"  # seeded sampling (inference/sampling.py); the spec names greedy selection only
+SELECTIONS = (GREEDY, SAMPLE)
 STOPPING = "turn_end_or_budget"  # context capacity also bounds every run
 
 # RunOutcome.stop_reason values, in the order the loop checks them.
@@ -19,20 +21,36 @@ STOP_CONTEXT = "context"
 
 @dataclasses.dataclass(frozen=True)
 class GenerationPolicy:
-    """Output budget (selected ids, the end token included) and the selection and stopping rules."""
+    """Output budget (selected ids, the end token included) and the selection and stopping rules.
+
+    `selection="sample"` draws each id from the logits scaled by `temperature` (0: greedy) and
+    restricted to the `top_k` most probable ids (0: all) and then to the most probable ids whose
+    probability reaches `top_p` (1: all), with keys from `seed`, the request id and the step.
+    """
 
     max_new_tokens: int = 64
     selection: str = GREEDY
     stopping: str = STOPPING
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         n = self.max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ApiError("max_new_tokens", f"must be a positive integer, got {n!r}")
-        if self.selection != GREEDY:
-            raise ApiError("selection", f"unsupported rule {self.selection!r}; supported: {GREEDY}")
+        if self.selection not in SELECTIONS:
+            raise ApiError("selection", f"unsupported rule {self.selection!r}; supported: {', '.join(SELECTIONS)}")
         if self.stopping != STOPPING:
             raise ApiError("stopping", f"unsupported rule {self.stopping!r}; supported: {STOPPING}")
+        _check_number("temperature", self.temperature, 0.0, 1e4)
+        _check_number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_integer("top_k", self.top_k, 0, 1 << 31)
+        _check_integer("seed", self.seed, 0, (1 << 31) - 1)
+        changed = [f for f in _SAMPLING_FIELDS if getattr(self, f) != getattr(GenerationPolicy, f)]
+        if self.selection == GREEDY and changed:
+            raise ApiError(changed[0], f"applies only to selection {SAMPLE!r}")
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any], field: str = "generation") -> GenerationPolicy:
@@ -43,7 +61,26 @@ class GenerationPolicy:
         return cls(**document)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The policy's fields; a greedy policy's are the three the spec names."""
+        document = dataclasses.asdict(self)
+        if self.selection == GREEDY:
+            document = {k: v for k, v in document.items() if k not in _SAMPLING_FIELDS}
+        return document
+
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
+
+
+def _check_number(field: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and low <= value <= high
+    if not ok or (low_open and value == low):
+        bound = f"{'>' if low_open else '>='} {low:g} and <= {high:g}"
+        raise ApiError(field, f"must be a number {bound}, got {value!r}")
+
+
+def _check_integer(field: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ApiError(field, f"must be an integer in {low}..{high}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,20 +7,25 @@ from typing import Any
 
 import numpy as np
 
-from inference.evidence import CacheComputation, GenerationWork, TensorObservation
+from inference.evidence import CacheComputation, GenerationWork, SpeculationEvidence, TensorObservation
 from inference.policy import GREEDY, STOP_TURN_END
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenSelection:
-    """One prediction step: the rule, the selected id and, when asked, the scores it chose from."""
+    """One prediction step: the rule, the selected id and, when asked, the scores it chose from.
+
+    A sampled step also records its key's derivation and the filtered distribution's most probable
+    (id, probability) pairs; the spec's TokenSelection has rng_state always null (greedy only).
+    """
 
     selected_id: int
     rule: str = GREEDY
     decoding: str = "autoregressive"
     raw_logits: np.ndarray | None = None  # [V] float32
     probabilities: np.ndarray | None = None  # [V] softmax of raw_logits
-    rng_state: None = None  # greedy selection draws no randomness
+    rng_state: dict | None = None  # greedy: none; sample: {"seed", "stream", "step"} the draw's key derives from
+    candidates: tuple[tuple[int, float], ...] | None = None  # sample: the filtered distribution's top ids
 
     def to_json(self) -> dict[str, Any]:
         as_list = lambda x: None if x is None else [float(v) for v in x]
@@ -28,7 +33,7 @@ class TokenSelection:
             "decoding": self.decoding, "rule": self.rule, "selected_id": self.selected_id,
             "raw_logits": as_list(self.raw_logits), "probabilities": as_list(self.probabilities),
             "rng_state": self.rng_state,
-        }  # fmt: skip
+        } | ({} if self.candidates is None else {"candidates": [list(c) for c in self.candidates]})  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,3 +72,4 @@ class InferenceResponse:
     computations: tuple[CacheComputation, ...]
     work: GenerationWork
     observations: tuple[TensorObservation, ...] = ()
+    speculation: SpeculationEvidence | None = None  # when decoded speculatively (inference/speculative.py)
