@@ -5,6 +5,10 @@ kvsim reads the counts it needs and nothing else. Other packages may add fields,
 so unknown fields in the document are ignored, while the fields kvsim reads are
 checked for type and consistency. `document_json` writes back exactly the part
 kvsim consumed, which is what a CacheRun record embeds for replay.
+
+kvsim assumes no tokenizer: the turn end is the id the document's complete
+requests end with, and `output_token_bytes` says how many text bytes each output
+id spells (without it, ids below 256 are read as single bytes).
 """
 
 from __future__ import annotations
@@ -16,25 +20,49 @@ from itertools import accumulate
 from typing import Any
 
 from jgpt.errors import ApiError
-from kvsim import fields
+from jgpt.validation import Boolean, Const, Integer, Integers, ListOf, Nullable, Object, String
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1
-TURN_END = 259
 # inference.policy's stop reasons (kvsim imports no jax); only the first one completes a request.
 STOP_REASONS = ("turn_end", "max_new_tokens", "context")
-FIRST_MERGED_ID = 260
+# A document without output_token_bytes is read as byte-level: an id below this spells one byte.
+BYTE_IDS = 256
 
 
 # token_key packs ids as 32-bit unsigned integers.
 TOKEN_ID_LIMIT = 1 << 32
 
-
-def _token_ids(value: Any, field: str) -> list[int]:
-    ids = fields.integers(value, field)
-    if ids and max(ids) >= TOKEN_ID_LIMIT:
-        raise ApiError(f"{field}[{ids.index(max(ids))}]", f"token ids are below 2^32, got {max(ids)}")
-    return ids
+# The fields kvsim reads (other packages may add more: every object is open). `parse_document`
+# reads with these, and `jgpt schema recorded-computations` writes them as a JSON Schema.
+_OPEN = Object({}, open=True)
+TOKEN_IDS = Integers(maximum=TOKEN_ID_LIMIT - 1)
+OUTCOME = Object(
+    {"selected_tokens": Integer(), "published_tokens": Integer(), "unused_budget": Integer(),
+     "stop_reason": String(STOP_REASONS), "complete": Boolean()},
+    open=True,
+)  # fmt: skip
+PREFILL_COSTS = Object(
+    {"fixed_matmul_flops": Integer(), "fixed_memory_bytes": Integer(), "position_matmul_flops": Integers(),
+     "position_memory_bytes": Integers()},
+    open=True,
+)  # fmt: skip
+DECODE_STEP = Object({"position": Integer(), "matmul_flops": Integer(), "logical_memory_bytes": Integer()}, open=True)
+REQUEST = Object(
+    {"request_id": String(), "arrival_us": Integer(), "prompt_ids": TOKEN_IDS, "max_new_tokens": Integer(1),
+     "output_ids": TOKEN_IDS, "outcome": OUTCOME, "prefill_costs": PREFILL_COSTS, "decode_steps": ListOf(DECODE_STEP)},
+    {"output_token_bytes": Nullable(Integers())},
+    open=True,
+)  # fmt: skip
+MODEL_REFERENCE = Object(
+    {"checkpoint_sha256": String(), "tokenizer_sha256": String(), "architecture": _OPEN}, open=True
+)
+DOCUMENT = Object(
+    {"format": Const(FORMAT), "version": Const(VERSION), "model": MODEL_REFERENCE, "kv_bytes_per_position": Integer(1),
+     "execution": Object({"backend": _OPEN, "provenance": _OPEN}, open=True), "requests": ListOf(REQUEST)},
+    open=True,
+    about="The recorded computation document (docs/recorded-computations.md): the only interface from inference to kvsim.",
+)  # fmt: skip
 
 
 def token_key(ids: Sequence[int]) -> bytes:
@@ -73,12 +101,13 @@ class RecordedRequest:
         """Application-output bytes each selected id contributes when published."""
         if self.output_token_bytes is not None:
             return self.output_token_bytes
-        if any(i >= FIRST_MERGED_ID for i in self.output_ids):
+        published = self.outcome["published_tokens"]  # all but a turn end, which is last
+        if any(i >= BYTE_IDS for i in self.output_ids[:published]):
             raise ApiError(
                 f"computations.requests[{self.request_id}].output_token_bytes",
-                "needed to consume output of merged token ids (>= 260); the document does not give it",
+                f"needed to consume output of ids that are not bytes (>= {BYTE_IDS}); the document does not give it",
             )
-        return tuple(1 if i < 256 else 0 for i in self.output_ids)
+        return (1,) * published + (0,) * (len(self.output_ids) - published)
 
 
 @dataclass(frozen=True)
@@ -90,130 +119,100 @@ class RecordedComputations:
 
 
 def parse_document(value: Any, field: str = "computations") -> RecordedComputations:
-    top = fields.loose_mapping(
-        value, field, {"format", "version", "model", "kv_bytes_per_position", "execution", "requests"}
-    )
-    if top["format"] != FORMAT:
-        raise ApiError(f"{field}.format", f"expected {FORMAT!r}, got {top['format']!r}")
-    if top["version"] != VERSION:
-        raise ApiError(f"{field}.version", f"kvsim reads version {VERSION}, got {top['version']!r}")
-    model = fields.loose_mapping(
-        top["model"], f"{field}.model", {"checkpoint_sha256", "tokenizer_sha256", "architecture"}
-    )
-    fields.string(model["checkpoint_sha256"], f"{field}.model.checkpoint_sha256")
-    fields.string(model["tokenizer_sha256"], f"{field}.model.tokenizer_sha256")
-    fields.loose_mapping(model["architecture"], f"{field}.model.architecture", set())
-    execution = fields.loose_mapping(top["execution"], f"{field}.execution", {"backend", "provenance"})
-    fields.loose_mapping(execution["backend"], f"{field}.execution.backend", set())
-    fields.loose_mapping(execution["provenance"], f"{field}.execution.provenance", set())
-    requests = tuple(
-        _parse_request(item, f"{field}.requests[{index}]")
-        for index, item in enumerate(fields.array(top["requests"], f"{field}.requests"))
-    )
+    top = DOCUMENT.read(value, field)
+    requests = tuple(_parse_request(item, f"{field}.requests[{index}]") for index, item in enumerate(top["requests"]))
     seen: set[str] = set()
     for index, request in enumerate(requests):
         if request.request_id in seen:
             raise ApiError(f"{field}.requests[{index}].request_id", f"duplicate request id {request.request_id!r}")
         seen.add(request.request_id)
+    _check_turn_end(requests, field)
+    model, execution = top["model"], top["execution"]
     return RecordedComputations(
         model={k: model[k] for k in ("checkpoint_sha256", "tokenizer_sha256", "architecture")},
-        kv_bytes_per_position=fields.integer(top["kv_bytes_per_position"], f"{field}.kv_bytes_per_position", 1),
+        kv_bytes_per_position=top["kv_bytes_per_position"],
         execution={"backend": execution["backend"], "provenance": execution["provenance"]},
         requests=requests,
     )
 
 
-def _parse_request(value: Any, field: str) -> RecordedRequest:
-    item = fields.loose_mapping(
-        value,
-        field,
-        {
-            "request_id",
-            "arrival_us",
-            "prompt_ids",
-            "max_new_tokens",
-            "output_ids",
-            "outcome",
-            "prefill_costs",
-            "decode_steps",
-        },
-    )
-    prompt = _token_ids(item["prompt_ids"], f"{field}.prompt_ids")
+def _check_turn_end(requests: tuple[RecordedRequest, ...], field: str) -> None:
+    """The document's turn end is the id its complete requests end with (kvsim assumes no tokenizer):
+    one id, never selected before the end of any output (generation stops at the first)."""
+    complete = [(index, request) for index, request in enumerate(requests) if request.outcome["complete"]]
+    if not complete:
+        return
+    first, turn_end = complete[0][0], complete[0][1].output_ids[-1]
+    for index, request in complete:
+        if request.output_ids[-1] != turn_end:
+            raise ApiError(f"{field}.requests[{index}].output_ids", f"a complete request ends with the turn end "
+                           f"{turn_end} (as requests[{first}] does), got {request.output_ids[-1]}")
+    for index, request in enumerate(requests):
+        published = request.output_ids[: request.outcome["published_tokens"]]
+        if turn_end in published:
+            raise ApiError(f"{field}.requests[{index}].output_ids[{published.index(turn_end)}]",
+                           f"is the turn end {turn_end} complete requests end with; generation stops at the first")
+
+
+def _parse_request(item: dict, field: str) -> RecordedRequest:
+    """One request that REQUEST has read: its counts checked against each other."""
+    prompt, budget, output = item["prompt_ids"], item["max_new_tokens"], item["output_ids"]
     if not prompt:
         raise ApiError(f"{field}.prompt_ids", "a prompt needs at least one id")
-    budget = fields.integer(item["max_new_tokens"], f"{field}.max_new_tokens", 1)
-    output = _token_ids(item["output_ids"], f"{field}.output_ids")
     if not 1 <= len(output) <= budget:
         raise ApiError(f"{field}.output_ids", f"expected 1 to max_new_tokens={budget} ids, got {len(output)}")
     outcome = _parse_outcome(item["outcome"], f"{field}.outcome", output, budget)
-    costs = fields.loose_mapping(
-        item["prefill_costs"],
-        f"{field}.prefill_costs",
-        {"fixed_matmul_flops", "fixed_memory_bytes", "position_matmul_flops", "position_memory_bytes"},
-    )
+    costs = item["prefill_costs"]
     per_position = []
     for name in ("position_matmul_flops", "position_memory_bytes"):
-        values = fields.integers(costs[name], f"{field}.prefill_costs.{name}")
+        values = costs[name]
         if len(values) != len(prompt):
             raise ApiError(
                 f"{field}.prefill_costs.{name}",
                 f"expected {len(prompt)} entries (one per prompt position), got {len(values)}",
             )
         per_position.append(list(accumulate(values, initial=0)))
-    steps = fields.array(item["decode_steps"], f"{field}.decode_steps")
+    steps = item["decode_steps"]
     if len(steps) != len(output) - 1:
         raise ApiError(
             f"{field}.decode_steps",
             f"expected {len(output) - 1} steps (one per output id after the first), got {len(steps)}",
         )
-    decode = []
-    for k, step in enumerate(steps):
-        at = f"{field}.decode_steps[{k}]"
-        step = fields.loose_mapping(step, at, {"position", "matmul_flops", "logical_memory_bytes"})
-        decode.append(
-            (
-                fields.integer(step["position"], f"{at}.position"),
-                fields.integer(step["matmul_flops"], f"{at}.matmul_flops"),
-                fields.integer(step["logical_memory_bytes"], f"{at}.logical_memory_bytes"),
-            )
-        )
+    decode = tuple(zip(*((s["position"], s["matmul_flops"], s["logical_memory_bytes"]) for s in steps))) or ((), (), ())
     token_bytes = item.get("output_token_bytes")
     if token_bytes is not None:
-        token_bytes = tuple(fields.integers(token_bytes, f"{field}.output_token_bytes"))
+        token_bytes = tuple(token_bytes)
         if len(token_bytes) != len(output):
             raise ApiError(f"{field}.output_token_bytes", f"expected {len(output)} entries, got {len(token_bytes)}")
     return RecordedRequest(
-        request_id=fields.string(item["request_id"], f"{field}.request_id"),
-        arrival_us=fields.integer(item["arrival_us"], f"{field}.arrival_us"),
+        request_id=item["request_id"],
+        arrival_us=item["arrival_us"],
         prompt_ids=tuple(prompt),
         max_new_tokens=budget,
         output_ids=tuple(output),
         outcome=outcome,
-        fixed_matmul_flops=fields.integer(costs["fixed_matmul_flops"], f"{field}.prefill_costs.fixed_matmul_flops"),
-        fixed_memory_bytes=fields.integer(costs["fixed_memory_bytes"], f"{field}.prefill_costs.fixed_memory_bytes"),
+        fixed_matmul_flops=costs["fixed_matmul_flops"],
+        fixed_memory_bytes=costs["fixed_memory_bytes"],
         cum_flops=per_position[0],
         cum_bytes=per_position[1],
-        decode_positions=tuple(p for p, _, _ in decode),
-        decode_flops=tuple(f for _, f, _ in decode),
-        decode_bytes=tuple(b for _, _, b in decode),
+        decode_positions=decode[0],
+        decode_flops=decode[1],
+        decode_bytes=decode[2],
         output_token_bytes=token_bytes,
     )
 
 
-def _parse_outcome(value: Any, field: str, output: list[int], budget: int) -> dict:
-    item = fields.loose_mapping(
-        value, field, {"selected_tokens", "published_tokens", "unused_budget", "stop_reason", "complete"}
-    )
+def _parse_outcome(item: dict, field: str, output: list[int], budget: int) -> dict:
     expected = {
         "selected_tokens": len(output),
-        "published_tokens": sum(1 for i in output if i != TURN_END),
+        "published_tokens": len(output) - item["complete"],  # all but the turn end that completes it
         "unused_budget": budget - len(output),
-        "complete": output[-1] == TURN_END,
+        "complete": item["complete"],
     }
     for name, want in expected.items():
         if item[name] != want or type(item[name]) is not type(want):
             raise ApiError(f"{field}.{name}", f"inconsistent with output_ids: expected {want!r}, got {item[name]!r}")
-    reason = fields.string(item["stop_reason"], f"{field}.stop_reason", STOP_REASONS)
+    reason = item["stop_reason"]
     if (reason == STOP_REASONS[0]) != expected["complete"]:
         raise ApiError(f"{field}.stop_reason", f"{reason!r} disagrees with complete={expected['complete']}")
     return {**expected, "stop_reason": reason}

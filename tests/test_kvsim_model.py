@@ -239,3 +239,54 @@ def test_submit_actions_declare_the_arrivals_and_replay():
             workload=parse_workload({"kind": "w", "requests": [{"request_id": "A", "arrival_us": 0}]}),
             interaction=parse_interaction({"actions": actions}),
         )
+
+
+def _renumbered(document: dict, old: int, new: int) -> dict:
+    document = copy.deepcopy(document)
+    for request in document["requests"]:
+        for key in ("prompt_ids", "output_ids"):
+            request[key] = [new if i == old else i for i in request[key]]
+    return document
+
+
+def test_the_turn_end_is_the_documents_not_a_constant():
+    # A foreign tokenizer's turn end (GPT-2's 50256 here) publishes and completes exactly as jgpt's 259 does.
+    record, moved = _run(), _run(document=_renumbered(EXAMPLE["computations"], 259, 50256))
+    assert moved["outcomes"] == record["outcomes"]
+    publishes = lambda r: [e for e in r["events"] if e["kind"] == "publish"]  # noqa: E731
+    assert publishes(moved) == publishes(record)
+    assert not any("50256" in e["detail"] for e in moved["events"])
+
+
+def _edited(edit) -> dict:
+    document = copy.deepcopy(EXAMPLE["computations"])
+    edit(document["requests"])
+    return document
+
+
+def _incomplete(request: dict) -> None:
+    request["outcome"].update(complete=False, stop_reason="max_new_tokens", published_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda r: r[1]["output_ids"].__setitem__(1, 258), "computations.requests[1].output_ids"),
+        (lambda r: r[0]["output_ids"].__setitem__(0, 259), "computations.requests[0].output_ids[0]"),
+        (lambda r: _incomplete(r[2]), "computations.requests[2].output_ids[1]"),
+    ],
+)
+def test_a_turn_end_that_contradicts_the_others_is_refused(edit, field):
+    with pytest.raises(ApiError) as error:
+        parse_document(_edited(edit))
+    assert error.value.field == field
+
+
+def test_published_bytes_without_token_bytes_are_bytes_only():
+    consume = [{"kind": "consume", "at_us": 2, "request_id": "A", "output_bytes": 1}]
+    control = _edited(lambda r: r[0]["output_ids"].__setitem__(0, 258))  # a role marker the model selected
+    with pytest.raises(ApiError) as error:
+        _run(document=control, actions=consume)
+    assert error.value.field == "computations.requests[A].output_token_bytes"
+    control["requests"][0]["output_token_bytes"] = [0, 0]
+    assert _run(document=control, actions=consume)["outcomes"]["requests"]["A"]["status"] == "completed"
