@@ -22,12 +22,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from experiments.fields import expect, expect_keys, expect_list, expect_text
 from jgpt.errors import ApiError
 from jgpt.tokenizer import Turn, turns_from_json
-from kvsim.workload import CustomerInteraction, interaction_json, parse_interaction
+from jgpt.validation import Integer, ListOf, Object, String, Tagged, Text
+from kvsim import CustomerInteraction, interaction_json, parse_interaction
 
 KINDS = ("requests", "conversations")
+
+# Turns are read by jgpt.tokenizer.turns_from_json and actions by kvsim.parse_interaction, not from these.
+_TURNS = ListOf(Object({}, open=True, about="a Turn: {role, text} (jgpt.tokenizer.turns_from_json)"), 1)
+_ACTIONS = ListOf(Object({}, open=True, about="a cancel or consume action of kvsim's CustomerInteraction"))
+_REQUEST = Object({"request_id": Text(), "arrival_us": Integer(), "turns": _TURNS})
+_CONVERSATION = Object({"id": Text(), "arrival_us": Integer(), "turn_gap_us": Integer(), "turns": _TURNS})
+WORKLOAD = Tagged(
+    "kind",
+    {"requests": Object({"kind": String(KINDS), "requests": ListOf(_REQUEST, 1)}, {"actions": _ACTIONS}),
+     "conversations": Object({"kind": String(KINDS), "conversations": ListOf(_CONVERSATION, 1)}, {"actions": _ACTIONS})},
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,18 +84,8 @@ class Workload:
 
 
 def read_workload(value: Any, field: str = "workload") -> Workload:
-    expect_keys(value, field, required=("kind",), optional=(*KINDS, "actions"))
-    kind = expect(value["kind"], str, f"{field}.kind")
-    if kind not in KINDS:
-        raise ApiError(f"{field}.kind", f"must be one of {', '.join(KINDS)}; got {kind!r}")
-    for other in KINDS:
-        if other != kind and other in value:
-            raise ApiError(f"{field}.{other}", f"a workload of kind {kind!r} lists {kind}, not {other}")
-    if kind not in value:
-        raise ApiError(f"{field}.{kind}", "is required")
-    entries = expect_list(value[kind], f"{field}.{kind}")
-    if not entries:
-        raise ApiError(f"{field}.{kind}", "a workload has at least one request")
+    WORKLOAD.read(value, field)
+    kind, entries = value["kind"], value[value["kind"]]
     if kind == "requests":
         requests = [_request(entry, f"{field}.requests[{i}]") for i, entry in enumerate(entries)]
     else:
@@ -101,7 +102,7 @@ def read_workload(value: Any, field: str = "workload") -> Workload:
 
 def _interaction(value: Any, request_ids: dict[str, int], field: str) -> CustomerInteraction:
     """Cancel and consume actions; arrivals come from the requests, so submit is not an action here."""
-    interaction = parse_interaction({"actions": expect_list(value, field)}, field.removesuffix(".actions"))
+    interaction = parse_interaction({"actions": value}, field.removesuffix(".actions"))
     for i, action in enumerate(interaction.actions):
         if action.kind == "submit":
             raise ApiError(f"{field}[{i}].kind", "arrivals are the workload's requests; actions cancel or consume")
@@ -110,35 +111,16 @@ def _interaction(value: Any, request_ids: dict[str, int], field: str) -> Custome
     return interaction
 
 
-def _arrival(value: Any, field: str) -> int:
-    if expect(value, int, field) < 0:
-        raise ApiError(field, f"must be >= 0 microseconds, got {value}")
-    return value
-
-
-def _turns(value: Any, field: str) -> tuple[Turn, ...]:
-    turns = turns_from_json(value, field)
-    if not turns:
-        raise ApiError(field, "a conversation has at least one turn")
-    return turns
-
-
 def _request(value: Any, field: str) -> RequestArrival:
-    expect_keys(value, field, required=("request_id", "arrival_us", "turns"))
-    turns = _turns(value["turns"], f"{field}.turns")
+    turns = turns_from_json(value["turns"], f"{field}.turns")  # at least one: WORKLOAD checked
     if turns[-1].role != "user":
         raise ApiError(f"{field}.turns[{len(turns) - 1}].role", "a request's last turn is the user's")
-    return RequestArrival(
-        expect_text(value["request_id"], f"{field}.request_id"), _arrival(value["arrival_us"], f"{field}.arrival_us"), turns
-    )
+    return RequestArrival(value["request_id"], value["arrival_us"], turns)
 
 
 def _conversation(value: Any, field: str) -> list[RequestArrival]:
-    expect_keys(value, field, required=("id", "arrival_us", "turn_gap_us", "turns"))
-    conversation_id = expect_text(value["id"], f"{field}.id")
-    start = _arrival(value["arrival_us"], f"{field}.arrival_us")
-    gap = _arrival(value["turn_gap_us"], f"{field}.turn_gap_us")
-    turns = _turns(value["turns"], f"{field}.turns")
+    conversation_id, start, gap = value["id"], value["arrival_us"], value["turn_gap_us"]
+    turns = turns_from_json(value["turns"], f"{field}.turns")  # at least one: WORKLOAD checked
     for i, turn in enumerate(turns):
         if turn.role == "assistant" or (turn.role == "system" and i > 0):
             raise ApiError(
