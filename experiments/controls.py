@@ -15,11 +15,10 @@ records of arms that keep it stay byte for byte what they were.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
-from experiments.fields import expect
 from jgpt.errors import ApiError
+from jgpt.validation import Description, Integer, Number, String, string
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,18 +34,18 @@ class Control:
     choices: tuple[str, ...] = ()
     default: Any = None  # set only for the controls that choose how an arm runs
 
+    @property
+    def rule(self) -> Description:
+        """The values this control accepts: its check, and its part of the lab schema."""
+        if self.kind is int:
+            return Integer(None if self.minimum is None else int(self.minimum))
+        if self.kind is float:
+            return Number(self.minimum, exact=False, positive=self.strictly_positive)
+        return String(self.choices or None)
+
     def check(self, value: Any, field: str) -> Any:
         """`value` if this control accepts it; ApiError naming `field` otherwise."""
-        expect(value, (int, float) if self.kind is float else self.kind, field)
-        if self.kind is float and not math.isfinite(value):
-            raise ApiError(field, f"{self.name} must be finite, got {value}")
-        if self.strictly_positive and value <= 0:
-            raise ApiError(field, f"{self.name} must be positive, got {value}")
-        if self.minimum is not None and value < self.minimum:
-            raise ApiError(field, f"{self.name} must be >= {self.minimum}, got {value}")
-        if self.choices and value not in self.choices:
-            raise ApiError(field, f"{self.name} must be one of {', '.join(self.choices)}; got {value!r}")
-        return value
+        return self.rule.read(value, field)
 
     @property
     def system_path(self) -> tuple[str, ...] | None:
@@ -88,7 +87,7 @@ def chosen(assignments: dict[str, Any], name: str) -> Any:
 
 def control(name: Any, field: str) -> Control:
     """The declared control called `name`; ApiError naming `field` otherwise."""
-    expect(name, str, field)
+    string(name, field)
     if name not in CONTROLS:
         raise ApiError(field, f"unknown control {name!r}; declared controls: {', '.join(CONTROLS)}")
     return CONTROLS[name]

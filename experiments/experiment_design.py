@@ -25,21 +25,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-from experiments.controls import chosen, control
-from experiments.experiment_spec import ExecutionSpec, ExperimentSpec
-from experiments.fields import expect_keys, expect_list, expect_text
-from experiments.workload import Workload, read_workload
+from experiments.controls import CONTROLS, chosen, control
+from experiments.experiment_spec import EXECUTION_SPEC, ExecutionSpec, ExperimentSpec
+from experiments.workload import WORKLOAD, Workload, read_workload
 from jgpt.errors import ApiError
 from jgpt.json_input import read_json
-from jgpt.ontology import OntologyBinding
+from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
+from jgpt.validation import Anything, ListOf, Object, RelativePath, String, Text
 
 LABS = Path(__file__).with_name("labs")
 REPOSITORY = Path(__file__).resolve().parents[1]
-_ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_ID = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +53,7 @@ class AbstractionContract:
 
     @classmethod
     def from_json(cls, value: Any, field: str) -> AbstractionContract:
-        names = [f.name for f in dataclasses.fields(cls)]
-        expect_keys(value, field, required=names)
-        return cls(**{name: expect_text(value[name], f"{field}.{name}") for name in names})
+        return cls(**CONTRACT.read(value, field))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +63,15 @@ class ExperimentSource:
 
     @classmethod
     def from_json(cls, value: Any, field: str) -> ExperimentSource:
-        expect_keys(value, field, required=("title", "url"))
-        url = expect_text(value["url"], f"{field}.url")
-        if not url.startswith("https://"):
-            raise ApiError(f"{field}.url", f"must be an https URL, got {url!r}")
-        return cls(expect_text(value["title"], f"{field}.title"), url)
+        return cls(**SOURCE.read(value, field))
+
+
+CONTRACT = Object({f.name: Text() for f in dataclasses.fields(AbstractionContract)},
+                  about="AbstractionContract: what the lab's model keeps, leaves out, and how far it reaches.")
+SOURCE = Object({"title": Text(), "url": String(pattern="^https://", meaning="an https URL")})
+# An axis with `control` lists that control's values; one without lists points of {control: value, ...}.
+SWEEP_AXIS = Object({"values": ListOf(Anything("values of the axis's control, or {control: value} points"), 2)},
+                    {"control": String(tuple(CONTROLS))})  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,15 @@ class Arm:
 
     label: str
     execution: ExecutionSpec
+
+
+LAB = Object(
+    {"id": String(pattern=_ID, meaning="lowercase words joined by '-'"), "name": Text(), "question": Text(),
+     "ontology_binding": ONTOLOGY_BINDING, "settings": EXECUTION_SPEC, "missing_controls": ListOf(Text()),
+     "contract": CONTRACT, "sources": ListOf(SOURCE, 1), "evidence": ListOf(RelativePath())},
+    {"workload": WORKLOAD, "sweep": ListOf(SWEEP_AXIS), "calibration_workload": WORKLOAD},
+    about="ExperimentDesign: a lab file under experiments/labs/ (docs/experiments.md).",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,31 +149,18 @@ class ExperimentDesign:
     @classmethod
     def from_json(cls, value: Any, field: str = "") -> ExperimentDesign:
         at = (lambda name: f"{field}.{name}") if field else (lambda name: name)
-        required = ("id", "name", "question", "ontology_binding", "settings", "missing_controls", "contract",
-                    "sources", "evidence")
-        expect_keys(value, field, required=required, optional=("workload", "sweep", "calibration_workload"))
-        lab_id = expect_text(value["id"], at("id"))
-        if not _ID.match(lab_id):
-            raise ApiError(at("id"), f"{lab_id!r} must be lowercase words joined by '-'")
+        value = LAB.read(value, field)
         settings = ExecutionSpec.from_json(value["settings"], at("settings"))
-        missing = tuple(expect_text(name, f"{at('missing_controls')}[{i}]")
-                        for i, name in enumerate(expect_list(value["missing_controls"], at("missing_controls"))))
-        sources = tuple(ExperimentSource.from_json(entry, f"{at('sources')}[{i}]")
-                        for i, entry in enumerate(expect_list(value["sources"], at("sources"))))
-        if not sources:
-            raise ApiError(at("sources"), "a lab cites at least one source")
-        evidence = tuple(_evidence_path(entry, f"{at('evidence')}[{i}]")
-                         for i, entry in enumerate(expect_list(value["evidence"], at("evidence"))))
         design = cls(
-            id=lab_id,
-            name=expect_text(value["name"], at("name")),
-            question=expect_text(value["question"], at("question")),
+            id=value["id"],
+            name=value["name"],
+            question=value["question"],
             ontology_binding=OntologyBinding.from_json(value["ontology_binding"], at("ontology_binding")),
             settings=settings,
-            missing_controls=missing,
-            contract=AbstractionContract.from_json(value["contract"], at("contract")),
-            sources=sources,
-            evidence=evidence,
+            missing_controls=tuple(value["missing_controls"]),
+            contract=AbstractionContract(**value["contract"]),
+            sources=tuple(ExperimentSource(**source) for source in value["sources"]),
+            evidence=tuple(value["evidence"]),
             workload=read_workload(value["workload"], at("workload")) if "workload" in value else None,
             sweep=_sweep(value.get("sweep", []), settings, at("sweep")),
             calibration_workload=read_workload(value["calibration_workload"], at("calibration_workload"))
@@ -212,12 +209,9 @@ def _check_runners(design: ExperimentDesign, at) -> None:
 
 def _sweep(value: Any, settings: ExecutionSpec, field: str) -> tuple[SweepAxis, ...]:
     axes, seen = [], set(settings.assignments)
-    for i, entry in enumerate(expect_list(value, field)):
+    for i, entry in enumerate(value):
         at = f"{field}[{i}]"
-        expect_keys(entry, at, required=("values",), optional=("control",))
-        values = expect_list(entry["values"], f"{at}.values")
-        if len(values) < 2:
-            raise ApiError(f"{at}.values", "a sweep axis compares at least two values")
+        values = entry["values"]
         declared = control(entry["control"], f"{at}.control") if "control" in entry else None
         names = {declared.name: f"{at}.control"} if declared else _joint_points(values, at)
         for name, where in names.items():
@@ -243,13 +237,6 @@ def _joint_points(values: list, at: str) -> dict[str, str]:
             control(name, where).check(item, f"{where}.{name}")
             names.setdefault(name, where)
     return names
-
-
-def _evidence_path(value: Any, field: str) -> str:
-    path = expect_text(value, field)
-    if Path(path).is_absolute() or ".." in Path(path).parts:
-        raise ApiError(field, f"must be a path inside the repository, got {path!r}")
-    return path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,9 +13,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from experiments.controls import CONTROLS, control
-from experiments.fields import expect_keys, expect_list
 from jgpt.errors import ApiError
-from jgpt.ontology import OntologyBinding
+from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
+from jgpt.validation import ListOf, Object, String, Tagged, array
+
+# One setting: the control names the rule its value follows; a left-out binding binds the control's owner.
+EXPERIMENT_SPEC = Tagged(
+    "control",
+    {name: Object({"control": String((name,)), "value": c.rule}, {"ontology_binding": ONTOLOGY_BINDING}, about=c.description)
+     for name, c in CONTROLS.items()},
+)  # fmt: skip
+EXECUTION_SPEC = ListOf(EXPERIMENT_SPEC)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +45,7 @@ class ExperimentSpec:
     @classmethod
     def from_json(cls, value: Any, field: str) -> ExperimentSpec:
         """Read one setting; `ontology_binding` may be left out, binding the control's owner."""
-        expect_keys(value, field, required=("control", "value"), optional=("ontology_binding",))
+        EXPERIMENT_SPEC.read(value, field)
         owner = control(value["control"], f"{field}.control").owner
         if "ontology_binding" in value:
             binding = OntologyBinding.from_json(value["ontology_binding"], f"{field}.ontology_binding")
@@ -73,7 +81,7 @@ class ExecutionSpec:
     @classmethod
     def from_json(cls, value: Any, field: str = "experiments") -> ExecutionSpec:
         """Read a list of settings (the JSON form of ExecutionSpec.experiments)."""
-        specs = tuple(ExperimentSpec.from_json(entry, f"{field}[{i}]") for i, entry in enumerate(expect_list(value, field)))
+        specs = tuple(ExperimentSpec.from_json(entry, f"{field}[{i}]") for i, entry in enumerate(array(value, field)))
         _check_one_assignment_per_control(specs, field)
         return cls(specs)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from experiments.controls import CONTROLS
 from experiments.experiment_spec import ExecutionSpec
-from experiments.fields import expect_keys
 from experiments.workload import Workload, read_workload
 from jgpt.errors import ApiError
+from jgpt.validation import mapping
 
 DEFAULTS = Path(__file__).with_name("generation_defaults.json")
 
@@ -30,7 +30,7 @@ class GenerationDefaults:
 
     @classmethod
     def from_json(cls, value: Any, field: str = "generation_defaults") -> GenerationDefaults:
-        expect_keys(value, field, required=("execution", "workload"))
+        mapping(value, field, {"execution", "workload"})
         execution = ExecutionSpec.from_json(value["execution"], f"{field}.execution")
         unassigned = [name for name in CONTROLS if name not in execution.assignments]
         if unassigned:

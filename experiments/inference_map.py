@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments.fields import expect, expect_keys, expect_list
+from jgpt.validation import Boolean, ListOf, Nullable, Object, String, Text
 from jgpt.errors import ApiError
 from jgpt.ontology import is_admitted
 
@@ -70,14 +70,9 @@ class InferenceMap:
 
     @classmethod
     def from_json(cls, value: Any, field: str = "inference_map") -> InferenceMap:
-        expect_keys(value, field, required=("nodes", "relationships"))
-        nodes = tuple(
-            _node(entry, f"{field}.nodes[{i}]") for i, entry in enumerate(expect_list(value["nodes"], f"{field}.nodes"))
-        )
-        relationships = tuple(
-            _relationship(entry, f"{field}.relationships[{i}]")
-            for i, entry in enumerate(expect_list(value["relationships"], f"{field}.relationships"))
-        )
+        value = MAP.read(value, field)
+        nodes = tuple(_node(entry, f"{field}.nodes[{i}]") for i, entry in enumerate(value["nodes"]))
+        relationships = tuple(InferenceMapRelationship(**entry) for entry in value["relationships"])
         try:
             return cls(nodes, relationships)
         except ApiError as error:
@@ -90,21 +85,20 @@ class InferenceMap:
         }
 
 
+# Owners, kinds and views are checked against the registry and NODE_KINDS, VIEWS by `_node`.
+_NODE = Object({"id": String(), "parent": Nullable(String()), "owner": String(), "kind": String(), "view": String(),
+                "expanded": Boolean()})  # fmt: skip
+_RELATIONSHIP = Object({"source": String(), "target": String(), "label": Text()})  # a label says what it carries
+MAP = Object({"nodes": ListOf(_NODE), "relationships": ListOf(_RELATIONSHIP)})
+
+
 def default_inference_map() -> InferenceMap:
     """The baseline system's map, as declared in `inference_map.json`."""
     return InferenceMap.from_json(json.loads(DEFAULT_MAP.read_text(encoding="utf-8")), field=DEFAULT_MAP.name)
 
 
 def _node(value: Any, field: str) -> InferenceMapNode:
-    expect_keys(value, field, required=("id", "parent", "owner", "kind", "view", "expanded"))
-    node = InferenceMapNode(
-        id=expect(value["id"], str, f"{field}.id"),
-        parent=None if value["parent"] is None else expect(value["parent"], str, f"{field}.parent"),
-        owner=expect(value["owner"], str, f"{field}.owner"),
-        kind=expect(value["kind"], str, f"{field}.kind"),
-        view=expect(value["view"], str, f"{field}.view"),
-        expanded=expect(value["expanded"], bool, f"{field}.expanded"),
-    )
+    node = InferenceMapNode(**value)
     if not is_admitted(node.owner):
         raise ApiError(f"{field}.owner", f"{node.owner!r} is not an admitted ontology concept")
     if node.kind not in NODE_KINDS:
@@ -112,16 +106,6 @@ def _node(value: Any, field: str) -> InferenceMapNode:
     if node.view not in VIEWS:
         raise ApiError(f"{field}.view", f"{node.view!r} is not one of {', '.join(VIEWS)}")
     return node
-
-
-def _relationship(value: Any, field: str) -> InferenceMapRelationship:
-    expect_keys(value, field, required=("source", "target", "label"))
-    label = expect(value["label"], str, f"{field}.label")
-    if not label.strip():
-        raise ApiError(f"{field}.label", "must say what the relationship carries")
-    return InferenceMapRelationship(
-        expect(value["source"], str, f"{field}.source"), expect(value["target"], str, f"{field}.target"), label
-    )
 
 
 def _check_tree(nodes: tuple[InferenceMapNode, ...]) -> None:

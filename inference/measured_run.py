@@ -26,12 +26,46 @@ from inference.recording import request_document
 from inference.evidence import GenerationWork
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from jgpt.tokenizer import Tokenizer
-from kvsim.outcomes import totals
-from kvsim.system import KVResidencySystemConfig, system_json
-from kvsim.workload import CustomerInteraction, interaction_json
+from jgpt.validation import Boolean, Const, Integer, Integers, ListOf, MapOf, Nullable, Object, String
+from kvsim.calibration import WORK_KINDS
+from kvsim.outcomes import TOTALS, totals
+from kvsim.record_view import OUTCOME
+from kvsim.recorded import DOCUMENT, MODEL_REFERENCE
+from kvsim.system import SYSTEM, KVResidencySystemConfig, system_json
+from kvsim.workload import INTERACTION, WORKLOAD, CustomerInteraction, interaction_json
 
 FORMAT = "jgpt-measured-run"
 VERSION = 1
+
+# What `measured_run` writes, as `jgpt schema measured-run` publishes it. kvsim.calibration reads the
+# part it fits with its own readers (kvsim cannot import this jax-side module).
+_TEXT, _COUNT = String(), Integer()
+MACHINE = Object(
+    {"platform": _TEXT, "machine": _TEXT, "processor": _TEXT, "cpu_count": Nullable(Integer(1)), "jax_version": _TEXT,
+     "jax_backend": _TEXT, "device_kind": _TEXT},
+    open=True,
+)  # fmt: skip
+ENGINE = Object(
+    {"prefill_window_buckets": Integers(1, min_items=1), "decode_batch_buckets": Integers(1, min_items=1),
+     "slot_rows": Integer(1), "slot_capacity": Integer(1), "slot_buffer_bytes": _COUNT,
+     "as_fast_as_possible": Boolean(), "compiled_programs": _COUNT, "compile_wall_us": _COUNT,
+     "compiles_during_run": _COUNT, "transfers": String(("synchronous",))},
+    open=True,
+)  # fmt: skip
+WORK = Object(
+    {"kind": String(WORK_KINDS), "request_ids": ListOf(_TEXT),
+     **dict.fromkeys(("rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes", "start_us",
+                      "end_us", "wall_us"), _COUNT)},
+    open=True,
+)  # fmt: skip
+MEASURED_RUN = Object(
+    {"format": Const(FORMAT), "version": Const(VERSION), "model": MODEL_REFERENCE, "kv_bytes_per_position": Integer(1),
+     "execution": DOCUMENT.required["execution"], "machine": MACHINE, "system": SYSTEM, "engine": ENGINE,
+     "workload": WORKLOAD, "customer_interaction": Nullable(INTERACTION), "computations": DOCUMENT,
+     "works": ListOf(WORK), "requests": MapOf(OUTCOME), "totals": TOTALS},
+    open=True,
+    about="The measured-run document: a Workload the InferenceEngine served, timed (docs/measured-run.md).",
+)  # fmt: skip
 
 
 def measured_run(

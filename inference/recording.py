@@ -24,9 +24,25 @@ from jgpt.errors import ApiError
 from jgpt.identity import write_atomically
 from jgpt.kv_state import KVState
 from jgpt.tokenizer import Tokenizer, Turn, turns_from_json
+from jgpt.validation import Integer, Integers, ListOf, Object, String
+from kvsim.workload import INTERACTION
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1
+
+# Turns are read by jgpt.tokenizer.turns_from_json and the policy by GenerationPolicy.from_json, not from these.
+_BODY = Object(
+    {},
+    {"text": String(), "turns": ListOf(Object({}, open=True, about="a Turn: {role, text}")), "prompt_ids": Integers(),
+     "generation": Object({}, open=True, about="GenerationPolicy (docs/inference.md)")},
+    about="InferenceRequest: its input as turns (with an optional text), text, or prompt_ids.",
+)  # fmt: skip
+ARRIVAL = Object({"request_id": String(non_empty=True), "arrival_us": Integer(), "request": _BODY})
+WORKLOAD = Object(
+    {"kind": String(non_empty=True), "requests": ListOf(ARRIVAL, 1)},
+    {"customer_interaction": INTERACTION},
+    about="Workload: ordered RequestArrivals, each with an InferenceRequest (`jgpt record`, `jgpt serve`).",
+)  # fmt: skip
 
 
 def read_workload(document: Any, tokenizer: Tokenizer, field: str = "workload") -> tuple[InferenceRequest, ...]:
@@ -35,25 +51,14 @@ def read_workload(document: Any, tokenizer: Tokenizer, field: str = "workload") 
     Each request gives its input as `turns` (a conversation; the prompt opens the
     assistant's turn after it), as `text` (one user turn), or as raw `prompt_ids`.
     """
-    top = _object(document, field, required={"kind", "requests"}, optional={"customer_interaction"})
-    if not isinstance(top["kind"], str) or not top["kind"]:
-        raise ApiError(f"{field}.kind", f"must be the arrival policy's name (a non-empty string), got {top['kind']!r}")
-    entries = top["requests"]
-    if not isinstance(entries, list) or not entries:
-        raise ApiError(f"{field}.requests", "must be a non-empty list of request arrivals")
+    top = WORKLOAD.read(document, field)
     requests, seen = [], set()
-    for i, entry in enumerate(entries):
+    for i, entry in enumerate(top["requests"]):
         at = f"{field}.requests[{i}]"
-        entry = _object(entry, at, required={"request_id", "arrival_us", "request"})
-        request_id, arrival = entry["request_id"], entry["arrival_us"]
-        if not isinstance(request_id, str) or not request_id:
-            raise ApiError(f"{at}.request_id", f"must be a non-empty string, got {request_id!r}")
+        request_id, arrival, body = entry["request_id"], entry["arrival_us"], entry["request"]
         if request_id in seen:
             raise ApiError(f"{at}.request_id", f"request {request_id!r} is declared twice")
         seen.add(request_id)
-        if isinstance(arrival, bool) or not isinstance(arrival, int) or arrival < 0:
-            raise ApiError(f"{at}.arrival_us", f"must be an integer >= 0, got {arrival!r}")
-        body = _object(entry["request"], f"{at}.request", required=set(), optional={"text", "turns", "prompt_ids", "generation"})
         prompt_ids, text = _prompt(body, tokenizer, f"{at}.request")
         generation = GenerationPolicy.from_json(body.get("generation", {}), f"{at}.request.generation")
         requests.append(InferenceRequest(request_id, prompt_ids, generation, arrival, text))
@@ -152,27 +157,13 @@ def _prompt(body: Mapping[str, Any], tokenizer: Tokenizer, field: str) -> tuple[
     if len(given) != 1:
         raise ApiError(field, "gives its input as exactly one of turns (with an optional text), text, or prompt_ids")
     if "prompt_ids" in body:
-        ids = body["prompt_ids"]
-        if not isinstance(ids, list):
-            raise ApiError(f"{field}.prompt_ids", "must be a list of token ids")
-        return tuple(ids), body.get("text")
+        return tuple(body["prompt_ids"]), body.get("text")
     if "turns" in body:
         turns = turns_from_json(body["turns"], f"{field}.turns")
         if not turns:
             raise ApiError(f"{field}.turns", "a request has at least one turn")
     else:
-        if not isinstance(body["text"], str):
-            raise ApiError(f"{field}.text", "must be a string")
         turns = (Turn("user", body["text"]),)
     text = body.get("text", next((t.text for t in reversed(turns) if t.role == "user"), None))
     return tuple(tokenizer.encode_turns(turns, open_turn="assistant").ids), text
 
-
-def _object(value: Any, field: str, required: set[str], optional: set[str] = frozenset()) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ApiError(field, f"must be a JSON object, got {type(value).__name__}")
-    for name in sorted(required - set(value)):
-        raise ApiError(f"{field}.{name}", "is required")
-    for name in sorted(set(value) - required - set(optional)):
-        raise ApiError(f"{field}.{name}", "is not a field here")
-    return value

@@ -15,28 +15,16 @@ argument, and both round-trip through JSON with the ontology's field names. The
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Union
 
 from jgpt.errors import ApiError
+from jgpt.validation import Number, integer, string
 
 PRECISIONS = ("float32", "bfloat16")
 
 
-def _require_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ApiError(name, f"must be a positive integer, got {value!r}")
-
-
-def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ApiError(name, f"unknown value {value!r}; supported: {', '.join(choices)}")
-
-
-def _require_positive_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ApiError(name, f"must be a positive number, got {value!r}")
+_POSITIVE = Number(minimum=None, exact=False, positive=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +46,12 @@ class _Dimensions:
 
     def __post_init__(self) -> None:
         for name in ("vocabulary", "width", "ffn", "context", "layers", "heads"):
-            _require_positive_int(name, getattr(self, name))
-        _require_positive_number("epsilon", self.epsilon)
-        _require_choice("position", self.position, self.POSITIONS)
-        _require_choice("normalization", self.normalization, self.NORMALIZATIONS)
-        _require_choice("activation", self.activation, self.ACTIVATIONS)
-        _require_choice("precision", self.precision, PRECISIONS)
+            integer(getattr(self, name), name, minimum=1)
+        _POSITIVE.read(self.epsilon, "epsilon")
+        string(self.position, "position", self.POSITIONS)
+        string(self.normalization, "normalization", self.NORMALIZATIONS)
+        string(self.activation, "activation", self.ACTIVATIONS)
+        string(self.precision, "precision", PRECISIONS)
         if self.width % self.heads:
             raise ApiError("width", f"{self.width} is not divisible by heads={self.heads}")
 
@@ -120,12 +108,12 @@ class LlamaArchitecture(_Dimensions):
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         super().__post_init__()
-        _require_positive_int("kv_heads", self.kv_heads)
+        integer(self.kv_heads, "kv_heads", minimum=1)
         if self.heads % self.kv_heads:
             raise ApiError("kv_heads", f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.head_dim % 2:
             raise ApiError("heads", f"rotary positions need an even head width, got {self.head_dim}")
-        _require_positive_number("rope_theta", self.rope_theta)
+        _POSITIVE.read(self.rope_theta, "rope_theta")
 
 
 Architecture = Union[ModelArchitecture, LlamaArchitecture]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jgpt.errors import ApiError
+from jgpt.validation import integer, integers
 from jgpt.identity import require_finite
 from jgpt.json_input import read_json
 from jgpt.paths import confined
@@ -55,22 +56,19 @@ class ModelDescriptor:
         _require_type("label", self.label, str)
         if self.role not in (None, DEFAULT_ROLE):
             raise ApiError("role", f"must be null or {DEFAULT_ROLE!r}, got {self.role!r}")
-        if _not_int(self.parameters) or self.parameters < 1:
-            raise ApiError("parameters", f"must be a positive integer, got {self.parameters!r}")
+        integer(self.parameters, "parameters", minimum=1)
         _require_type("architecture", self.architecture, Mapping)
         require_finite(dict(self.architecture), "architecture")
         _check_asset("weights", self.weights)
         if self.tokenizer is not None:
             _check_asset("tokenizer", self.tokenizer)
-        if self.seed is not None and _not_int(self.seed):
-            raise ApiError("seed", f"must be an integer or null, got {self.seed!r}")
+        if self.seed is not None:
+            integer(self.seed, "seed", minimum=None)
         for name in ("inspection", "normalization", "provenance", "tokenizer_format"):
             if getattr(self, name) is not None:
                 _require_type(name, getattr(self, name), str)
         _require_type("weight_format", self.weight_format, str)
-        for n, stop_id in enumerate(self.stop_ids):
-            if _not_int(stop_id) or stop_id < 0:
-                raise ApiError(f"stop_ids[{n}]", f"must be a non-negative token id, got {stop_id!r}")
+        integers(list(self.stop_ids), "stop_ids")
 
     def to_json(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -97,10 +95,6 @@ class ModelDescriptor:
             raise ApiError(f"{where}.{error.field}", error.reason) from None
 
 
-def _not_int(value: Any) -> bool:
-    return isinstance(value, bool) or not isinstance(value, int)
-
-
 def _require_type(field: str, value: Any, kind: type) -> None:
     if not isinstance(value, kind):
         raise ApiError(field, f"must be a {'JSON object' if kind is Mapping else kind.__name__}, got {value!r}")
@@ -115,8 +109,7 @@ def _check_asset(field: str, asset: Any) -> None:
     sha256 = asset["sha256"]
     if not isinstance(sha256, str) or len(sha256) != 64 or sha256.strip("0123456789abcdef"):
         raise ApiError(f"{field}.sha256", f"must be 64 lowercase hexadecimal digits, got {sha256!r}")
-    if _not_int(asset["bytes"]) or asset["bytes"] < 0:
-        raise ApiError(f"{field}.bytes", f"must be a non-negative integer, got {asset['bytes']!r}")
+    integer(asset["bytes"], f"{field}.bytes")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kvsim": ("kvsim.commands", "simulate KV residency and service: run, replay, plot, perfetto, import-trace, synthesize"),
     "lab": ("experiments.cli", "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)"),
     "report": ("experiments.cli", "write one self-contained HTML page explaining an experiment record"),
+    "schema": ("jgpt.commands.schema", "print the JSON Schema of a document: labs, workloads, kvsim inputs and records, ..."),
 }
 
 USAGE = "usage: jgpt [-h] [-V] COMMAND [ARGS...]\n"

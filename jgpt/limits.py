@@ -9,6 +9,7 @@ jgpt trains or serves and far below what a machine cannot hold.
 from __future__ import annotations
 
 from jgpt.errors import ApiError
+from jgpt.validation import integer
 
 # Tokenizer training and model vocabularies: 2^17 holds every public byte-level vocabulary
 # we know of (Llama 3: 128,256 entries).
@@ -22,6 +23,7 @@ PARAMETER_LIMIT = 1 << 31
 
 def bounded(value: int, field: str, minimum: int, limit: int) -> int:
     """`value` when it is an integer in [minimum, limit]; else an ApiError naming `field` and the range."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= limit:
-        raise ApiError(field, f"must be an integer in [{minimum}, {limit}], got {value!r}")
-    return value
+    try:
+        return integer(value, field, minimum, limit)
+    except ApiError:  # one message with the whole range: these fields are command-line options too
+        raise ApiError(field, f"must be an integer in [{minimum}, {limit}], got {value!r}") from None

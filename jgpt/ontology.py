@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jgpt.errors import ApiError
+from jgpt.validation import ListOf, Object, String
 
 _DATA = Path(__file__).with_name("ontology.json")
 
@@ -105,6 +106,11 @@ def owner_of_record(record_name: str) -> Concept:
     raise ApiError("record", f"no admitted concept defines a record {record_name!r}")
 
 
+# Whether a name is an admitted concept is checked by _check_binding, against the registry.
+ONTOLOGY_BINDING = Object({"primary": String()}, {"related": ListOf(String())},
+                          about="OntologyBinding: one admitted primary concept and other related ones.")
+
+
 @dataclasses.dataclass(frozen=True)
 class OntologyBinding:
     """The ontology subjects of a control: one admitted primary, other admitted related concepts."""
@@ -118,16 +124,8 @@ class OntologyBinding:
     @classmethod
     def from_json(cls, value: Any, field: str = "ontology_binding") -> OntologyBinding:
         """Read a binding from decoded JSON; errors name `field` and the part at fault."""
-        if not isinstance(value, Mapping):
-            raise ApiError(field, f"must be an object with 'primary' and 'related', got {type(value).__name__}")
-        unknown = sorted(set(value) - {"primary", "related"})
-        if unknown:
-            raise ApiError(f"{field}.{unknown[0]}", "unknown field; an ontology binding has 'primary' and 'related'")
-        if "primary" not in value:
-            raise ApiError(f"{field}.primary", "is required")
+        value = ONTOLOGY_BINDING.read(value, field)
         related = value.get("related", [])
-        if not isinstance(related, list):
-            raise ApiError(f"{field}.related", f"must be a list of concept names, got {type(related).__name__}")
         _check_binding(value["primary"], related, field)
         return cls(value["primary"], tuple(related))
 

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
+from jgpt import pytree as struct
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
+from jgpt.validation import integer
 
 INITIALIZER = "normal(0.02); residual output projections normal(0.02/sqrt(2*layers)); biases 0; scales 1"
 
@@ -158,8 +159,7 @@ def initialize(architecture: Architecture, seed: int) -> tuple[ModelWeights, Ini
     Projections writing into the residual stream are scaled by 1/sqrt(2*layers) so
     that the stream's variance does not grow with depth.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ApiError("seed", f"must be an integer, got {seed!r}")
+    integer(seed, "seed", minimum=None)
     weights = _initial_weights(architecture, jax.random.key(seed))
     return weights, InitializationProvenance(initializer=INITIALIZER, kind="random", seed=seed)
 

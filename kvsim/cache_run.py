@@ -18,13 +18,17 @@ from typing import Any
 
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
-from jgpt.ontology import OntologyBinding
-from kvsim import engine, fields
-from kvsim.outcomes import totals
-from kvsim.recorded import RecordedComputations, parse_document, request_json
-from kvsim.resource_graph import ResourceGraph, parse_resource_graph, resource_graph_json
-from kvsim.system import KVResidencySystemConfig, parse_system, system_json
+from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
+from jgpt.validation import LIMIT, Integer, ListOf, MapOf, Nullable, Object, String
+from kvsim import engine
+from kvsim.outcomes import TOTALS, totals
+from kvsim.record_view import EVENT, OUTCOME
+from kvsim.recorded import MODEL_REFERENCE, REQUEST, RecordedComputations, parse_document, request_json
+from kvsim.resource_graph import RESOURCE_GRAPH, ResourceGraph, parse_resource_graph, resource_graph_json
+from kvsim.system import SYSTEM, KVResidencySystemConfig, parse_system, system_json
 from kvsim.workload import (
+    INTERACTION,
+    WORKLOAD,
     CustomerInteraction,
     Workload,
     interaction_json,
@@ -43,6 +47,23 @@ DEFAULT_BINDING = {
     "primary": "KVCache",
     "related": ["InferenceSystem", "RequestScheduling", "StateTransfer", "ComputeService"],
 }
+
+_OPEN = Object({}, open=True)
+DECLARATION = Object(
+    {"model": MODEL_REFERENCE, "system": SYSTEM, "workload": WORKLOAD, "ontology_binding": ONTOLOGY_BINDING,
+     "customer_interaction": Nullable(INTERACTION), "resource_graph": Nullable(RESOURCE_GRAPH)},
+    about="KVRunBinding plus the optional customer interaction and resource graph: what a replay simulates again.",
+)  # fmt: skip
+MEASUREMENT = Object({"event_id": String(), "kind": String(), "elapsed_us": Integer(), "bytes": Integer()})
+RECORD = Object(
+    {"id": String(), "declaration": DECLARATION,
+     "checkpoint": Object({"kv_bytes_per_position": Integer(1)}, open=True),
+     "provenance": Object({"backend": _OPEN}, open=True), "events": ListOf(EVENT), "computations": ListOf(REQUEST),
+     "measurements": ListOf(MEASUREMENT), "outcomes": Object({"requests": MapOf(OUTCOME), "totals": TOTALS}),
+     "states": _OPEN, "evidence": String()},
+    open=True,
+    about="CacheRun record: a declaration, the consumed computations, events with causes, outcomes (docs/kvsim.md).",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -67,7 +88,7 @@ def simulate(
         ontology_binding = OntologyBinding.from_json(DEFAULT_BINDING if ontology_binding is None else ontology_binding)
     workload = resolve_workload(computations, workload, interaction)
     result = engine.run(system, computations, workload, interaction)
-    if result.end_us > fields.LIMIT:  # every input is within the limit, but a tiny rate stretches time past it
+    if result.end_us > LIMIT:  # every input is within the limit, but a tiny rate stretches time past it
         raise ApiError("system", f"the run's virtual time reaches 10^{len(str(result.end_us)) - 1} us, past 2^53 (285 years): "
                                  f"a rate is too small for the work")
     declaration = {
@@ -235,22 +256,7 @@ def load_json(data: bytes, field: str) -> Any:
 
 
 def read_record(data: bytes) -> dict:
-    record = fields.loose_mapping(
-        load_json(data, "record"),
-        "record",
-        {
-            "id",
-            "declaration",
-            "checkpoint",
-            "provenance",
-            "events",
-            "computations",
-            "measurements",
-            "outcomes",
-            "states",
-            "evidence",
-        },
-    )
+    record = RECORD.keys(load_json(data, "record"), "record")
     if not str(record["evidence"]).startswith(f"{MODEL_VERSION}:"):
         raise ApiError("record.evidence", f"not a {MODEL_VERSION} record")
     return record
@@ -258,13 +264,9 @@ def read_record(data: bytes) -> dict:
 
 def rerun(record: dict) -> CacheRun:
     """Simulate the declaration a record carries."""
-    declaration = fields.mapping(
-        record["declaration"],
-        "record.declaration",
-        {"model", "system", "workload", "ontology_binding", "customer_interaction", "resource_graph"},
-    )
-    checkpoint = dict(fields.loose_mapping(record["checkpoint"], "record.checkpoint", {"kv_bytes_per_position"}))
-    provenance = fields.loose_mapping(record["provenance"], "record.provenance", {"backend"})
+    declaration = DECLARATION.keys(record["declaration"], "record.declaration")
+    checkpoint = dict(RECORD.required["checkpoint"].keys(record["checkpoint"], "record.checkpoint"))
+    provenance = RECORD.required["provenance"].keys(record["provenance"], "record.provenance")
     document = {
         "format": "jgpt-recorded-computations",
         "version": 1,

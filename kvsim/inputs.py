@@ -18,23 +18,27 @@ from pathlib import Path
 
 from jgpt.identity import read_bytes
 from jgpt.output_paths import output_file
-from kvsim import fields
+from jgpt.ontology import ONTOLOGY_BINDING
+from jgpt.validation import Either, Object, String
 from kvsim.cache_run import load_json
-from kvsim.recorded import parse_document
-from kvsim.resource_graph import parse_resource_graph
-from kvsim.system import parse_system
-from kvsim.workload import parse_interaction, parse_workload
+from kvsim.recorded import DOCUMENT, parse_document
+from kvsim.resource_graph import RESOURCE_GRAPH, parse_resource_graph
+from kvsim.system import SYSTEM, parse_system
+from kvsim.workload import INTERACTION, WORKLOAD, parse_interaction, parse_workload
+
+# Each field is read by its own parser below; INPUT names them for the key check and the schema.
+INPUT = Object(
+    {"system": SYSTEM, "computations": Either((String(non_empty=True), DOCUMENT))},
+    {"workload": WORKLOAD, "customer_interaction": INTERACTION, "resource_graph": RESOURCE_GRAPH,
+     "ontology_binding": ONTOLOGY_BINDING},
+    about="KVExperimentInput: the file `jgpt kvsim run INPUT.json` reads (docs/kvsim.md).",
+)  # fmt: skip
 
 
 def load_input(path: Path, out: Path | None = None) -> dict:
     """The keyword arguments of `simulate`, validated from an input file; `out`, where the record
     will be written, must not be the computations file the input names."""
-    top = fields.mapping(
-        load_json(read_bytes(path, "INPUT"), "INPUT"),
-        "input",
-        {"system", "computations"},
-        {"workload", "customer_interaction", "resource_graph", "ontology_binding"},
-    )
+    top = INPUT.keys(load_json(read_bytes(path, "INPUT"), "INPUT"), "input")
     document = top["computations"]
     if isinstance(document, str):
         source = path.parent / document

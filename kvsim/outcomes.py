@@ -11,8 +11,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jgpt.validation import Integer, Nullable, Number, Object
+
 STATUSES = ("completed", "stopped", "cancelled", "rejected")
 LATENCIES = (("ttft", "ttft_us"), ("tpot", "tpot_us"), ("e2e", "e2e_us"), ("queueing", "queueing_us"))
+
+# What `totals` writes (its schema: records and measured runs are checked against it in tests).
+_COUNT, _FIGURE = Integer(), Nullable(Number(exact=False))
+PERCENTILES = Object({"count": _COUNT, "p50": _FIGURE, "p90": _FIGURE, "p99": _FIGURE})
+TOTALS = Object(
+    {**dict.fromkeys(("arrived", "admitted", *STATUSES, "lookups", "hits_device", "hits_host"), _COUNT),
+     **dict.fromkeys(("hit_rate_device", "hit_rate_host", "token_hit_rate"), _FIGURE),
+     **dict.fromkeys(("reused_positions", "prompt_positions", "saved_matmul_flops", "bytes_device_to_host",
+                      "bytes_host_to_device", "offloads", "reloads", "drops", "compute_busy_us", "end_us"), _COUNT),
+     "compute_busy_fraction": _FIGURE, "latency_us": Object({name: PERCENTILES for name, _ in LATENCIES})},
+    {"events": _COUNT},
+    about="The run's totals: counts by status, reuse by tier, bytes moved, compute busy time, latency percentiles.",
+)  # fmt: skip
 
 
 def percentiles(values: Sequence[int | float]) -> dict:

@@ -12,7 +12,7 @@ from fractions import Fraction
 from typing import Any
 
 from jgpt.errors import ApiError
-from kvsim import fields
+from jgpt.validation import Integer, ListOf, Number, Object, Rate, String, json_number
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,19 @@ class ResourceGraph:
     links: tuple[ResourceLink, ...]
 
 
+NODE = Object({"id": String(), "memory_capacity_bytes": Integer(1), "compute_flops_per_us": Rate(),
+               "memory_bytes_per_us": Rate()})  # fmt: skip
+LINK = Object({"id": String(), "source": String(), "target": String(), "bandwidth_bytes_per_us": Rate(),
+               "startup_us": Number()})  # fmt: skip
+RESOURCE_GRAPH = Object(
+    {"basis": String(), "nodes": ListOf(NODE), "links": ListOf(LINK)},
+    about="ResourceGraph: hypothetical locations and links, validated and recorded (not simulated).",
+)
+
+
 def parse_resource_graph(value: Any, field: str = "resource_graph") -> ResourceGraph:
-    top = fields.mapping(value, field, {"basis", "nodes", "links"})
-    nodes, links, ids = [], [], set()
+    top = RESOURCE_GRAPH.read(value, field)
+    ids: set[str] = set()
 
     def claim(identity: str, at: str) -> str:
         if identity in ids:
@@ -49,38 +59,19 @@ def parse_resource_graph(value: Any, field: str = "resource_graph") -> ResourceG
         ids.add(identity)
         return identity
 
-    for index, item in enumerate(fields.array(top["nodes"], f"{field}.nodes")):
-        at = f"{field}.nodes[{index}]"
-        item = fields.mapping(item, at, {"id", "memory_capacity_bytes", "compute_flops_per_us", "memory_bytes_per_us"})
-        nodes.append(
-            ResourceNode(
-                id=claim(fields.string(item["id"], f"{at}.id"), f"{at}.id"),
-                memory_capacity_bytes=fields.integer(item["memory_capacity_bytes"], f"{at}.memory_capacity_bytes", 1),
-                compute_flops_per_us=fields.positive_rate(item["compute_flops_per_us"], f"{at}.compute_flops_per_us"),
-                memory_bytes_per_us=fields.positive_rate(item["memory_bytes_per_us"], f"{at}.memory_bytes_per_us"),
-            )
-        )
+    nodes = [ResourceNode(**item | {"id": claim(item["id"], f"{field}.nodes[{index}].id")})
+             for index, item in enumerate(top["nodes"])]  # fmt: skip
     node_ids = {node.id for node in nodes}
-    for index, item in enumerate(fields.array(top["links"], f"{field}.links")):
+    links = []
+    for index, item in enumerate(top["links"]):
         at = f"{field}.links[{index}]"
-        item = fields.mapping(item, at, {"id", "source", "target", "bandwidth_bytes_per_us", "startup_us"})
         for end in ("source", "target"):
-            if fields.string(item[end], f"{at}.{end}") not in node_ids:
+            if item[end] not in node_ids:
                 raise ApiError(f"{at}.{end}", f"no node with id {item[end]!r}")
         if item["source"] == item["target"]:
             raise ApiError(f"{at}.target", "a link joins two different nodes")
-        links.append(
-            ResourceLink(
-                id=claim(fields.string(item["id"], f"{at}.id"), f"{at}.id"),
-                source=item["source"],
-                target=item["target"],
-                bandwidth_bytes_per_us=fields.positive_rate(
-                    item["bandwidth_bytes_per_us"], f"{at}.bandwidth_bytes_per_us"
-                ),
-                startup_us=fields.number(item["startup_us"], f"{at}.startup_us"),
-            )
-        )
-    return ResourceGraph(fields.string(top["basis"], f"{field}.basis"), tuple(nodes), tuple(links))
+        links.append(ResourceLink(**item | {"id": claim(item["id"], f"{at}.id")}))
+    return ResourceGraph(top["basis"], tuple(nodes), tuple(links))
 
 
 def resource_graph_json(graph: ResourceGraph) -> dict:
@@ -90,8 +81,8 @@ def resource_graph_json(graph: ResourceGraph) -> dict:
             {
                 "id": n.id,
                 "memory_capacity_bytes": n.memory_capacity_bytes,
-                "compute_flops_per_us": fields.json_number(n.compute_flops_per_us),
-                "memory_bytes_per_us": fields.json_number(n.memory_bytes_per_us),
+                "compute_flops_per_us": json_number(n.compute_flops_per_us),
+                "memory_bytes_per_us": json_number(n.memory_bytes_per_us),
             }
             for n in graph.nodes
         ],
@@ -100,8 +91,8 @@ def resource_graph_json(graph: ResourceGraph) -> dict:
                 "id": link.id,
                 "source": link.source,
                 "target": link.target,
-                "bandwidth_bytes_per_us": fields.json_number(link.bandwidth_bytes_per_us),
-                "startup_us": fields.json_number(link.startup_us),
+                "bandwidth_bytes_per_us": json_number(link.bandwidth_bytes_per_us),
+                "startup_us": json_number(link.startup_us),
             }
             for link in graph.links
         ],

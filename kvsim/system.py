@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvsim import fields
+from jgpt.validation import Integer, ListOf, Object, String
 from kvsim.compute_service import (
     CalibratedComputeService,
     CalibratedTransfer,
@@ -30,6 +30,21 @@ SERIALIZED = "serialized"
 CONTINUOUS_BATCHING = "continuous_batching"
 SCHEDULING_POLICIES = (SERIALIZED, CONTINUOUS_BATCHING)
 RETENTION_POLICIES = ("lru", "none")
+
+_OPEN = Object({}, open=True)
+SCHEDULING = Object({"max_active_requests": Integer(1)}, {"policy": String(SCHEDULING_POLICIES)})
+KV_CACHE = Object(
+    {"device_kv_bytes": Integer(1), "host_kv_bytes": Integer(0)}, {"retention_policy": String(RETENTION_POLICIES)}
+)
+CALIBRATION = Object({"backend": _OPEN, "machine": _OPEN, "sources": ListOf(String()), "works": Integer()})
+# kvsim.compute_service reads transfer and compute_service with its own readers, not yet from a description.
+_SERVICE = Object({}, open=True, about="a roofline or calibrated model: see docs/kvsim.md (kvsim.compute_service)")
+SYSTEM = Object(
+    {"max_requests": Integer(1), "max_new_tokens_cap": Integer(1), "scheduling": SCHEDULING, "kv_cache": KV_CACHE,
+     "transfer": _SERVICE, "compute_service": _SERVICE},
+    {"calibration": CALIBRATION},
+    about="KVResidencySystemConfig: the mechanisms kvsim simulates and the InferenceEngine runs.",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,49 +72,20 @@ class KVResidencySystemConfig:
 
 
 def parse_system(value: Any, field: str = "system") -> KVResidencySystemConfig:
-    top = fields.mapping(
-        value,
-        field,
-        {"max_requests", "max_new_tokens_cap", "scheduling", "kv_cache", "transfer", "compute_service"},
-        {"calibration"},
-    )
-    scheduling = fields.mapping(top["scheduling"], f"{field}.scheduling", {"max_active_requests"}, {"policy"})
-    cache = fields.mapping(
-        top["kv_cache"], f"{field}.kv_cache", {"device_kv_bytes", "host_kv_bytes"}, {"retention_policy"}
-    )
+    top = SYSTEM.read(value, field)
+    scheduling, cache = top["scheduling"], top["kv_cache"]
     return KVResidencySystemConfig(
-        max_requests=fields.integer(top["max_requests"], f"{field}.max_requests", 1),
-        max_new_tokens_cap=fields.integer(top["max_new_tokens_cap"], f"{field}.max_new_tokens_cap", 1),
-        scheduling=RequestSchedulingConfig(
-            max_active_requests=fields.integer(
-                scheduling["max_active_requests"], f"{field}.scheduling.max_active_requests", 1
-            ),
-            policy=fields.string(
-                scheduling.get("policy", SERIALIZED), f"{field}.scheduling.policy", SCHEDULING_POLICIES
-            ),
-        ),
+        max_requests=top["max_requests"],
+        max_new_tokens_cap=top["max_new_tokens_cap"],
+        scheduling=RequestSchedulingConfig(scheduling["max_active_requests"], scheduling.get("policy", SERIALIZED)),
         kv_cache=KVCacheConfig(
-            device_kv_bytes=fields.integer(cache["device_kv_bytes"], f"{field}.kv_cache.device_kv_bytes", 1),
-            host_kv_bytes=fields.integer(cache["host_kv_bytes"], f"{field}.kv_cache.host_kv_bytes", 0),
-            retention_policy=fields.string(
-                cache.get("retention_policy", "lru"), f"{field}.kv_cache.retention_policy", RETENTION_POLICIES
-            ),
+            cache["device_kv_bytes"], cache["host_kv_bytes"], cache.get("retention_policy", "lru")
         ),
         transfer=parse_transfer(top["transfer"], f"{field}.transfer"),
         compute_service=parse_compute_service(top["compute_service"], f"{field}.compute_service"),
-        calibration=_calibration(top["calibration"], f"{field}.calibration") if "calibration" in top else None,
+        # Recorded as given: the measured runs' backend, machine and sha256 digests, and the works fitted.
+        calibration=value["calibration"] if "calibration" in top else None,
     )
-
-
-def _calibration(value: Any, field: str) -> dict:
-    """Recorded as given: the measured runs' backend, machine and sha256 digests, and the works fitted."""
-    calibration = fields.mapping(value, field, {"backend", "machine", "sources", "works"})
-    fields.loose_mapping(calibration["backend"], f"{field}.backend", set())
-    fields.loose_mapping(calibration["machine"], f"{field}.machine", set())
-    for index, source in enumerate(fields.array(calibration["sources"], f"{field}.sources")):
-        fields.string(source, f"{field}.sources[{index}]")
-    fields.integer(calibration["works"], f"{field}.works")
-    return calibration
 
 
 def system_json(config: KVResidencySystemConfig) -> dict:

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
-from kvsim import fields
+from jgpt.validation import Integer, Integers, Number, Object
 from kvsim.analytic import Conversation, framing_ids
 
 FORMATS = ("mooncake", "azure")
@@ -45,17 +45,20 @@ def _output(request_id: str, length: int, turn_end: int) -> tuple[int, ...]:
     return (*_block(f"output:{request_id}", length - 1), turn_end)
 
 
+# One Mooncake trace line (other columns are ignored).
+MOONCAKE_ROW = Object(
+    {"timestamp": Number(), "input_length": Integer(1), "output_length": Integer(1), "hash_ids": Integers()}, open=True
+)
+
+
 def mooncake(text: str, block_tokens: int = 512, context: int = 4096) -> list[Conversation]:
     rows, blocks, used = [], {}, 0
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         at = f"trace line {number}"
-        row = fields.loose_mapping(parse_json(line, at), at, {"timestamp", "input_length", "output_length", "hash_ids"})
-        timestamp = fields.number(row["timestamp"], f"{at}.timestamp")
-        length = fields.integer(row["input_length"], f"{at}.input_length", 1)
-        output = fields.integer(row["output_length"], f"{at}.output_length", 1)
-        hashes = fields.integers(row["hash_ids"], f"{at}.hash_ids")
+        row = MOONCAKE_ROW.read(parse_json(line, at), at)
+        timestamp, length, output, hashes = (row[k] for k in ("timestamp", "input_length", "output_length", "hash_ids"))
         _fits(length, output, context, at, ("input_length", "output_length"))
         used = _within_limit(used + length + output, at)
         if not (len(hashes) - 1) * block_tokens < length <= len(hashes) * block_tokens:

@@ -12,11 +12,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from jgpt.errors import ApiError
-from kvsim import fields
+from jgpt.validation import Integer, ListOf, Object, String, Tagged
 from kvsim.recorded import RecordedComputations
 
 CLOCK = "virtual_us"
 ACTION_KINDS = ("submit", "consume", "cancel")
+
+ARRIVAL = Object({"request_id": String(), "arrival_us": Integer()})
+WORKLOAD = Object({"kind": String(), "requests": ListOf(ARRIVAL)}, about="Workload: ordered RequestArrivals.")
+_ACTION = {"kind": String(ACTION_KINDS), "at_us": Integer(), "request_id": String()}
+ACTION = Tagged("kind", {kind: Object(_ACTION | ({"output_bytes": Integer()} if kind == "consume" else {}))
+                         for kind in ACTION_KINDS})  # fmt: skip
+INTERACTION = Object(
+    {"actions": ListOf(ACTION)}, {"clock": String((CLOCK,))}, about="CustomerInteraction: submit, consume, cancel."
+)
 
 
 @dataclass(frozen=True)
@@ -51,39 +60,15 @@ def recorded_workload(computations: RecordedComputations) -> Workload:
 
 
 def parse_workload(value: Any, field: str = "workload") -> Workload:
-    top = fields.mapping(value, field, {"kind", "requests"})
-    arrivals = []
-    for index, item in enumerate(fields.array(top["requests"], f"{field}.requests")):
-        at = f"{field}.requests[{index}]"
-        item = fields.mapping(item, at, {"request_id", "arrival_us"})
-        arrivals.append(
-            RequestArrival(
-                fields.string(item["request_id"], f"{at}.request_id"),
-                fields.integer(item["arrival_us"], f"{at}.arrival_us"),
-            )
-        )
-    return Workload(fields.string(top["kind"], f"{field}.kind"), tuple(arrivals))
+    top = WORKLOAD.read(value, field)
+    arrivals = (RequestArrival(item["request_id"], item["arrival_us"]) for item in top["requests"])
+    return Workload(top["kind"], tuple(arrivals))
 
 
 def parse_interaction(value: Any, field: str = "customer_interaction") -> CustomerInteraction:
-    top = fields.mapping(value, field, {"actions"}, {"clock"})
-    actions = []
-    for index, item in enumerate(fields.array(top["actions"], f"{field}.actions")):
-        at = f"{field}.actions[{index}]"
-        if not isinstance(item, dict):
-            fields.mapping(item, at, set())
-        kind = fields.string(item.get("kind"), f"{at}.kind", ACTION_KINDS)
-        extra = {"output_bytes"} if kind == "consume" else set()
-        item = fields.mapping(item, at, {"kind", "at_us", "request_id"} | extra)
-        actions.append(
-            CustomerAction(
-                kind=kind,
-                at_us=fields.integer(item["at_us"], f"{at}.at_us"),
-                request_id=fields.string(item["request_id"], f"{at}.request_id"),
-                output_bytes=fields.integer(item.get("output_bytes", 0), f"{at}.output_bytes"),
-            )
-        )
-    return CustomerInteraction(fields.string(top.get("clock", CLOCK), f"{field}.clock", (CLOCK,)), tuple(actions))
+    top = INTERACTION.read(value, field)
+    actions = (CustomerAction(a["kind"], a["at_us"], a["request_id"], a.get("output_bytes", 0)) for a in top["actions"])
+    return CustomerInteraction(top.get("clock", CLOCK), tuple(actions))
 
 
 def resolve_workload(

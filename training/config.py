@@ -9,7 +9,6 @@ with the same hash prepare the same checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from jgpt.errors import ApiError
 from jgpt.identity import sha256_json
 from jgpt.json_input import read_json
 from jgpt.limits import CONVERSATION_LIMIT, PARAMETER_LIMIT, VOCABULARY_LIMIT, bounded
+from jgpt.validation import Number, integer, number, string
 
 SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
@@ -29,6 +29,8 @@ BATCH_LIMIT = 1 << 16
 LOCATION_FIELDS = ("out",)
 # Linear warm-up steps when none are given: this many, but at most a tenth of the run's steps.
 WARMUP_STEPS = 100
+# A finite number: NaN or Infinity here once crashed the run while writing run.json.
+_POSITIVE = Number(minimum=None, exact=False, positive=True)
 
 
 def default_architecture() -> dict[str, Any]:
@@ -81,32 +83,25 @@ class TrainingConfig:
         ints = ("vocab_size", "train_conversations", "development_conversations", "steps", "batch_size",
                 "log_every", "eval_every", "checkpoint_every")  # fmt: skip
         for name in ints:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ApiError(name, f"must be a positive integer, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ApiError("seed", f"must be a non-negative integer, got {self.seed!r}")
+            integer(getattr(self, name), name, minimum=1)
+        integer(self.seed, "seed")
         bounded(self.vocab_size, "vocab_size", 1, VOCABULARY_LIMIT)
         for name in ("train_conversations", "development_conversations"):
             bounded(getattr(self, name), name, 1, CONVERSATION_LIMIT)
         bounded(self.batch_size, "batch_size", 1, BATCH_LIMIT)
         if self.warmup_steps is None:
             object.__setattr__(self, "warmup_steps", default_warmup_steps(self.steps))
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
-            raise ApiError("warmup_steps", f"must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}")
+        integer(self.warmup_steps, "warmup_steps", 0, self.steps - 1)
         for name in ("learning_rate", "clip_norm"):
-            if not _is_number(getattr(self, name)) or getattr(self, name) <= 0:
-                raise ApiError(name, f"must be a positive number, got {getattr(self, name)!r}")
+            _POSITIVE.read(getattr(self, name), name)
         for name in ("final_learning_rate_fraction", "weight_decay", "beta1", "beta2"):
             value = getattr(self, name)
-            if not _is_number(value) or not 0 <= value <= (1 if name != "weight_decay" else 10):
+            if number(value, name) > (1 if name != "weight_decay" else 10):  # NaN or Infinity once crashed a run
                 raise ApiError(name, f"is out of range: {value!r}")
-        if not _is_number(self.development_fraction) or not 0 < self.development_fraction < 1:
+        if not 0 < _POSITIVE.read(self.development_fraction, "development_fraction") < 1:
             raise ApiError("development_fraction", f"must be in (0, 1), got {self.development_fraction!r}")
-        if not isinstance(self.tokenizer, str) or self.tokenizer not in TOKENIZERS:
-            raise ApiError("tokenizer", f"unknown value {self.tokenizer!r}; supported: {', '.join(TOKENIZERS)}")
-        if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
-            raise ApiError("selection", f"unknown value {self.selection!r}; supported: {', '.join(SELECTIONS)}")
+        string(self.tokenizer, "tokenizer", TOKENIZERS)
+        string(self.selection, "selection", SELECTIONS)
         if not isinstance(self.unroll, (bool, int)) or (not isinstance(self.unroll, bool) and self.unroll <= 0):
             raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
         from jgpt.weights import parameter_count  # jax: `jgpt train --help` reads this module's defaults
@@ -116,8 +111,7 @@ class TrainingConfig:
             raise ApiError("architecture", f"{parameter_count(architecture):,} parameters exceed the limit of "
                                            f"{PARAMETER_LIMIT:,} (jgpt.limits)")
         if self.context is not None:
-            if isinstance(self.context, bool) or not isinstance(self.context, int) or self.context < 2:
-                raise ApiError("context", f"must be an integer of at least 2, got {self.context!r}")
+            integer(self.context, "context", minimum=2)
             if self.context > architecture.context:
                 raise ApiError("context", f"{self.context} is longer than the architecture allows ({architecture.context})")
 
@@ -149,11 +143,6 @@ class TrainingConfig:
 
     def replace(self, **changes: Any) -> TrainingConfig:
         return from_json({**self.to_json(), **changes})
-
-
-def _is_number(value: Any) -> bool:
-    """A finite JSON number: NaN or Infinity here once crashed the run while writing run.json."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def default_warmup_steps(steps: int) -> int:
