@@ -106,7 +106,7 @@ def run_lab(
     arms = [(arm.label, resolve(arm.execution, defaults.execution)) for arm in lab.arms()]
     recordings = {} if recordings is None else recordings
     keys = []
-    for label, execution in arms:
+    for _, execution in arms:
         key = _recording_key(execution, workload)
         if key not in recordings:
             from experiments.recording import record_workload  # jax: only when something runs
