@@ -7,6 +7,7 @@ import json
 import sys
 
 from jgpt import progress
+from jgpt.architecture import PRECISION_NAMES
 from jgpt.command_line import ArgumentParser
 from jgpt.errors import ApiError
 from jgpt.json_input import read_json
@@ -32,6 +33,8 @@ def main(command: str, argv: list[str]) -> int:
 def _parser(command: str) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=f"jgpt {command}", description=SUMMARIES[command])
     parser.add_argument("--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)")
+    parser.add_argument("--precision", choices=PRECISION_NAMES,
+                        help="compute, weight matrices and KV state in this precision (default: the model's)")
     return parser
 
 
@@ -53,7 +56,7 @@ def _generate(argv: list[str]) -> int:
     given_ids, policy = _parse_ids(args.ids) if args.ids else None, GenerationPolicy(args.max_new_tokens)
     if args.observe is not None and not 0 <= args.observe < args.max_new_tokens:
         raise ApiError("observe", f"step {args.observe} is outside 0..{args.max_new_tokens - 1}, the steps the budget allows")
-    execution, tokenizer = _load(args.model)
+    execution, tokenizer = _load(args.model, args.precision)
     text = " ".join(args.prompt) if args.prompt else None
     prompt_ids = given_ids or tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
     request = InferenceRequest("cli", prompt_ids, policy, text=text)
@@ -87,7 +90,7 @@ def _record(argv: list[str]) -> int:
     read_workload(document, Tokenizer.bytes_only())  # its shape does not depend on the ids: refuse before loading
     with progress.shown(args.quiet):
         with progress.stage("loading model"):
-            execution, tokenizer = _load(args.model)
+            execution, tokenizer = _load(args.model, args.precision)
         requests = read_workload(document, tokenizer)
         computations = record(execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"])
     write_document(computations, args.out)
@@ -119,7 +122,7 @@ def _serve(argv: list[str]) -> int:
     system = parse_system(system_document)
     with progress.shown(args.quiet or args.json):
         with progress.stage("loading model"):
-            execution, tokenizer = _load(args.model)
+            execution, tokenizer = _load(args.model, args.precision)
         requests, interaction = read_served_workload(document, tokenizer, execution)
         # Ctrl-C or SIGTERM (run_guarded) unwinds the run: the document is written only once it is whole.
         engine = InferenceEngine(execution, system)
@@ -139,14 +142,17 @@ def _json_file(path: str, field: str):
     return read_json(path, field)
 
 
-def _load(model: str | None):
-    """The ModelExecution and Tokenizer of a catalog id or artifact path (default: the catalog default)."""
+def _load(model: str | None, precision: str | None = None):
+    """The ModelExecution and Tokenizer of a catalog id or artifact path (default: the catalog default),
+    at the model's precision or at `precision` (a `--precision` name)."""
     from inference.execution import ModelExecution
+    from inference.precision import at_precision
     from jgpt.catalog import load_model, read_catalog
 
     artifact = load_model(read_catalog().default_id() if model is None else model)
     tokenizer = artifact.tokenizer()
-    return ModelExecution.from_artifact(artifact, tokenizer), tokenizer
+    execution = ModelExecution.from_artifact(artifact, tokenizer)
+    return (execution if precision is None else at_precision(execution, PRECISION_NAMES[precision])), tokenizer
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:

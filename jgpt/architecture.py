@@ -22,6 +22,8 @@ from jgpt.errors import ApiError
 from jgpt.validation import Number, integer, string
 
 PRECISIONS = ("float32", "bfloat16")
+# The short names `--precision` takes on the command line.
+PRECISION_NAMES = {"f32": "float32", "bf16": "bfloat16"}
 
 
 _POSITIVE = Number(minimum=None, exact=False, positive=True)

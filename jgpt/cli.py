@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lab": ("experiments.cli", "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)"),
     "report": ("experiments.cli", "write one self-contained HTML page explaining an experiment record"),
     "schema": ("jgpt.commands.schema", "print the JSON Schema of a document: labs, workloads, kvsim inputs and records, ..."),
+    "devices": ("jgpt.commands.devices", "the JAX backend and every device it sees (check an accelerator install)"),
 }
 
 USAGE = "usage: jgpt [-h] [-V] COMMAND [ARGS...]\n"

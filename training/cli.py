@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from jgpt import progress
+from jgpt.architecture import PRECISION_NAMES
 from jgpt.command_line import ArgumentParser
 from jgpt.errors import ApiError
 from jgpt.output_paths import output_directory
@@ -68,6 +69,9 @@ def _train_parser(prog: str) -> argparse.ArgumentParser:
             text += f" (default: {defaults[name]})"
         choices = getattr(config, CHOICES[name]) if name in CHOICES else None
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, dest=name, metavar=metavar, choices=choices, help=text)
+    parser.add_argument("--precision", choices=PRECISION_NAMES, help="matmul operands in bf16 (weights and Adam state stay f32)")
+    parser.add_argument("--model-axis", type=int, default=1, metavar="N",
+                        help="devices that split each weight's heads and hidden units (the rest split the batch)")
     return parser
 
 
@@ -81,7 +85,7 @@ def train_command(prog: str, argv: list[str]) -> int:
     from training.trainer import train
 
     with run_lock(Path(config.out)):
-        result = train(config, resume=args.resume, progress=not args.quiet)
+        result = train(config, resume=args.resume, progress=not args.quiet, model_axis=args.model_axis)
         artifact = save_artifact(
             result.run.model.absolute(), config.model_architecture, result.weights, result.provenance,
             result.corpus.tokenizer, overwrite=True,
@@ -108,6 +112,8 @@ def training_config(args: argparse.Namespace):
     base = from_json(document)
     changes = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
     architecture = {name: getattr(args, name) for name in ARCHITECTURE_OVERRIDES if getattr(args, name) is not None}
+    if args.precision is not None:
+        architecture["precision"] = PRECISION_NAMES[args.precision]
     if architecture:
         changes["architecture"] = {**base.architecture, **architecture}
     return from_json({**document, **changes})

@@ -5,19 +5,11 @@ from __future__ import annotations
 import jax
 import optax
 
+from jgpt.mesh import leaf_name
+
 # Leaves whose name contains one of these are scale or offset parameters (or lookup tables) that
 # weight decay would only pull toward zero without regularising a linear map.
 NO_DECAY_MARKERS = ("bias", "norm", "scale", "embedding")
-
-
-def leaf_name(path: tuple) -> str:
-    """The last named key of a pytree path: a dict key, dataclass field or attribute."""
-    for entry in reversed(path):
-        for attribute in ("key", "name"):
-            name = getattr(entry, attribute, None)
-            if isinstance(name, str):
-                return name
-    return ""
 
 
 def decays(name: str) -> bool:

@@ -1,9 +1,13 @@
-"""Data parallelism: a one-axis Mesh over every device, batch sharded, everything else replicated.
+"""Training over a device mesh (`jgpt.mesh`): data parallel plus FSDP-style sharding, within and across processes.
 
-Multi-host runs call `jax.distributed.initialize()` first (it reads the
-coordinator address, process count and id from the environment of the usual
-cluster launchers); `jax.devices()` then spans every host and the same Mesh
-code shards the batch across all of them.
+The batch splits over the `data` axis; weights and both Adam moments split by
+`jgpt.mesh.WEIGHT_ROLES` with the FSDP width split on (`state_shardings`), so
+on a `data x model` mesh each device holds 1/(data x model) of every matrix
+whose dimensions divide evenly.
+
+Multi-process runs join the distributed system first (`initialize_distributed`);
+`jax.devices()` then spans every process and the same mesh code shards over all
+of them. On CPU the processes' collectives run over gloo (JAX's default there).
 """
 
 from __future__ import annotations
@@ -11,34 +15,50 @@ from __future__ import annotations
 import os
 
 import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
 
 from jgpt.errors import ApiError
+from jgpt.mesh import DATA_AXIS, batch_sharding, mesh, replicated, tree_shardings
 
-DATA_AXIS = "data"
+__all__ = ["batch_sharding", "check_batch_size", "data_mesh", "initialize_distributed", "mesh", "replicated",
+           "state_shardings", "to_host"]  # fmt: skip
+
 # Set by multi-host launchers; when present, the run joins the distributed system.
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
+# Read with the coordinator's address where no cluster (SLURM, Open MPI, Kubernetes...) is detected.
+PROCESSES_ENV, PROCESS_ID_ENV = "JGPT_NUM_PROCESSES", "JGPT_PROCESS_ID"
 
 
 def initialize_distributed() -> None:
-    if os.environ.get(COORDINATOR_ENV):
-        jax.distributed.initialize()
+    """Join the distributed system when a launcher set the coordinator's address (else nothing)."""
+    if not os.environ.get(COORDINATOR_ENV) or jax.distributed.is_initialized():
+        return
+    count, index = os.environ.get(PROCESSES_ENV), os.environ.get(PROCESS_ID_ENV)
+    if count is None or index is None:
+        jax.distributed.initialize()  # the process count and id come from the detected cluster
+    else:
+        jax.distributed.initialize(num_processes=int(count), process_id=int(index))
 
 
 def data_mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()), (DATA_AXIS,))
+    """Every device on the data axis."""
+    return mesh(1)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) axis split over the data axis."""
-    return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, PartitionSpec())
+def state_shardings(state, mesh: Mesh):
+    """Where a TrainState lives: weights and optimizer moments split FSDP-style, counters replicated."""
+    return tree_shardings(state, mesh, fsdp=True)
 
 
 def check_batch_size(batch_size: int, mesh: Mesh) -> None:
-    if batch_size % mesh.size:
-        raise ApiError("batch_size", f"{batch_size} does not divide evenly over {mesh.size} devices")
+    data = mesh.shape[DATA_AXIS]
+    if batch_size % data:
+        raise ApiError("batch_size", f"{batch_size} does not divide evenly over {data} data-parallel devices")
+
+
+def to_host(tree):
+    """The whole value of every array as numpy, also where some of its shards live in other processes."""
+    if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(tree)):
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)

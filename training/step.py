@@ -3,8 +3,9 @@
 `train_step(state, data) -> (state, metrics)` draws its own batch from
 `fold_in(data_key, state.step)`, so the step number alone fixes the data and a
 resumed run replays the uninterrupted one bit for bit. Under a Mesh the batch
-is constrained to shard over the data axis while weights and optimizer state
-stay replicated; XLA inserts the gradient all-reduce.
+is constrained to shard over the data axis and the state to the shardings the
+caller placed it with (`training.sharding`); XLA inserts the gathers and the
+gradient reductions.
 """
 
 from __future__ import annotations
@@ -55,8 +56,13 @@ def make_train_step(
     batch_size: int,
     batch_sharding: NamedSharding,
     unroll: bool | int,
+    state_sharding: TrainState | None = None,
 ) -> Callable[[TrainState, TokenRows | TokenStream], tuple[TrainState, dict[str, jax.Array]]]:
-    """The jitted update; the state argument is donated (its buffers become the new state's)."""
+    """The jitted update; the state argument is donated (its buffers become the new state's).
+
+    `state_sharding` (NamedShardings shaped like the state) keeps the new state split as the old one was:
+    without it XLA may return a sharded weight's update replicated.
+    """
 
     def train_step(state: TrainState, data: TokenRows | TokenStream):
         batch = data.sample(jax.random.fold_in(data_key, state.step), batch_size)
@@ -65,7 +71,10 @@ def make_train_step(
         updates, optimizer_state = optimizer.update(grads, state.optimizer_state, state.weights)
         weights = optax.apply_updates(state.weights, updates)
         metrics = {"loss": loss, "gradient_norm": optax.global_norm(grads)}
-        return TrainState(state.step + 1, weights, optimizer_state), metrics
+        state = TrainState(state.step + 1, weights, optimizer_state)
+        if state_sharding is not None:
+            state = jax.lax.with_sharding_constraint(state, state_sharding)
+        return state, metrics
 
     return jax.jit(train_step, donate_argnums=0)
 

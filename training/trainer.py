@@ -104,12 +104,13 @@ def _checkpoint_manager(run: RunDirectory) -> ocp.CheckpointManager:
 
 
 def _best_record(weights, loss: float, step: int) -> dict:
-    return {"weights": jax.device_get(weights), "development_loss": np.array(loss), "step": np.array(step)}
+    return {"weights": sharding.to_host(weights), "development_loss": np.array(loss), "step": np.array(step)}
 
 
-def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True) -> TrainingResult:
+def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True, model_axis: int = 1) -> TrainingResult:
+    """`model_axis` devices split each weight's heads and hidden units (`training.sharding`); the rest split the batch."""
     sharding.initialize_distributed()
-    mesh = sharding.data_mesh()
+    mesh = sharding.mesh(model_axis)
     sharding.check_batch_size(config.batch_size, mesh)
     architecture = config.model_architecture
     corpus = corpora.prepare(config)
@@ -122,14 +123,17 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
     optimizer_ = optimizer.adamw(config)
     key = jax.random.key(config.seed)
     batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    weights, _ = initialize(architecture, config.seed)
+    state = start(weights, optimizer_)
+    state_sharding = sharding.state_shardings(state, mesh)
+    state = jax.device_put(state, state_sharding)
     train_step = make_train_step(
-        architecture, optimizer_, jax.random.fold_in(key, DATA_STREAM), config.batch_size, batch_sharding, config.unroll
+        architecture, optimizer_, jax.random.fold_in(key, DATA_STREAM), config.batch_size, batch_sharding, config.unroll,
+        state_sharding,
     )
     development_step = make_development_step(architecture, batch_sharding, config.unroll)
     development_batch = DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
 
-    weights, _ = initialize(architecture, config.seed)
-    state = jax.device_put(start(weights, optimizer_), replicated)
     best = _best_record(state.weights, math.inf, 0)
     manager = _checkpoint_manager(run)
     try:
@@ -142,7 +146,7 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
                         best=ocp.args.StandardRestore(best),
                     ),
                 )
-            state, best = jax.device_put(restored.state, replicated), restored.best
+            state, best = jax.device_put(restored.state, state_sharding), restored.best
             metrics.truncate_after(run.metrics, int(state.step))
         elif run.metrics.exists():
             run.metrics.unlink()
@@ -201,6 +205,6 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
         source_sha256=source_sha256(),
         preparation_run_sha256=config.preparation_run_sha256,
     )
-    weights = jax.device_get(selected)
+    weights = sharding.to_host(selected)
     metrics.plot(run.metrics, run.loss_curve)
     return TrainingResult(weights, provenance, corpus, run, mesh.size)

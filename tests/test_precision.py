@@ -1,0 +1,119 @@
+"""Mixed precision: bf16 inference against f32, bf16 training steps, and the bytes that follow the precision.
+
+Must-shows: the shipped model's bf16 logits are within BF16_LOGIT_TOLERANCE of
+its f32 logits and select the same ids; a bf16 train step keeps f32 master
+weights and optimizer state and follows the f32 loss; the KV bytes in the
+evidence and in the recorded document halve in bf16.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from inference.execution import ModelExecution
+from inference.generation import generate
+from inference.policy import GenerationPolicy, InferenceRequest
+from inference.precision import at_precision
+from jgpt.catalog import load_model, read_catalog
+from jgpt.cli import main as jgpt
+from jgpt.errors import ApiError
+from jgpt.tokenizer import Turn
+
+# bf16 keeps 8 significant bits: each matmul operand is rounded by up to 2^-9 relative. Over the shipped model's
+# 4 layers the logits (|logit| up to ~20) moved by at most 0.067 (measured); the bound leaves twice that.
+BF16_LOGIT_TOLERANCE = 0.15
+# A bf16 step's loss against the f32 step's from the same state (relative); measured about 1e-3.
+BF16_LOSS_TOLERANCE = 1e-2
+SKILL_PROMPTS = ("reverse uzgq", "add 88+6", "sort rytj", "count a in abcab")
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    artifact = load_model(read_catalog().default_id())
+    tokenizer = artifact.tokenizer()
+    return ModelExecution.from_artifact(artifact, tokenizer), tokenizer
+
+
+def test_bf16_logits_are_within_the_stated_tolerance_of_f32_and_select_the_same_ids(shipped):
+    f32, tokenizer = shipped
+    bf16 = at_precision(f32, "bfloat16")
+    prompts = [tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids for text in SKILL_PROMPTS]
+    requests = [InferenceRequest(f"r{i}", p, GenerationPolicy(12)) for i, p in enumerate(prompts)]
+    exact, rounded = generate(f32, requests, scores=True), generate(bf16, requests, scores=True)
+    for a, b in zip(exact.responses, rounded.responses):
+        assert a.output_ids == b.output_ids
+        errors = [np.max(np.abs(x.raw_logits - y.raw_logits)) for x, y in zip(a.selections, b.selections)]
+        assert 0 < max(errors) <= BF16_LOGIT_TOLERANCE  # > 0: the bf16 run did round
+    assert exact.state.keys.dtype == jnp.float32 and rounded.state.keys.dtype == jnp.bfloat16
+
+
+def test_bf16_stores_the_matrices_a_step_reads_in_bf16_and_keeps_tables_and_vectors_f32(shipped):
+    bf16 = at_precision(shipped[0], "bfloat16").weights
+    assert bf16.query.dtype == bf16.ff_down.dtype == bf16.lm_head.dtype == jnp.bfloat16
+    assert bf16.token_embedding.dtype == bf16.ln1_scale.dtype == bf16.ln_final_scale.dtype == jnp.float32
+
+
+def test_an_unknown_precision_is_refused(shipped):
+    with pytest.raises(ApiError, match="precision: unknown value 'float16'"):
+        at_precision(shipped[0], "float16")
+
+
+def test_a_bf16_train_step_keeps_f32_master_weights_and_follows_the_f32_loss():
+    from jgpt.architecture import LlamaArchitecture
+    from jgpt.mesh import batch_sharding, mesh
+    from jgpt.weights import initialize
+    from training import optimizer
+    from training.batches import TokenStream
+    from training.config import TrainingConfig
+    from training.step import make_train_step, start
+
+    config = TrainingConfig(steps=10, warmup_steps=1)
+    tokens = TokenStream(jnp.asarray(np.random.default_rng(0).integers(0, 260, 3000, dtype=np.int32)), 32)
+    losses, states = {}, {}
+    for precision in ("float32", "bfloat16"):
+        architecture = LlamaArchitecture(vocabulary=260, width=32, ffn=64, context=32, layers=2, heads=2, precision=precision)
+        adamw = optimizer.adamw(config)
+        one_device = batch_sharding(mesh(1, jax.devices()[:1]))
+        step = make_train_step(architecture, adamw, jax.random.key(1), 8, one_device, True)
+        state = start(initialize(architecture, 0)[0], adamw)
+        losses[precision] = []
+        for _ in range(3):
+            state, metrics = step(state, tokens)
+            losses[precision].append(float(metrics["loss"]))
+        states[precision] = state
+    assert {x.dtype for x in jax.tree.leaves(states["bfloat16"].weights)} == {jnp.dtype(jnp.float32)}
+    moments = jax.tree.leaves(states["bfloat16"].optimizer_state[1][0].mu)
+    assert {x.dtype for x in moments} == {jnp.dtype(jnp.float32)}
+    np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=BF16_LOSS_TOLERANCE)
+    assert losses["bfloat16"] != losses["float32"]
+
+
+def test_kv_bytes_in_evidence_and_in_the_recorded_document_follow_the_precision(tmp_path, capsys):
+    from conftest import tiny_model
+
+    model = tiny_model(tmp_path, seed=2)
+    evidence, documents = {}, {}
+    workload = tmp_path / "workload.json"
+    request = {"prompt_ids": [72, 105, 33], "generation": {"max_new_tokens": 3}}
+    workload.write_text(json.dumps({"kind": "single_turn", "requests": [{"request_id": "a", "arrival_us": 0, "request": request}]}))
+    for name in ("f32", "bf16"):
+        assert jgpt(["generate", "--model", str(model.path), "--ids", "72,105,33", "--max-new-tokens", "3",
+                     "--json", "--precision", name]) == 0  # fmt: skip
+        evidence[name] = json.loads(capsys.readouterr().out)
+        out = tmp_path / f"{name}.json"
+        assert jgpt(["record", str(workload), "--model", str(model.path), "--out", str(out), "--precision", name]) == 0
+        documents[name] = json.loads(out.read_text())
+    assert evidence["bf16"]["state"]["precision"] == evidence["bf16"]["execution"]["backend"]["precision"] == "bfloat16"
+    assert evidence["f32"]["state"]["precision"] == "float32"
+    a = model.architecture
+    kv_f32 = 2 * a.layers * a.kv_width * 4
+    assert documents["f32"]["kv_bytes_per_position"] == kv_f32
+    assert documents["bf16"]["kv_bytes_per_position"] == kv_f32 // 2
+    # A work reads the weights and the KV state: both halve, the gathered rows and f32 logits do not.
+    for f32_work, bf16_work in zip(evidence["f32"]["computations"], evidence["bf16"]["computations"]):
+        assert 0.5 * f32_work["logical_memory_bytes"] < bf16_work["logical_memory_bytes"] < 0.6 * f32_work["logical_memory_bytes"]
