@@ -112,14 +112,16 @@ def azure(text: str, context: int = 4096) -> list[Conversation]:
 
 
 def _azure_rows(reader: csv.DictReader, context: int) -> list[Conversation]:
-    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+    header = reader.fieldnames or ()
+    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(header)
     if missing:
         raise ApiError("trace header", f"missing column {sorted(missing)[0]}")
-    items, start, used, turn_end = [], None, 0, framing_ids()["turn_end"]
+    items: list[Conversation] = []
+    start, used, turn_end = None, 0, framing_ids()["turn_end"]
     for number, row in enumerate(reader, 2):
         at = f"trace line {number}"
         if None in row or None in row.values():
-            raise ApiError(at, f"expected {len(reader.fieldnames)} columns as in the header")
+            raise ApiError(at, f"expected {len(header)} columns as in the header")
         try:
             moment = _utc(datetime.fromisoformat(row["TIMESTAMP"].strip()[:26]))
             prompt_tokens, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
