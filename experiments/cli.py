@@ -39,6 +39,7 @@ def _lab(command: str, argv: list[str]) -> int:
     replayed = actions.add_parser(
         "replay", help="check a record against its files and simulate every arm again", description=REPLAY_PROVES)
     replayed.add_argument("record", type=Path, metavar="RECORD.json", help="record.json written by `jgpt lab run`")
+    replayed.add_argument("--json", action="store_true", help="print what was checked as JSON")
     args = parser.parse_args(argv)
     if args.action == "replay":
         from experiments.experiment_execution import replay
@@ -47,6 +48,10 @@ def _lab(command: str, argv: list[str]) -> int:
         record = replay(args.record)
         notes = model_bindings(record)
         measured = sum("measured_run" in arm for arm in record["arms"])
+        if args.json:
+            print(json.dumps({"id": record["id"], "arms_replayed": len(record["arms"]) - measured,
+                              "measured_runs_checked": measured, "notes": notes}, indent=1))
+            return 0
         simulated = f"{len(record['arms']) - measured} arms replayed byte for byte"
         checked = f", {measured} engine arms' measured runs checked (not re-measured)" if measured else ""
         print(f"{record['id']}: {simulated}{checked}; id, bindings, provenance and "
@@ -73,8 +78,10 @@ def _lab(command: str, argv: list[str]) -> int:
     lab.refuse_if_planned()
     output_directory(args.out, "--out")
     with progress.shown(args.quiet):
-        with progress.stage("starting jax"):
-            from experiments.experiment_execution import run_lab, summary  # imports jax: only when running
+        with progress.stage("starting jax"):  # the run's first seconds, before it records anything
+            import jax  # noqa: F401
+
+            from experiments.experiment_execution import run_lab, summary
 
         outcome = run_lab(lab, args.out, report=not args.no_report)
     figures = summary(outcome.record)

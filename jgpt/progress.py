@@ -12,6 +12,7 @@ tqdm draws the bars; it is imported only once progress is on.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -19,6 +20,7 @@ from contextvars import ContextVar
 from typing import TextIO, TypeVar
 
 T = TypeVar("T")
+DEFAULT_SIZE = (100, 24)  # columns, lines
 
 _stream: ContextVar[TextIO | None] = ContextVar("jgpt_progress_stream", default=None)
 
@@ -56,7 +58,17 @@ def tracked(items: Iterable[T], description: str, total: int | None = None, unit
 
     if total is None and hasattr(items, "__len__"):
         total = len(items)
-    return tqdm(items, desc=description, total=total, unit=unit, file=stream, dynamic_ncols=True)
+    # A terminal that reports no size (a pty nobody sized) would get no bar at all.
+    sized = min(_size(stream)) > 0
+    return tqdm(items, desc=description, total=total, unit=unit, file=stream, dynamic_ncols=sized,
+                **({} if sized else {"ncols": DEFAULT_SIZE[0], "nrows": DEFAULT_SIZE[1]}))
+
+
+def _size(stream: TextIO) -> tuple[int, int]:
+    try:
+        return tuple(os.get_terminal_size(stream.fileno()))
+    except (AttributeError, OSError, ValueError):  # a stand-in stream without a descriptor
+        return 0, 0
 
 
 @contextlib.contextmanager

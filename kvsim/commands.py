@@ -37,6 +37,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     replay = sub.add_parser("replay", help="re-run a record's declaration; exit 0 only if the bytes are identical")
     replay.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out`")
+    replay.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout (the exit code is the same)")
     plot = sub.add_parser("plot", help="write occupancy, timeline and latency-CDF PNGs")
     plot.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out`")
     plot.add_argument("--out-dir", type=Path, metavar="DIR",
@@ -120,13 +121,15 @@ def main(command: str, argv: list[str]) -> int:
         data = read_bytes(args.record, "RECORD")
         recorded = read_record(data)
         replayed = record_json(rerun(recorded))
-        if replayed == data:
+        difference = None if replayed == data else first_difference(recorded, json.loads(replayed))
+        if args.json:
+            print(json.dumps({"id": recorded["id"], "identical": difference is None, "bytes": len(data),
+                              "events": len(recorded["events"]), "difference": difference}, indent=1))
+        elif difference is None:
             print(f"replay of {recorded['id']}: byte-identical ({len(data)} bytes, {len(recorded['events'])} events)")
-            return 0
-        print(
-            f"replay of {recorded['id']} differs: {first_difference(recorded, json.loads(replayed))}", file=sys.stderr
-        )
-        return 1
+        else:
+            print(f"replay of {recorded['id']} differs: {difference}", file=sys.stderr)
+        return 0 if difference is None else 1
     if args.action == "plot":
         directory = output_directory(args.out_dir or args.record.with_name(args.record.stem + "_plots"), "--out-dir")
         record = check_viewable(read_record(read_bytes(args.record, "RECORD")))

@@ -135,6 +135,9 @@ def test_json_outputs_parse(tmp_path, capsys):
     record = json.loads((tmp_path / "record.json").read_text())
     assert run["id"] == record["id"] and run["outcomes"] == record["outcomes"]
     assert run["outcomes"]["totals"]["bytes_device_to_host"] == 700  # exact numbers, not "700 B"
+    replayed = printed(["kvsim", "replay", str(tmp_path / "record.json"), "--json"])
+    assert replayed == {"id": run["id"], "identical": True, "bytes": (tmp_path / "record.json").stat().st_size,
+                        "events": len(record["events"]), "difference": None}
     labs = printed(["lab", "list", "--json"])
     assert {"id", "planned", "arms", "question"} == set(labs[0]) and len({lab["id"] for lab in labs}) == len(labs)
     assert printed(["catalog", "--json"])["models"]
@@ -148,10 +151,14 @@ def test_kvsim_summary_prints_human_units(capsys):
     assert re.search(r"TTFT +4 +5 us +28 us +28 us", out)
 
 
-def test_lab_summary_prints_human_units_and_json_keeps_the_numbers(lab_run):
+def test_lab_summary_prints_human_units_and_json_keeps_the_numbers(lab_run, capsys):
     from experiments.cli import summary_text
     from experiments.experiment_execution import summary
 
+    assert cli.main(["lab", "replay", str(lab_run.directory / "record.json"), "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert (checked["id"], checked["arms_replayed"], checked["measured_runs_checked"]) == (
+        lab_run.record["id"], len(lab_run.record["arms"]), 0)
     figures = summary(lab_run.record)
     assert json.loads((lab_run.directory / "summary.json").read_text()) == figures
     text = summary_text(figures)
@@ -248,3 +255,40 @@ def test_weights_are_read_without_orbax_as_orbax_restores_them(tmp_path):
     code = f"import sys; from jgpt.artifact import load_artifact; load_artifact({str(artifact.path)!r}); print('orbax' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_loading_and_running_a_model_imports_neither_flax_nor_orbax():
+    """Start-up: flax (via flax.struct) and orbax were a quarter and a third of a second of `jgpt generate`."""
+    code = ("import sys, inference.commands, inference.generation, inference.execution, jgpt.artifact, jgpt.catalog\n"
+            "print(sorted(m for m in ('flax', 'orbax') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_pytree_dataclass_keeps_flax_structs_contract():
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from flax import struct as flax_struct
+
+    from jgpt import pytree
+
+    def declare(module):
+        @module.dataclass
+        class State:
+            keys: jax.Array
+            lengths: jax.Array
+            checkpoint: str = module.field(pytree_node=False)
+            precision: str | None = module.field(pytree_node=False, default=None)
+        return State
+
+    ours, theirs = declare(pytree)(jnp.ones(2), jnp.zeros(3), "c", "f32"), declare(flax_struct)(jnp.ones(2), jnp.zeros(3), "c", "f32")
+    (leaves, tree), (their_leaves, their_tree) = jax.tree_util.tree_flatten_with_path(ours), jax.tree_util.tree_flatten_with_path(theirs)
+    assert [path for path, _ in leaves] == [path for path, _ in their_leaves]
+    assert str(tree).replace("State", "") == str(their_tree).replace("State", "")  # static fields in the structure
+    moved = jax.jit(lambda s: s.replace(lengths=s.lengths + 1))(ours)
+    assert (moved.checkpoint, moved.precision, moved.lengths.tolist()) == ("c", "f32", [1.0, 1.0, 1.0])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ours.checkpoint = "other"
+    assert jax.tree_util.tree_structure(ours) != jax.tree_util.tree_structure(ours.replace(checkpoint="d"))

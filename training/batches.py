@@ -14,7 +14,8 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
+
+from jgpt import pytree as struct
 
 
 @struct.dataclass

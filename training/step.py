@@ -15,9 +15,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 from jax.sharding import NamedSharding
 
+from jgpt import pytree as struct
 from jgpt.architecture import Architecture
 from jgpt.model import forward
 from jgpt.weights import ModelWeights
