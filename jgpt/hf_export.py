@@ -104,7 +104,7 @@ def tokenizer_files(tokenizer: Tokenizer, context: int) -> dict[str, bytes]:
     from jgpt.hf_tokenizer import HFTokenizer
 
     if isinstance(tokenizer, HFTokenizer):
-        return {"tokenizer.json": tokenizer.document, **tokenizer.companions}
+        return {"tokenizer.json": tokenizer.document, **dict(tokenizer.companions)}
     eos = tokenizer.token(tokenizer.turn_end_id).piece
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

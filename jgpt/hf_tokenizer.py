@@ -38,13 +38,12 @@ from jgpt.errors import ApiError, library_failure
 from jgpt.identity import sha256_json, write_atomically
 from jgpt.json_input import parse_json
 from jgpt.paths import confined
-from jgpt.tokenizer import (BYTE_LEVEL_ALPHABET, Decoded, PieceTable, Token, Tokenizer, Turn, _utf8_with_markers,
-                            describe_piece, read_limited)
+from jgpt.tokenizer import (BYTE_LEVEL_ALPHABET, Decoded, PieceTable, Token, Tokenizer, Turn, _check_context_limit,
+                            _utf8_with_markers, describe_piece, read_limited)
 
 CODEC_VERSION = "hf-tokenizers/1"
 CONFIG, TEMPLATE = "tokenizer_config.json", "chat_template.jinja"
 COMPANIONS = (CONFIG, TEMPLATE)  # saved beside tokenizer.json when the source had them
-BYTE_LEVEL, BYTE_FALLBACK = "byte-level", "byte-fallback"
 _BYTE_OF_CHAR = {char: b for b, char in enumerate(BYTE_LEVEL_ALPHABET)}
 _FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _TURN_MARK = re.compile("\x00jgpt-turn-(\\d+)\x00")  # stands for a turn's text while a template renders
@@ -54,7 +53,7 @@ _TURN_MARK = re.compile("\x00jgpt-turn-(\\d+)\x00")  # stands for a turn's text 
 class HFTokenizer(Tokenizer):
     """A Hugging Face tokenizer.json used as is; build with `Tokenizer.load`."""
 
-    companions: Mapping[str, bytes] = field(compare=False)  # file name -> exact bytes (tokenizer_config.json, ...)
+    companions: tuple[tuple[str, bytes], ...]  # (file name, exact bytes): part of what the tokenizer is
     eos_id: int = field(compare=False)
     specials: Mapping[int, str] = field(compare=False)  # special added tokens: id -> content
     chat_template: str | None = field(compare=False)
@@ -70,8 +69,6 @@ class HFTokenizer(Tokenizer):
     @classmethod
     def of(cls, document: bytes, spec: Any, directory: Path, context_limit: int | None, source: str) -> HFTokenizer:
         """Check a parsed tokenizer.json (and the companions in `directory`) and bind it."""
-        from jgpt.tokenizer import _check_context_limit
-
         _check_context_limit(context_limit)
         pieces, specials, merges, fallback = _hf_pieces(spec, source)
         # Confined: a companion that is a link out of the directory is refused, never read.
@@ -87,13 +84,13 @@ class HFTokenizer(Tokenizer):
         bos = config.get("bos_token")
         bos = bos.get("content") if isinstance(bos, dict) else bos
         return cls(document, hashlib.sha256(document).hexdigest(), context_limit, PieceTable.of(pieces), text,
-                   companions, eos_id, specials, template, bos if isinstance(bos, str) else "", merges, fallback,
-                   framing)
+                   tuple(companions.items()), eos_id, specials, template, bos if isinstance(bos, str) else "",
+                   merges, fallback, framing)
 
     def save(self, path) -> None:
         """tokenizer.json's exact bytes, and each companion beside it, atomically."""
         write_atomically(Path(path), self.document)
-        for name, data in self.companions.items():
+        for name, data in self.companions:
             write_atomically(Path(path).parent / name, data)
 
     # ---- vocabulary -------------------------------------------------------------------
@@ -124,7 +121,7 @@ class HFTokenizer(Tokenizer):
             "codec_version": CODEC_VERSION,
             "context_limit": self.context_limit,
             "control_tokens": {content: token_id for token_id, content in sorted(self.specials.items())},
-            "companions_sha256": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(self.companions.items())},
+            "companions_sha256": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(self.companions)},
             "eos_id": self.eos_id,
             "normalization": "declared by tokenizer.json",
             "tokenizer_sha256": self.tokenizer_sha256,
