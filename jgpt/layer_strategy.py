@@ -5,12 +5,13 @@ Two ways, same results (tested to 1e-6):
 * `LayerStrategy.unrolled_layers()`: straight-line code, one block after another, over
   each layer's own weight arrays (`per_layer_view`). No step slices a layer out of a
   stacked tensor, which XLA on CPU does by copying that layer's weights at every
-  call: at GPT-2-small size a decode step took 28.8-32.9 ms this way against 30-48 ms
-  for a rolled scan and 61-63 ms for a scan unrolled over the stacked tensors
-  (docs/inference.md, `bench/decode.py`).
+  call. Measured on CPU (`bench/decode.py`, docs/inference.md), a decode step of
+  the tiny GPT took 0.10 ms this way against 0.20-0.33 ms for a rolled scan and
+  0.15-0.23 ms for a scan unrolled over the stacked tensors; at GPT-2-small size
+  28.8-32.9 ms against 30-48 ms and 61-63 ms.
 * `LayerStrategy.scan(unroll)`: one `lax.scan` over the layer axis of the stacked
-  tensors: one compiled block however deep the model, and the layout an accelerator
-  compiler handles without copies (and the one tensor-parallel sharding splits).
+  tensors: one compiled block however deep the model, over the weights as stored
+  (no per-layer arrays), the layout tensor-parallel sharding splits.
 
 `LayerStrategy.for_backend()` takes the first on CPU, where it was measured faster,
 and the rolled scan on GPU and TPU, where nothing has been measured yet and the
