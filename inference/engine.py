@@ -1,7 +1,7 @@
 """InferenceEngine: a Workload served against the wall clock, with kvsim's scheduling and KV pool rules.
 
 The engine composes request scheduling, the KV state pool (`StateManager`),
-model execution and greedy decoding against one ModelExecution. It takes the
+model execution and decoding (greedy, or each request's seeded sampling) against one ModelExecution. It takes the
 same decisions kvsim's discrete-event engine takes (`kvsim/engine.py`, laid out
 here handler by handler so the two read side by side), but every duration is
 measured: a work runs when it is dispatched, and its end becomes a happening at
@@ -363,7 +363,8 @@ class _Serving:
         window[0, :count] = prompt[reused:]
         request.row = len(self.rows)
         self.rows.append(request)
-        chosen, self.slots = self.programs.prefill_into(self.slots, start, window, count, request.row)
+        rule = self.programs.rule([request.spec])
+        chosen, self.slots = self.programs.prefill_into(self.slots, start, window, count, request.row, rule)
         request.held = None
         costs = e.costs
         work = ("prefill", [request], 1, window.shape[1], count, reused, costs.matmul_flops(reused, len(prompt)),
@@ -385,16 +386,20 @@ class _Serving:
         positions = [len(r.spec.prompt_ids) + r.step - 1 for r in batch]
         if self.batching:
             rows = batch_bucket(len(self.rows))
-            ids, counts = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+            ids, counts, steps = np.zeros(rows, np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+            specs = [None] * rows
             for request in batch:
-                ids[request.row], counts[request.row] = request.output[-1], 1
-            chosen, self.slots = self.programs.decode_rows(self.slots, ids, counts)
+                ids[request.row], counts[request.row], steps[request.row] = request.output[-1], 1, request.step
+                specs[request.row] = request.spec
+            rule = self.programs.rule(specs)
+            chosen, self.slots = self.programs.decode_rows(self.slots, ids, counts, rule, None if rule is None else steps)
             chosen = np.asarray(chosen)  # the one host read of the step
             selected = [int(chosen[r.row]) for r in batch]
         else:
             (request,) = batch
             rows = 1
-            chosen, self.slots = self.programs.decode_row(self.slots, request.row, request.output[-1])
+            rule = self.programs.rule([request.spec])
+            chosen, self.slots = self.programs.decode_row(self.slots, request.row, request.output[-1], rule, request.step)
             selected = [int(np.asarray(chosen)[0])]
         # A batch reads the fixed bytes of a work (the weights) once, not once per request.
         memory = sum(costs.memory_bytes(p, p + 1) for p in positions) - costs.fixed_memory_bytes * (len(batch) - 1)

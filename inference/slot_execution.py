@@ -8,7 +8,9 @@ of C slots (ModelExecution's program, its window bucketed as
 `batch_bucket(n)` rows in one call; a serialized step runs one row; a finished
 row is extracted (to retain its state) and the last active row moved into it.
 Every program takes the slot state donated, so XLA updates it in place, and
-selects ids (argmax) on the device. `compile` runs each program of a plan once,
+selects ids on the device (argmax; when a request of the plan samples, the
+decode programs take every row's SelectionRule and the index of the id it selects,
+`inference/sampling.py`, so a request draws what `generate` draws). `compile` runs each program of a plan once,
 so a run never waits on a compile.
 """
 
@@ -24,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from inference.execution import ModelExecution, advance, bucket, capacity_bucket
-from inference.policy import InferenceRequest
+from inference.policy import SAMPLE, InferenceRequest
+from inference.sampling import SelectionRule, select, select_jit
 from jgpt.kv_state import KVState
 from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
 
@@ -54,18 +57,19 @@ def _insert_row(slots, one, row):
 
 
 @functools.partial(jax.jit, static_argnames=("architecture", "rows", "unroll"), donate_argnames="slots")
-def _decode_rows(weights, layer_weights, architecture, slots, ids, counts, *, rows, unroll):
-    """One decode step of the first `rows` rows; rows with count 0 keep their length."""
+def _decode_rows(weights, layer_weights, architecture, slots, ids, counts, rule, steps, *, rows, unroll):
+    """One decode step of the first `rows` rows; rows with count 0 keep their length. rule: None (greedy)
+    or the rows' SelectionRule, with `steps` the index of the id each row selects."""
     logits, part = advance(weights, architecture, _rows(slots, 0, rows), ids[:, None], counts, unroll, layer_weights)
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, part, 0)
+    return select(logits, rule, steps), _put_rows(slots, part, 0)
 
 
 @functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
-def _decode_row(weights, layer_weights, architecture, slots, row, token, *, unroll):
+def _decode_row(weights, layer_weights, architecture, slots, row, token, rule, step, *, unroll):
     """One decode step of one row alone (serialized service)."""
     one = jnp.ones((1,), jnp.int32)
     logits, part = advance(weights, architecture, _rows(slots, row, 1), token.reshape(1, 1), one, unroll, layer_weights)
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), _put_rows(slots, part, row)
+    return select(logits, rule, step.reshape(1)), _put_rows(slots, part, row)
 
 
 @jax.jit
@@ -88,6 +92,7 @@ class EnginePlan:
     prefill_window_buckets: tuple[int, ...]
     decode_batch_buckets: tuple[int, ...]  # (1,) when serialized: one row decodes alone
     batching: bool
+    sampling: bool = False  # some request samples: every selection takes the rows' SelectionRule
 
     @classmethod
     def of(cls, context: int, system: KVResidencySystemConfig, requests: Sequence[InferenceRequest]):
@@ -97,7 +102,8 @@ class EnginePlan:
         windows = sorted({bucket(n, context) for n in range(1, max(len(r.prompt_ids) for r in requests) + 1)})
         batching = system.scheduling.policy == CONTINUOUS_BATCHING
         batches = tuple(1 << i for i in range(rows.bit_length())) if batching else (1,)
-        return cls(rows, capacity_bucket(min(most, context), context), tuple(windows), batches, batching)
+        sampling = any(r.generation.selection == SAMPLE for r in requests)
+        return cls(rows, capacity_bucket(min(most, context), context), tuple(windows), batches, batching, sampling)
 
     def slot_buffer_bytes(self, execution: ModelExecution) -> int:
         return self.slot_rows * self.slot_capacity * execution.costs.kv_bytes_per_position
@@ -120,23 +126,30 @@ class SlotExecution:
     def empty_start(self) -> KVState:
         return self.execution.empty_state(1, self.plan.slot_capacity)
 
-    def prefill_into(self, slots, start: KVState, window_ids: np.ndarray, count: int, row: int):
+    def prefill_into(self, slots, start: KVState, window_ids: np.ndarray, count: int, row: int, rule=None):
         """(first id [1], slots): `count` ids of `window_ids [1, W]` processed after `start`'s prefix, into `row`.
 
         The prefill is ModelExecution's own program (it depends on the window and C, not on the slot rows);
-        the row is written by a second, cheap one.
+        the row is written by a second, cheap one. rule: the request's SelectionRule when the plan samples.
         """
         logits, state = self.execution.advance(start, window_ids, np.asarray([count], np.int32))
         slots = _insert_row(slots, state, row)
-        return np.argmax(np.asarray(logits), axis=-1), slots
+        if rule is None:
+            return np.argmax(np.asarray(logits), axis=-1), slots
+        return np.asarray(select_jit(logits, rule, jnp.zeros((1,), jnp.int32))), slots
 
-    def decode_rows(self, slots, ids: np.ndarray, counts: np.ndarray):
-        """(ids [rows], slots): one decode step of the first len(ids) rows (count 0: the row keeps its length)."""
-        return self._bound(_decode_rows, slots, ids, counts, rows=len(ids))
+    def decode_rows(self, slots, ids: np.ndarray, counts: np.ndarray, rule=None, steps=None):
+        """(ids [rows], slots): one decode step of the first len(ids) rows (count 0: the row keeps its length);
+        rule and steps [rows] when the plan samples."""
+        return self._bound(_decode_rows, slots, ids, counts, rule, steps, rows=len(ids))
 
-    def decode_row(self, slots, row: int, token: int):
+    def decode_row(self, slots, row: int, token: int, rule=None, step: int = 0):
         """(id [1], slots): one decode step of one row."""
-        return self._bound(_decode_row, slots, row, np.int32(token))
+        return self._bound(_decode_row, slots, row, np.int32(token), rule, np.int32(step))
+
+    def rule(self, requests: Sequence[InferenceRequest | None]) -> SelectionRule | None:
+        """The SelectionRule of these rows (None: an unused row) when the plan samples, else None."""
+        return SelectionRule.of(requests, always=True) if self.plan.sampling else None
 
     def extract_row(self, slots, row: int) -> KVState:
         return _extract_row(slots, row)
@@ -148,14 +161,15 @@ class SlotExecution:
         """Run every program of the plan once: (slots, programs, wall microseconds)."""
         plan, started, programs = self.plan, time.monotonic_ns(), 0
         for window in plan.prefill_window_buckets:
-            _, slots = self.prefill_into(slots, self.empty_start(), np.zeros((1, window), np.int32), 1, 0)
+            _, slots = self.prefill_into(slots, self.empty_start(), np.zeros((1, window), np.int32), 1, 0, self.rule([None]))
             programs += 1
         if plan.batching:
             for rows in plan.decode_batch_buckets:
-                _, slots = self.decode_rows(slots, np.zeros(rows, np.int32), np.zeros(rows, np.int32))
+                zeros = np.zeros(rows, np.int32)
+                _, slots = self.decode_rows(slots, zeros, zeros, self.rule([None] * rows), None if not plan.sampling else zeros)
                 programs += 1
         else:
-            _, slots = self.decode_row(slots, 0, 0)
+            _, slots = self.decode_row(slots, 0, 0, self.rule([None]))
             programs += 1
         jax.block_until_ready(self.extract_row(slots, 0))
         slots = jax.block_until_ready(self.move_row(slots, 0, 0))
