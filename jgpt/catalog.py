@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from jgpt.errors import ApiError
-from jgpt.validation import integer, integers
 from jgpt.identity import require_finite
 from jgpt.json_input import read_json
 from jgpt.paths import confined
+from jgpt.validation import integer, integers
 
 DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "checkpoints" / "catalog.json"
 CACHE_ENV = "JGPT_CACHE"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import operator
 import re
 from collections.abc import Callable, Mapping
@@ -88,7 +89,7 @@ def number(value: Any, field: str, minimum: Fraction | None = Fraction(0)) -> Fr
     """A finite JSON number as the exact rational its lexeme denotes."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ApiError(field, f"expected a number, got {kind(value)}")
-    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, float) and not math.isfinite(value):
         raise ApiError(field, f"must be finite, got {value}")
     exact = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
     if minimum is not None and exact < minimum:
@@ -166,7 +167,7 @@ class Description(Protocol):
     def schema(self) -> dict[str, Any]: ...
 
 
-def _bounds(minimum: int | float | None, maximum: int | float | None) -> dict[str, Any]:
+def _bounds(minimum: float | None, maximum: float | None) -> dict[str, Any]:
     return {"minimum": -LIMIT if minimum is None else minimum, "maximum": LIMIT if maximum is None else maximum}
 
 
@@ -186,7 +187,7 @@ class Integer:
 class Number:
     """A finite number within [minimum, LIMIT]: the exact rational its lexeme denotes, or as written."""
 
-    minimum: int | float | None = 0
+    minimum: float | None = 0
     exact: bool = True
     positive: bool = False  # above zero, not merely at least `minimum`
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from jgpt.identity import read_bytes
-from jgpt.output_paths import output_file
 from jgpt.ontology import ONTOLOGY_BINDING
+from jgpt.output_paths import output_file
 from jgpt.validation import Either, Object, String
 from kvsim.cache_run import load_json
 from kvsim.recorded import DOCUMENT, parse_document

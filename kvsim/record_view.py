@@ -9,8 +9,6 @@ of at most 2^53 (285 years in microseconds, 9 PB), so a plot can never overflow 
 
 from __future__ import annotations
 
-from typing import Any
-
 from jgpt.errors import ApiError
 from jgpt.validation import Integer, ListOf, MapOf, Nullable, Object, String, array, integer, loose_mapping
 

@@ -160,7 +160,7 @@ def _(d: Either):
 
 def places(description, value, path=()):
     """(path, description) of every place in `value` whose description refuses `true`."""
-    if isinstance(description, Anything) or isinstance(description, Boolean):
+    if isinstance(description, (Anything, Boolean)):
         return []
     found = [(path, description)]
     if isinstance(description, Nullable) and value is not None:
