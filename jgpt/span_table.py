@@ -9,7 +9,14 @@ from __future__ import annotations
 import json
 
 from jgpt.encoding import BPE_MERGE, Encoding
-from jgpt.tokenizer import Tokenizer
+from jgpt.tokenizer import CODEC_VERSION, Tokenizer
+
+
+def _normalization(encoding: Encoding) -> str:
+    """jgpt's NFC by Python's Unicode tables, or an imported tokenizer's own normalizer, run by the library."""
+    if encoding.codec_version == CODEC_VERSION:
+        return f"NFC (Unicode {encoding.unicode_version})"
+    return f"tokenizer.json's normalizer ({encoding.unicode_version})"
 
 
 def render(encoding: Encoding, tokenizer: Tokenizer) -> str:
@@ -17,7 +24,7 @@ def render(encoding: Encoding, tokenizer: Tokenizer) -> str:
     limit = "none" if encoding.context_limit is None else encoding.context_limit
     header = [
         f"tokenizer {tokenizer.tokenizer_sha256[:16]}  vocabulary {tokenizer.vocab_size}  "
-        f"NFC (Unicode {encoding.unicode_version})  codec {encoding.codec_version}  context_limit {limit}",
+        f"{_normalization(encoding)}  codec {encoding.codec_version}  context_limit {limit}",
         f"{encoding.input_kind}: {len(encoding.ids)} ids, {len(encoding.spans)} spans, "
         f"input_sha256 {encoding.input_sha256[:16]}",
         f"{'tokens':>9}  {'bytes':>9}  turn  {'kind':<7}  {'reason':<14}  {'ids':<24}  text",

@@ -240,3 +240,11 @@ def test_record_runs_a_workload_with_the_imported_tokenizer(hf, tmp_path, capsys
     for request, text in zip(document["requests"], ["some text", "some text about the cat"]):
         assert request["prompt_ids"] == hf.reference(text).input_ids
         assert request["output_token_bytes"] == [len(hf.tokenizer.pieces[t]) for t in request["output_ids"]]
+
+
+def test_tokenize_command_shows_an_imported_tokenizers_spans(hf, capsys):
+    assert jgpt(["tokenize", "--tokenizer", str(hf.artifact.path / "tokenizer.json"), "héllo 👋"]) == 0
+    out = capsys.readouterr().out
+    assert "tokenizer.json's normalizer (tokenizers " in out and "codec hf-tokenizers/1" in out
+    decoded = hf.reference.decode(hf.reference("héllo 👋").input_ids, skip_special_tokens=False)
+    assert out.rstrip("\n").endswith(f"decoded: {decoded}")
