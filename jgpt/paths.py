@@ -10,22 +10,23 @@ whether or not the target exists. Cheap to import (no jax).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from jgpt.errors import ApiError
+from jgpt.validation import UNSAFE_PATH
 
 
 def confined(base: str | os.PathLike, relative: Any, field: str) -> Path:
     """`base / relative`, resolved; an ApiError naming `field` unless it stays inside `base`."""
     if not isinstance(relative, str) or not relative:
         raise ApiError(field, f"must be a non-empty relative path, got {relative!r}")
-    pure = PurePosixPath(relative)
-    # A backslash or NUL has no place in the paths jgpt writes; on Windows a backslash would climb.
-    if pure.is_absolute() or ".." in pure.parts or "\\" in relative or "\x00" in relative:
+    # The same textual rule as the schemas' (a backslash climbs on Windows; NUL has no place in a path).
+    if re.search(UNSAFE_PATH, relative):
         raise ApiError(field, f"{relative!r} must be a relative path inside its directory (no absolute path, no '..')")
     root = Path(base).resolve()
-    target = (root / pure).resolve()  # follows symlinks, dangling ones too
+    target = (root / PurePosixPath(relative)).resolve()  # follows symlinks, dangling ones too
     if not target.is_relative_to(root):
         raise ApiError(field, f"{relative!r} leads outside its directory through a symbolic link")
     return target

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from fractions import Fraction
+from pathlib import PurePosixPath
 
 import jsonschema
 import pytest
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 from jgpt.errors import ApiError
 from jgpt.validation import (
     LIMIT,
+    UNSAFE_PATH,
     Anything,
     Boolean,
     Const,
@@ -304,6 +307,13 @@ def test_relative_path_refuses_what_would_leave_its_directory(path):
         RelativePath().read(path, "evidence[0]")
     assert refused.value.field == "evidence[0]"
     assert not jsonschema.Draft202012Validator(RelativePath().schema()).is_valid(path)
+
+
+@given(st.text(alphabet="ab./\\\x00", max_size=8))
+def test_the_unsafe_path_pattern_is_the_pure_path_rule(path):
+    """UNSAFE_PATH (one regex: the schemas' and jgpt.paths.confined's) against pathlib's reading of the path."""
+    pure = PurePosixPath(path)
+    assert bool(re.search(UNSAFE_PATH, path)) == (pure.is_absolute() or ".." in pure.parts or "\\" in path or "\x00" in path)
 
 
 @pytest.mark.parametrize("value", [1.0, 2.5, True, "3", None, 2**53 + 1, -1])
