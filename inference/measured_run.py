@@ -26,6 +26,7 @@ from inference.recording import request_document
 from inference.evidence import GenerationWork
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from jgpt.tokenizer import Tokenizer
+from jgpt.units import byte_size
 from jgpt.validation import Boolean, Const, Integer, Integers, ListOf, MapOf, Nullable, Object, String
 from kvsim.calibration import WORK_KINDS
 from kvsim.outcomes import TOTALS, totals
@@ -188,8 +189,8 @@ def summary(document: Mapping[str, Any]) -> str:
     lines += [
         f"  reuse: device hits {totals['hits_device']}, host hits {totals['hits_host']} of {totals['lookups']} lookups; "
         f"token hit rate {totals['token_hit_rate']}",
-        f"  moved: {totals['bytes_device_to_host']} bytes to host ({totals['offloads']} offloads), "
-        f"{totals['bytes_host_to_device']} to device ({totals['reloads']} reloads), {totals['drops']} drops",
+        f"  moved: {byte_size(totals['bytes_device_to_host'])} to host ({totals['offloads']} offloads), "
+        f"{byte_size(totals['bytes_host_to_device'])} to device ({totals['reloads']} reloads), {totals['drops']} drops",
         f"  compiled {engine['compiled_programs']} programs in {engine['compile_wall_us'] / 1e6:.2f} s before the clock "
         f"started; {engine['compiles_during_run']} compiles during the run",
     ]

@@ -292,3 +292,16 @@ def test_pytree_dataclass_keeps_flax_structs_contract():
     with pytest.raises(dataclasses.FrozenInstanceError):
         ours.checkpoint = "other"
     assert jax.tree_util.tree_structure(ours) != jax.tree_util.tree_structure(ours.replace(checkpoint="d"))
+
+
+def test_serve_summary_prints_bytes_in_human_units():
+    from inference.measured_run import summary
+
+    latency = {"count": 1, "p50": 1500, "p90": 1500, "p99": 1500}
+    totals = {"arrived": 1, "completed": 1, "stopped": 0, "cancelled": 0, "rejected": 0, "end_us": 2_000_000,
+              "compute_busy_fraction": 0.5, "latency_us": {"ttft": latency}, "hits_device": 0, "hits_host": 1,
+              "lookups": 1, "token_hit_rate": 0.5, "bytes_device_to_host": 2515464192, "bytes_host_to_device": 700,
+              "offloads": 1, "reloads": 1, "drops": 0}
+    document = {"totals": totals, "requests": {"r": {"selected_tokens": 4}},
+                "engine": {"compiled_programs": 2, "compile_wall_us": 1e6, "compiles_during_run": 0}}
+    assert "moved: 2.34 GiB to host (1 offloads), 700 B to device (1 reloads)" in summary(document)
