@@ -69,7 +69,9 @@ def _train_parser(prog: str) -> argparse.ArgumentParser:
             text += f" (default: {defaults[name]})"
         choices = getattr(config, CHOICES[name]) if name in CHOICES else None
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, dest=name, metavar=metavar, choices=choices, help=text)
-    parser.add_argument("--precision", choices=PRECISION_NAMES, help="matmul operands in bf16 (weights and Adam state stay f32)")
+    parser.add_argument("--precision", choices=PRECISION_NAMES,
+                        help="compute precision: bf16 rounds matmul operands; weights and Adam state stay f32 "
+                             "(default: the config's)")
     parser.add_argument("--model-axis", type=int, default=1, metavar="N",
                         help="devices that split each weight's heads and hidden units (the rest split the batch)")
     return parser
