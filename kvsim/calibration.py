@@ -267,6 +267,13 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
     return fragment, fits, notes
 
 
+def fitted_terms(fragment: Any) -> tuple[str, ...]:
+    """The optional terms a fragment holds: fitting the same runs with them gives the fragment back, so a
+    replay of a record calibrated before a term existed refits without it (`fit(runs, ())` is the fit of then)."""
+    compute = fragment.get("compute_service") if isinstance(fragment, dict) else None
+    return tuple(term for term in OPTIONAL_TERMS if isinstance(compute, dict) and term in compute)
+
+
 def _shapes(work: dict) -> tuple[str, ...]:
     """The shapes a work's residual is reported under: its executed window; or its executed rows and the
     context positions its rows held (a decode step's FLOPs and bytes grow with them: attention over the

@@ -26,6 +26,7 @@ from kvsim.calibration import (
     FORMAT,
     finishes,
     fit,
+    fitted_terms,
     host_fit,
     host_gaps,
     idle_us,
@@ -353,6 +354,9 @@ def test_calibration_recovers_the_finish_term(document, policy):
     # Fitted without the term (the model before it): the fragment has none, and predicts worse.
     before, _, _ = fit([measured, smaller], optional=())
     assert "finish" not in before["compute_service"]
+    # A replay refits with the terms the recorded fragment holds, and gets it back.
+    assert fitted_terms(fragment) == ("finish",) and fitted_terms(before) == ()
+    assert fit([measured, smaller], fitted_terms(before))[0] == before
     worse = compare(measured.document["totals"], predict(measured, before).outcomes["totals"])
     assert max(abs(r.error) for r in worse if r.error is not None) > max(abs(r.error) for r in rows if r.error is not None)
 
