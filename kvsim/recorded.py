@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any
+from typing import Any, Protocol
 
 from jgpt.errors import ApiError
 from jgpt.validation import Boolean, Const, Integer, Integers, ListOf, Nullable, Object, String
@@ -70,6 +70,17 @@ def token_key(ids: Sequence[int]) -> bytes:
     return array("I", ids).tobytes()
 
 
+class ClosedFormCosts(Protocol):
+    """A prefix-cost table in closed form (kvsim.analytic): cum[i] for any i, and its first n increments."""
+
+    def __getitem__(self, i: int, /) -> int: ...
+
+    def increments(self, n: int) -> list[int]: ...
+
+
+PrefixCosts = Sequence[int] | ClosedFormCosts  # a document's prefix sums, or a closed form
+
+
 @dataclass(frozen=True, slots=True)
 class RecordedRequest:
     """One request's ids and work counts; `cum_*[i]` is the cost of prompt positions [0, i)."""
@@ -82,8 +93,8 @@ class RecordedRequest:
     outcome: dict
     fixed_matmul_flops: int
     fixed_memory_bytes: int
-    cum_flops: Sequence[int]  # may be longer than the prompt (shared analytic tables)
-    cum_bytes: Sequence[int]
+    cum_flops: PrefixCosts  # may be longer than the prompt (shared analytic tables)
+    cum_bytes: PrefixCosts
     decode_positions: tuple[int, ...]
     decode_flops: tuple[int, ...]
     decode_bytes: tuple[int, ...]
@@ -259,8 +270,7 @@ def request_json(request: RecordedRequest) -> dict:
     return item
 
 
-def _differences(cumulative: Sequence[int], n: int) -> list[int]:
-    increments = getattr(cumulative, "increments", None)  # closed-form tables give theirs directly
-    if increments is not None:
-        return increments(n)
-    return [b - a for a, b in zip(cumulative[:n], cumulative[1 : n + 1], strict=True)]
+def _differences(cumulative: PrefixCosts, n: int) -> list[int]:
+    if isinstance(cumulative, Sequence):
+        return [b - a for a, b in zip(cumulative[:n], cumulative[1 : n + 1], strict=True)]
+    return cumulative.increments(n)  # closed-form tables give theirs directly
