@@ -50,7 +50,7 @@ _ON_FIRST_USE = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name not in _ON_FIRST_USE:
         raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
     return getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
