@@ -5,9 +5,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-import package_layers  # noqa: E402
-
 from jgpt import ontology  # noqa: E402
+
+import package_layers  # noqa: E402
 
 
 def test_every_import_of_the_tree_follows_the_layers():

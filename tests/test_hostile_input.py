@@ -31,8 +31,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hostile import (
-    FUZZ, HOSTILE_SCALARS, NON_FINITE, assert_clean, assert_refused, deep_json, extreme_numbers, hostile_json, hostile_outputs,
-    mutated_json, run_jgpt,
+    FUZZ,
+    HOSTILE_SCALARS,
+    NON_FINITE,
+    assert_clean,
+    assert_refused,
+    deep_json,
+    extreme_numbers,
+    hostile_json,
+    hostile_outputs,
+    mutated_json,
+    run_jgpt,
 )  # fmt: skip
 
 DATA = Path(__file__).parent / "data"

@@ -7,10 +7,10 @@ import math
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from jgpt.errors import ApiError
 from jgpt.json_input import DEPTH_LIMIT, parse_json, read_json
+
 from hostile import FUZZ, deep_json, hostile_json, json_values
 
 

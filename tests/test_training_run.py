@@ -145,7 +145,6 @@ def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(un
 
 def test_exact_match_agrees_with_a_naive_full_recompute_greedy_loop(uninterrupted):
     from inference.execution import ModelExecution
-
     from jgpt.model import forward
     from jgpt.tokenizer import Tokenizer
     from training.corpus import held_out_conversations
