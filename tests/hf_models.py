@@ -61,7 +61,7 @@ def save_model(family: str, directory: Path):
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
+            parameter.add_(0.2 * torch.randn_like(parameter))  # over the 0.02 init: varied greedy ids
     model.eval()
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
