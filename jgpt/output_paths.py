@@ -46,8 +46,8 @@ def output_directory(path: str | os.PathLike, field: str, inputs: Iterable[str |
 
 
 def _refuse_inputs(path: Path, field: str, inputs: Iterable[str | os.PathLike | None]) -> None:
-    for source in filter(None, inputs):
-        if _same_file(path, Path(source)):
+    for source in inputs:
+        if source and _same_file(path, Path(source)):
             raise ApiError(field, f"{path} is the input {source}; writing it would destroy the input")
 
 
