@@ -34,7 +34,7 @@ from experiments.record_integrity import check_measured_run
 from experiments.workload import Workload
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
-from kvsim import fit, parse_system, read_measured_run, system_json
+from kvsim import fit, fitted_terms, parse_system, read_measured_run, system_json
 
 
 def engine_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording: Recording, workload: Workload,
@@ -113,7 +113,7 @@ def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign,
         if measured.get("model") not in models:
             raise ApiError(f"{at}.measured_run.model", "is not a model of the record's recorded computations")
         runs.append(read_measured_run(measured, hashlib.sha256(data).hexdigest(), f"{at}.measured_run"))
-    fragment, _, _ = fit(runs)
+    fragment, _, _ = fit(runs, fitted_terms(calibration.get("fragment")))
     if calibration.get("fragment") != fragment:
         raise ApiError(f"{field}.fragment", "is not what fitting the recorded calibration runs gives")
     return fragment

@@ -14,6 +14,7 @@ first use and `import kvsim` stays light):
 
     read_measured_run(document, sha256, field) -> MeasuredRun
     fit(runs) -> (service fragment, ...);  merge_service(system_json, fragment) -> system_json
+    fitted_terms(fragment) -> the optional terms a recorded fragment holds (refit a replay with them)
     compare(measured_totals, predicted_totals) -> rows
 
 The labs import these names from `kvsim`, never its submodules (docs/architecture.md).
@@ -38,12 +39,13 @@ from kvsim.workload import (
 )
 
 if TYPE_CHECKING:
-    from kvsim.calibration import MeasuredRun, fit, merge_service, read_measured_run
+    from kvsim.calibration import MeasuredRun, fit, fitted_terms, merge_service, read_measured_run
     from kvsim.fidelity import compare
 
 _ON_FIRST_USE = {
     "MeasuredRun": "kvsim.calibration",
     "fit": "kvsim.calibration",
+    "fitted_terms": "kvsim.calibration",
     "merge_service": "kvsim.calibration",
     "read_measured_run": "kvsim.calibration",
     "compare": "kvsim.fidelity",
@@ -67,6 +69,7 @@ __all__ = [
     "Workload",
     "compare",
     "fit",
+    "fitted_terms",
     "interaction_json",
     "merge_service",
     "parse_document",
