@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # Huge-page mallocs for XLA's per-step temporaries (see HUGE_PAGES in jgpt/cli.py).
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: demo test bench clean chromium
+.PHONY: demo test lint bench clean chromium
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jgpt needs Python 3.11 or newer")'
@@ -28,7 +28,12 @@ chromium:
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the report test"; \
 	  $$([ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq chromium >/dev/null'; }
 
-test: $(VENV)/.test chromium
+# ruff (defects and import order) over the tree, mypy over jgpt/, inference/ and kvsim/; both configured in pyproject.toml.
+lint: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint chromium
 	$(BIN)/python -m pytest -q -n 2
 
 bench: $(VENV)/.test
