@@ -144,7 +144,7 @@ def _json_file(path: str, field: str):
 
 def _load(model: str | None, precision: str | None = None):
     """The ModelExecution and Tokenizer of a catalog id or artifact path (default: the catalog default),
-    at the model's precision or at `precision` (a `--precision` name)."""
+    at the model's precision or at `precision` (a `--precision` name), its matrices stored in it."""
     from inference.execution import ModelExecution
     from inference.precision import at_precision
     from jgpt.catalog import load_model, read_catalog
@@ -152,7 +152,7 @@ def _load(model: str | None, precision: str | None = None):
     artifact = load_model(read_catalog().default_id() if model is None else model)
     tokenizer = artifact.tokenizer()
     execution = ModelExecution.from_artifact(artifact, tokenizer)
-    return (execution if precision is None else at_precision(execution, PRECISION_NAMES[precision])), tokenizer
+    return at_precision(execution, PRECISION_NAMES.get(precision, execution.architecture.precision)), tokenizer
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:

@@ -24,13 +24,16 @@ from jgpt.weights import BLOCK_NAMES
 
 
 def at_precision(execution: ModelExecution, precision: str) -> ModelExecution:
-    """`execution` computing, and storing its matrices and KV state, in `precision` (a PRECISIONS name)."""
+    """`execution` computing, and storing its matrices and KV state, in `precision` (a PRECISIONS name).
+
+    Arrays already stored in their dtype are kept as they are: an f32 model at f32 is not copied.
+    """
     if precision not in PRECISIONS:
         raise ApiError("precision", f"unknown value {precision!r}; supported: {', '.join(PRECISIONS)}")
     dtype = jnp.dtype(precision)
     # A projection matrix is two-dimensional per layer (block tensors carry a leading layer axis).
     matrix = lambda name, x: x.ndim - (name in BLOCK_NAMES) == 2 and name not in GATHERED_TABLES
-    store = lambda name, x: x.astype(dtype) if matrix(name, x) else x
+    store = lambda name, x: x.astype(dtype) if matrix(name, x) and x.dtype != dtype else x
     weights = execution.weights.from_dict({name: store(name, x) for name, x in execution.weights.as_dict().items()})
     return dataclasses.replace(
         execution,

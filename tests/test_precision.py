@@ -8,6 +8,7 @@ evidence and in the recorded document halve in bf16.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -19,6 +20,7 @@ from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.precision import at_precision
+from jgpt.artifact import save_artifact
 from jgpt.catalog import load_model, read_catalog
 from jgpt.cli import main as jgpt
 from jgpt.errors import ApiError
@@ -117,3 +119,13 @@ def test_kv_bytes_in_evidence_and_in_the_recorded_document_follow_the_precision(
     # A work reads the weights and the KV state: both halve, the gathered rows and f32 logits do not.
     for f32_work, bf16_work in zip(evidence["f32"]["computations"], evidence["bf16"]["computations"]):
         assert 0.5 * f32_work["logical_memory_bytes"] < bf16_work["logical_memory_bytes"] < 0.6 * f32_work["logical_memory_bytes"]
+
+    # A model trained in bf16 (its architecture says so; weights stored f32) is served like --precision bf16.
+    twin = save_artifact(tmp_path / "bf16-twin", dataclasses.replace(a, precision="bfloat16"), model.weights,
+                         model.provenance, model.tokenizer())  # fmt: skip
+    assert jgpt(["generate", "--model", str(twin.path), "--ids", "72,105,33", "--max-new-tokens", "3", "--json"]) == 0
+    served = json.loads(capsys.readouterr().out)
+    assert served["state"]["precision"] == "bfloat16"
+    assert [w["logical_memory_bytes"] for w in served["computations"]] == [
+        w["logical_memory_bytes"] for w in evidence["bf16"]["computations"]
+    ]
