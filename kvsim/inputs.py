@@ -9,7 +9,8 @@
       "ontology_binding": OntologyBinding           (optional; default: KVCache)
     }
 
-A relative computations path is read relative to the input file. Unknown fields are errors.
+A computations path is read relative to the input file and must stay inside its directory (like every
+path read from a file, docs/security.md). Unknown fields are errors.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from jgpt.identity import read_bytes
 from jgpt.ontology import ONTOLOGY_BINDING
 from jgpt.output_paths import output_file
+from jgpt.paths import confined
 from jgpt.validation import Either, Object, String
 from kvsim.cache_run import load_json
 from kvsim.recorded import DOCUMENT, parse_document
@@ -41,7 +43,7 @@ def load_input(path: Path, out: Path | None = None) -> dict:
     top = INPUT.keys(load_json(read_bytes(path, "INPUT"), "INPUT"), "input")
     document = top["computations"]
     if isinstance(document, str):
-        source = path.parent / document
+        source = confined(path.parent, document, "computations")
         if out is not None:
             output_file(out, "--out", [source])
         document = load_json(read_bytes(source, "computations"), f"computations ({source})")

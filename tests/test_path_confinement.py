@@ -182,6 +182,19 @@ def test_path_confinement_lab_record_file_entries(tmp_path):
                        watch=[tmp_path], field="record.recordings[0].computations.path")
 
 
+# --- kvsim input -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("escape", ["../outside.json", "/etc/passwd", "a/../../outside.json"])
+def test_path_confinement_kvsim_input_computations(tmp_path, escape):
+    """`jgpt kvsim run` reads a computations path inside the input's directory only, naming the field."""
+    (tmp_path / "outside.json").write_text("{}")
+    (tmp_path / "run").mkdir()
+    source = tmp_path / "run" / "input.json"
+    source.write_text(json.dumps({"system": {}, "computations": escape}))
+    assert_refused(["kvsim", "run", source, "--out", tmp_path / "record.json"], inputs=[source], watch=[tmp_path],
+                   field="computations: ")
+
+
 # --- catalog -----------------------------------------------------------------------------------------
 
 def catalog_file(path: Path, base_url: str, weights: dict) -> Path:
