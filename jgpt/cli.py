@@ -7,10 +7,13 @@ jax or any package behind a command.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import signal
 import sys
+import threading
+from typing import NoReturn
 
 from jgpt import command_line, compilation_cache
 from jgpt.errors import run_guarded
@@ -90,8 +93,25 @@ def entry() -> None:
         environment = {**os.environ, **cache, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGE_PAGES)))}
         os.execve(sys.executable, [sys.executable, "-m", "jgpt.cli", *sys.argv[1:]], environment)
     os.environ.update(cache)  # before any command imports jax, which reads them once
-    sys.exit(main())
+    exit_now(main())
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process once the command is done, without the interpreter's teardown: finalizing jax's
+    modules and XLA's client took about 0.4 s after every `jgpt generate`. Exit handlers still run
+    (jax.distributed's shutdown, logging), the streams are flushed first, and a Python thread still
+    working (a checkpoint being written) gets the ordinary exit, which waits for it."""
+    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
+           if thread is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing left to say there
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
