@@ -39,6 +39,7 @@ test: lint chromium
 bench: $(VENV)/.test
 	$(BIN)/python bench/train_step.py
 	$(BIN)/python bench/decode.py
+	$(BIN)/python bench/speculative.py
 	$(BIN)/python bench/kvsim.py
 	$(BIN)/python bench/engine.py
 

@@ -14,7 +14,7 @@ from jgpt.json_input import read_json
 from jgpt.output_paths import output_file
 
 SUMMARIES = {
-    "generate": "greedy generation with a jitted KV-cached loop, streaming text or full evidence as JSON",
+    "generate": "greedy or sampled generation in a jitted KV-cached loop (speculative with --draft), streaming text or JSON evidence",
     "record": "run a Workload and write the recorded computation document kvsim consumes",
     "serve": "serve a Workload on the InferenceEngine against the wall clock and write the measured-run document",
 }
@@ -45,15 +45,28 @@ def _generate(argv: list[str]) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="budget of selected ids, TURN_END included")
     parser.add_argument("--json", action="store_true", help="print the response with all evidence as one JSON object")
     parser.add_argument("--observe", type=int, metavar="STEP", help="record every model operation's tensors at STEP")
+    parser.add_argument("--sample", action="store_true", help="draw each id (seeded sampling) instead of greedy selection")
+    parser.add_argument("--temperature", type=float, metavar="T", help="with --sample: logits divided by T (0: greedy; default 1)")
+    parser.add_argument("--top-k", type=int, metavar="K", help="with --sample: draw among the K most probable ids (default: all)")
+    parser.add_argument("--top-p", type=float, metavar="P", help="with --sample: draw among the most probable ids reaching P")
+    parser.add_argument("--seed", type=int, metavar="S", help="with --sample: the seed the draws' keys derive from (default 0)")
+    parser.add_argument("--draft", metavar="MODEL", help="decode speculatively: this catalog id or artifact proposes ids")
+    parser.add_argument("--speculate", type=int, metavar="K", help="with --draft: ids drafted per round (default 4)")
     args = parser.parse_args(argv)
     if bool(args.prompt) == bool(args.ids):
         raise ApiError("prompt", "give either PROMPT text or --ids, exactly one of them")
+    if args.speculate is not None and args.draft is None:
+        raise ApiError("speculate", "needs --draft MODEL, the model that proposes ids")
+    if args.draft is not None and args.observe is not None:
+        raise ApiError("observe", "is not available with --draft: the speculative loop runs as one compiled program")
 
     from inference.generation import generate
     from inference.policy import GenerationPolicy, InferenceRequest
     from jgpt.tokenizer import Turn
 
-    given_ids, policy = _parse_ids(args.ids) if args.ids else None, GenerationPolicy(args.max_new_tokens)
+    sampling = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "seed") if getattr(args, name) is not None}
+    policy = GenerationPolicy(args.max_new_tokens, "sample" if args.sample else "greedy", **sampling)
+    given_ids = _parse_ids(args.ids) if args.ids else None
     if args.observe is not None and not 0 <= args.observe < args.max_new_tokens:
         raise ApiError("observe", f"step {args.observe} is outside 0..{args.max_new_tokens - 1}, the steps the budget allows")
     execution, tokenizer = _load(args.model, args.precision)
@@ -61,11 +74,20 @@ def _generate(argv: list[str]) -> int:
     prompt_ids = given_ids or tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
     request = InferenceRequest("cli", prompt_ids, policy, text=text)
     stream = None if args.json else _TextStream(tokenizer, execution.turn_end_id)
-    generation = generate(
-        execution, [request], reference=args.json, scores=False, observe_step=args.observe,
-        on_select=None if stream is None else stream.select,
-    )  # fmt: skip
-    (response,) = generation.responses
+    if args.draft is not None:
+        from inference.speculative import generate_speculative
+
+        draft, _ = _load(args.draft, args.precision)
+        k = 4 if args.speculate is None else args.speculate
+        (response,) = generate_speculative(execution, draft, [request], k).responses
+        for token in [] if stream is None else response.output_ids:  # the loop is one program: the text comes at its end
+            stream.select(0, token)
+    else:
+        generation = generate(
+            execution, [request], reference=args.json, scores=False, observe_step=args.observe,
+            on_select=None if stream is None else stream.select,
+        )  # fmt: skip
+        (response,) = generation.responses
     if stream is not None:
         stream.finish(response)
         return 0
@@ -188,6 +210,11 @@ class _TextStream:
         print(decoded.text[self.printed :])
         note = f"; {decoded.note}" if decoded.note else ""
         print(f"[{outcome.stop_reason}: {outcome.selected_tokens} selected, {outcome.published_tokens} published{note}]", file=sys.stderr)
+        if response.speculation is not None:
+            s = response.speculation
+            rate = "" if s.acceptance_rate is None else f" ({s.acceptance_rate:.0%})"
+            print(f"[speculative, K={s.speculate}: {len(s.rounds)} rounds, {s.accepted} of {s.drafted} drafted ids accepted{rate}]",
+                  file=sys.stderr)  # fmt: skip
         for observation in response.observations:
             print(f"  {observation.id}  {observation.operation}  shape={list(observation.shape)}", file=sys.stderr)
 
@@ -209,6 +236,7 @@ def _response_json(response, tokenizer, execution) -> dict:
         "computations": [c.to_json() for c in response.computations],
         "work": response.work.to_json(),
         "observations": [o.to_json() for o in response.observations],
+        **({} if response.speculation is None else {"speculation": response.speculation.to_json()}),
         "state": {"checkpoint_sha256": execution.identity.checkpoint_sha256, "tokenizer_sha256": execution.identity.tokenizer_sha256,
                   "precision": execution.identity.precision},
         "execution": {"backend": backend.to_json(), "provenance": ExecutionProvenance.current(backend).to_json()},

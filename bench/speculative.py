@@ -1,0 +1,153 @@
+"""Speculative decoding against plain greedy: acceptance rate and tokens/s for K = 1..8, same ids, one run.
+
+Two pairs:
+
+* the shipped chat model (catalog `chat`) with its draft (catalog `chat-draft`), on
+  held-out exercises of the built-in skills (development conversations, seed 0), each
+  generating its reply up to TURN_END (budget 16): one request at a time (batch 1)
+  and all of them as one batch;
+* a GPT-2-small-sized random target (L12 C768 V50257) with a 2-layer random draft of
+  the same width, on random prompts, 32 ids each (no end id): random weights agree
+  on little, so this shows what a round costs when almost nothing is accepted.
+
+"decode tok/s" counts the ids the decode loop selects (every id but the first, which the
+target's prefill selects) over the loop's wall time, plus, for speculative decoding, the
+draft's own prefill (extra work greedy does not do): bench/decode.py's measure. "with
+prefill" counts every id over the target's prefill plus that. Every program is compiled
+beforehand; times are summed over the batches run, the median of `--repeats` runs of
+the whole set. Every speculative run's ids are checked equal to greedy's. The machine
+may be shared: expect +-15% run to run, more under load.
+
+    .venv/bin/python bench/speculative.py [--quick] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from inference.execution import ModelExecution
+from inference.generation import generate
+from inference.policy import GenerationPolicy, InferenceRequest
+from inference.speculative import generate_speculative
+from jgpt.catalog import load_model
+from jgpt.hf_import import convert
+from jgpt.kv_state import StateIdentity
+from training.conversation_corpus import split_conversations
+from training.corpus import exercises_of
+
+KS = range(1, 9)
+CHAT_BUDGET = 16
+RANDOM_BUDGET = 32
+NO_END = -1
+
+
+def catalog_execution(model_id: str) -> ModelExecution:
+    artifact = load_model(model_id)
+    return ModelExecution.from_artifact(artifact, artifact.tokenizer())
+
+
+def skill_prompts(execution: ModelExecution, count: int) -> list[tuple[int, ...]]:
+    """Prompts of held-out exercises (development split), cycling through the skills."""
+    from jgpt.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.bytes_only()
+    conversations = split_conversations(0, "development", count, execution.architecture.context + 1)
+    exercises = [e for c in conversations for e in exercises_of(tokenizer, c)]
+    by_skill: dict[str, list] = {}
+    for e in exercises:
+        by_skill.setdefault(e.skill, []).append(e.prompt)
+    ordered = [p for group in zip(*by_skill.values()) for p in group]
+    return ordered[:count]
+
+
+def random_pair(width: int = 768) -> tuple[ModelExecution, ModelExecution]:
+    """A GPT-2-small-sized random target and a 2-layer random draft, imported from Hugging Face GPT-2 models."""
+    executions = []
+    for layers, seed in ((12, 0), (2, 1)):
+        torch.manual_seed(seed)
+        config = GPT2Config(n_layer=layers, n_embd=width, n_head=12, vocab_size=50257, n_positions=1024)
+        with tempfile.TemporaryDirectory() as directory:
+            GPT2LMHeadModel(config).save_pretrained(directory)
+            architecture, weights, _ = convert(directory)
+        weights = jax.tree.map(jnp.asarray, weights)
+        executions.append(ModelExecution(weights, architecture, StateIdentity(f"random-{layers}", "gpt2", "float32"), NO_END))
+    return executions[0], executions[1]
+
+
+def seconds(responses) -> tuple[float, float]:
+    """(prefill, decode) wall seconds of one batch: the target's prefill, then the loop (the longest row's
+    share of it) plus, for speculative decoding, the draft's prefill."""
+    loop = max(sum(c.wall_time_us for c in r.computations[1:]) for r in responses)
+    draft = responses[0].speculation.draft_prefill_wall_time_us if responses[0].speculation else 0.0
+    return responses[0].computations[0].wall_time_us * 1e-6, (loop + draft) * 1e-6
+
+
+def measured(run, groups, repeats: int):
+    """(decode tok/s, end-to-end tok/s, responses per group): medians over repeats of the whole set."""
+    decode_rates, total_rates = [], []
+    for _ in range(repeats):
+        results = [run(g).responses for g in groups]
+        ids = sum(len(r.output_ids) for responses in results for r in responses)
+        decode_ids = ids - sum(len(responses) for responses in results)  # each first id comes from the prefill
+        times = [seconds(responses) for responses in results]
+        decode_rates.append(decode_ids / sum(t[1] for t in times))
+        total_rates.append(ids / sum(t[0] + t[1] for t in times))
+    return statistics.median(decode_rates), statistics.median(total_rates), results
+
+
+def table(title: str, target, draft, requests, repeats: int, batched: bool) -> None:
+    groups = [requests] if batched else [[r] for r in requests]
+    greedy_decode, greedy_total, greedy = measured(functools.partial(generate, target), groups, repeats)
+    greedy_ids = [[r.output_ids for r in responses] for responses in greedy]
+    ids = sum(len(i) for group in greedy_ids for i in group)
+    print(f"\n{title}: {len(requests)} requests, {'one batch' if batched else 'one at a time'}, {ids} output ids")
+    print(f"  {'decoding':<9} {'accept':>7} {'ids/round':>9} {'decode tok/s':>12} {'vs greedy':>9} "
+          f"{'with prefill':>12} {'vs greedy':>9}  ids")  # fmt: skip
+    print(f"  {'greedy':<9} {'':>7} {'':>9} {greedy_decode:12.1f} {1.0:8.2f}x {greedy_total:12.1f} {1.0:8.2f}x")
+    for k in KS:
+        decode, total, runs = measured(functools.partial(generate_speculative, target, draft, k=k), groups, repeats)
+        same = [[r.output_ids for r in responses] for responses in runs] == greedy_ids
+        evidence = [r.speculation for responses in runs for r in responses]
+        drafted, accepted = sum(e.drafted for e in evidence), sum(e.accepted for e in evidence)
+        rounds = sum(len(e.rounds) for e in evidence)
+        acceptance = accepted / drafted if drafted else float("nan")
+        per_round = (ids - len(requests)) / rounds if rounds else float("nan")
+        print(f"  {f'K={k}':<9} {acceptance:7.1%} {per_round:9.2f} {decode:12.1f} {decode / greedy_decode:8.2f}x "
+              f"{total:12.1f} {total / greedy_total:8.2f}x  {'same as greedy' if same else 'DIFFER FROM GREEDY'}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests and no GPT-2-small-sized pair (a smoke run)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    target, draft = catalog_execution("chat"), catalog_execution("chat-draft")
+    count = 10 if args.quick else 40
+    requests = [InferenceRequest(f"skill-{i}", p, GenerationPolicy(CHAT_BUDGET)) for i, p in enumerate(skill_prompts(target, count))]
+    a, d = target.architecture, draft.architecture
+    pair = f"chat (L{a.layers} C{a.width}) with chat-draft (L{d.layers} C{d.width})"
+    table(pair, target, draft, requests, args.repeats, batched=False)
+    table(pair, target, draft, requests, args.repeats, batched=True)
+    if args.quick:
+        return
+    target, draft = random_pair()
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 50257, size=16).tolist() for _ in range(2)]
+    requests = [InferenceRequest(f"random-{i}", p, GenerationPolicy(RANDOM_BUDGET)) for i, p in enumerate(prompts)]
+    table("GPT-2-small-sized random target (L12 C768) with a 2-layer random draft", target, draft, requests, args.repeats,
+          batched=False)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
