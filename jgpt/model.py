@@ -220,7 +220,7 @@ def _straight_line(run, carry, layer_weights: tuple[dict[str, jax.Array], ...]):
     return carry, jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *outputs)
 
 
-def _observed_stages(tensors: dict[str, jax.Array], shape: tuple[int, int]) -> dict[str, jax.Array]:
+def _observed_stages(tensors: dict[str, jax.Array], shape: tuple[int, ...]) -> dict[str, jax.Array]:
     """A block's stage tensors as observed: [B, T, ...], keys by position rather than head-major."""
     B, T = shape
     heads_inside = ("query", "key", "attention_weights")
