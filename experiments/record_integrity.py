@@ -35,13 +35,15 @@ def check_recording(entry: Mapping[str, Any], document: Any, observations: Any, 
     checkpoint = model.get("checkpoint_sha256")
     if not isinstance(observations, dict) or not isinstance(checkpoint, str) or observations.get("run_id") != checkpoint[:12]:
         raise ApiError(f"{field}.observations", "were not observed on the model of its recorded computations")
-    recorded = {r.get("request_id"): r for r in document.get("requests") or [] if isinstance(r, dict)}
+    recorded = {r["request_id"]: r for r in document.get("requests") or []
+                if isinstance(r, dict) and isinstance(r.get("request_id"), str)}
     inspected = observations.get("requests")
     if not isinstance(inspected, list) or not inspected:
         raise ApiError(f"{field}.observations", "must inspect at least one request")
     for k, request in enumerate(inspected):
         where = f"{field}.observations.requests[{k}]"
-        computed = recorded.get(request.get("request_id")) if isinstance(request, dict) else None
+        request_id = request.get("request_id") if isinstance(request, dict) else None
+        computed = recorded.get(request_id) if isinstance(request_id, str) else None
         if computed is None:
             raise ApiError(where, "is not a request of the recorded computations")
         prompt, output = computed.get("prompt_ids"), computed.get("output_ids")

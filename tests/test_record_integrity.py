@@ -162,6 +162,24 @@ def test_record_integrity_any_hostile_observations_file_is_refused_naming_it(lab
         Inspectable(json.loads(mutated), record["recordings"][0]["walkthrough"], works).initial()
 
 
+@pytest.mark.parametrize("request_id", [[], {}, 7, None])
+def test_record_integrity_an_inspected_request_id_that_is_not_a_string_is_refused(lab_run, tmp_path, request_id):
+    """Found by the fuzz test above in CI: a list as request_id once raised TypeError (unhashable)."""
+    directory = tmp_path / "run"
+    shutil.copytree(lab_run.directory, directory)
+    record = json.loads((directory / "record.json").read_text())
+    entry = record["recordings"][0]["observations"]
+    observations = json.loads((directory / entry["path"]).read_text())
+    observations["requests"][0]["request_id"] = request_id
+    mutated = _dumps(observations)
+    (directory / entry["path"]).write_bytes(mutated)
+    entry.update(sha256=hashlib.sha256(mutated).hexdigest(), bytes=len(mutated))
+    (directory / "record.json").write_bytes(_dumps(record))
+    with pytest.raises(ApiError) as error:
+        replay(directory / "record.json")
+    assert error.value.field == "record.recordings[0].observations.requests[0]", error.value
+
+
 def test_record_integrity_file_entries_are_bounded_and_sized_before_reading(lab_run, tmp_path):
     from experiments.experiment_execution import RECORD_FILE_LIMIT
 
