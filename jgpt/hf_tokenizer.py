@@ -39,7 +39,7 @@ from jgpt.identity import sha256_json, write_atomically
 from jgpt.json_input import parse_json
 from jgpt.paths import confined
 from jgpt.tokenizer import (BYTE_LEVEL_ALPHABET, Decoded, PieceTable, Token, Tokenizer, Turn, _check_context_limit,
-                            _utf8_with_markers, describe_piece, read_limited)
+                            _utf8_with_markers, bpe_model, describe_piece, read_limited)
 
 CODEC_VERSION = "hf-tokenizers/1"
 CONFIG, TEMPLATE = "tokenizer_config.json", "chat_template.jinja"
@@ -295,14 +295,7 @@ def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str
     def reject(reason: str) -> ApiError:
         return ApiError("tokenizer", f"{source}: {reason}")
 
-    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
-        raise reject("has no \"model\" object")
-    model = spec["model"]
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) \
-            or not isinstance(model.get("merges"), list) or model.get("dropout") is not None:
-        raise reject("jgpt reads BPE tokenizers: model must be BPE with a vocab object, a merges list and no dropout")
-    if any(model.get(name) is not None for name in ("continuing_subword_prefix", "end_of_word_suffix")):
-        raise reject("a piece must spell its bytes alone: no continuing_subword_prefix nor end_of_word_suffix")
+    model = bpe_model(spec, reject)
     vocab = model["vocab"]
     if not all(isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= 0
                for token_id in vocab.values()):

@@ -29,7 +29,7 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -496,6 +496,20 @@ def _document(merges: list[tuple[str, str]]) -> bytes:
     return (json.dumps(spec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
+def bpe_model(spec: Any, reject: Callable[[str], ApiError]) -> dict:
+    """The "model" object of a parsed tokenizer.json, checked to be a BPE whose pieces each spell their
+    bytes alone (both kinds of tokenizer read only that)."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        raise reject("has no \"model\" object")
+    model = spec["model"]
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) \
+            or not isinstance(model.get("merges"), list) or model.get("dropout") is not None:
+        raise reject("jgpt reads BPE tokenizers: model must be BPE with a vocab object, a merges list and no dropout")
+    if any(model.get(name) is not None for name in ("continuing_subword_prefix", "end_of_word_suffix")):
+        raise reject("a piece must spell its bytes alone: no continuing_subword_prefix nor end_of_word_suffix")
+    return model
+
+
 def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
     """Check that a parsed tokenizer.json has jgpt's layout; return the bytes of each id.
 
@@ -505,14 +519,7 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
     def reject(reason: str) -> ApiError:
         return ApiError("tokenizer", f"{source}: {reason}")
 
-    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
-        raise reject("has no \"model\" object")
-    model = spec["model"]
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) \
-            or not isinstance(model.get("merges"), list) or model.get("dropout") is not None:
-        raise reject("model must be BPE with a vocab object, a merges list and no dropout")
-    if any(model.get(name) is not None for name in ("continuing_subword_prefix", "end_of_word_suffix")):
-        raise reject("a piece must spell its bytes alone: no continuing_subword_prefix nor end_of_word_suffix")
+    model = bpe_model(spec, reject)
     if not isinstance(spec.get("normalizer"), dict) or spec["normalizer"].get("type") != NORMALIZATION:
         raise reject(f"must declare the {NORMALIZATION} normalizer")
     pre_tokenizer = spec.get("pre_tokenizer")
