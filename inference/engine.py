@@ -41,7 +41,17 @@ from inference.generation import STOP_REASONS, stop_codes
 from inference.policy import STOP_TURN_END, InferenceRequest, check_prompt
 from inference.recording import read_workload
 from inference.slot_execution import EnginePlan, SlotExecution, batch_bucket
-from inference.state_manager import DEVICE, HOST, RetainedState, StateManager, check_budget, nbytes, to_device, to_host, token_key
+from inference.state_manager import (
+    DEVICE,
+    HOST,
+    RetainedState,
+    StateManager,
+    check_budget,
+    nbytes,
+    to_device,
+    to_host,
+    token_key,
+)
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
 from kvsim.system import KVResidencySystemConfig

@@ -29,7 +29,15 @@ from inference.evidence import DECODE, PREFILL, CacheComputation, GenerationWork
 from inference.execution import ModelExecution, advance, bucket
 from inference.policy import SAMPLE, STOP_BUDGET, STOP_CONTEXT, STOP_TURN_END, InferenceRequest
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
-from inference.sampling import TOP_CANDIDATES, SelectionRule, candidates, candidates_jit, request_stream, select, select_jit
+from inference.sampling import (
+    TOP_CANDIDATES,
+    SelectionRule,
+    candidates,
+    candidates_jit,
+    request_stream,
+    select,
+    select_jit,
+)
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
 from jgpt.model import forward

@@ -18,12 +18,12 @@ import jax
 
 from inference.backend import ExecutionBackend, ExecutionProvenance
 from inference.engine import ServedRun
+from inference.evidence import GenerationWork
 from inference.execution import ModelExecution
 from inference.generation import generate, work_computations
 from inference.recording import FORMAT as COMPUTATIONS_FORMAT
 from inference.recording import VERSION as COMPUTATIONS_VERSION
 from inference.recording import request_document
-from inference.evidence import GenerationWork
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from jgpt.tokenizer import Tokenizer
 from jgpt.units import byte_size

@@ -38,8 +38,19 @@ from jgpt.errors import ApiError, library_failure
 from jgpt.identity import sha256_json, write_atomically
 from jgpt.json_input import parse_json
 from jgpt.paths import confined
-from jgpt.tokenizer import (BYTE_LEVEL_ALPHABET, Decoded, PieceTable, Token, Tokenizer, Turn, _check_context_limit,
-                            _utf8_with_markers, bpe_model, describe_piece, read_limited)
+from jgpt.tokenizer import (
+    BYTE_LEVEL_ALPHABET,
+    Decoded,
+    PieceTable,
+    Token,
+    Tokenizer,
+    Turn,
+    _check_context_limit,
+    _utf8_with_markers,
+    bpe_model,
+    describe_piece,
+    read_limited,
+)
 
 CODEC_VERSION = "hf-tokenizers/1"
 CONFIG, TEMPLATE = "tokenizer_config.json", "chat_template.jinja"

@@ -14,7 +14,16 @@ from jgpt.errors import ApiError
 from jgpt.identity import read_bytes, write_atomically
 from jgpt.output_paths import output_directory, output_file
 from kvsim import analytic, traces
-from kvsim.cache_run import first_difference, load_json, read_record, record_chunks, record_json, rerun, run_id, simulate
+from kvsim.cache_run import (
+    first_difference,
+    load_json,
+    read_record,
+    record_chunks,
+    record_json,
+    rerun,
+    run_id,
+    simulate,
+)
 from kvsim.inputs import load_input
 from kvsim.record_view import check_viewable
 from kvsim.recorded import document_json

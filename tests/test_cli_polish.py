@@ -237,9 +237,10 @@ def test_weights_are_read_without_orbax_as_orbax_restores_them(tmp_path):
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from conftest import tiny_model
     from jgpt.artifact import _read_ocdbt
     from jgpt.weights import abstract_weights
+
+    from conftest import tiny_model
 
     artifact = tiny_model(tmp_path, seed=3)
     directory = artifact.path / "weights"

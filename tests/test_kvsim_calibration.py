@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_kvsim_model import EXAMPLE
 
-from hostile import FUZZ, assert_clean, mutated_json
 from jgpt import cli
 from jgpt.errors import ApiError
 from kvsim import parse_document, parse_system, record_json, record_value, rerun, simulate
@@ -35,13 +35,19 @@ from kvsim.calibration import (
     read_measured_run,
     step_overhead_us,
 )
-from kvsim.compute_service import CalibratedComputeService, CalibratedTransfer, LinkTerms, WorkTerms, compute_service_json
+from kvsim.compute_service import (
+    CalibratedComputeService,
+    CalibratedTransfer,
+    LinkTerms,
+    WorkTerms,
+    compute_service_json,
+)
 from kvsim.fidelity import compare, predict
 from kvsim.recorded import document_json
 from kvsim.synthetic import conversations
 from kvsim.system import system_json
 
-from test_kvsim_model import EXAMPLE
+from hostile import FUZZ, assert_clean, mutated_json
 
 WINDOWS, BATCHES = [16, 32, 64, 128, 256], [1, 2, 4, 8]
 TRUTH = {

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from jgpt.command_line import ArgumentParser
 from jgpt.catalog import DEFAULT_CATALOG, DEFAULT_ROLE, add_model, describe, read_catalog, write_catalog
+from jgpt.command_line import ArgumentParser
 from jgpt.errors import ApiError
 
 EXAMPLES = """\
