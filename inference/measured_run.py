@@ -54,7 +54,7 @@ ENGINE = Object(
     open=True,
 )  # fmt: skip
 WORK = Object(
-    {"kind": String(WORK_KINDS), "request_ids": ListOf(_TEXT),
+    {"kind": String(WORK_KINDS), "request_ids": ListOf(_TEXT, min_items=1),
      **dict.fromkeys(("rows", "executed_rows", "window", "matmul_flops", "logical_memory_bytes", "bytes", "start_us",
                       "end_us", "wall_us"), _COUNT)},
     open=True,

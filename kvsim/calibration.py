@@ -153,7 +153,10 @@ def _work(value: Any, field: str) -> dict:
          "logical_memory_bytes", "bytes", "start_us", "end_us", "wall_us"},
     )  # fmt: skip
     fields.string(work["kind"], f"{field}.kind", WORK_KINDS)
-    for index, request_id in enumerate(fields.array(work["request_ids"], f"{field}.request_ids")):
+    request_ids = fields.array(work["request_ids"], f"{field}.request_ids")
+    if not request_ids:  # every work is done for some request: the fit reads when its requests arrived
+        raise ApiError(f"{field}.request_ids", "must name at least one request")
+    for index, request_id in enumerate(request_ids):
         fields.string(request_id, f"{field}.request_ids[{index}]")
     for name in ("rows", "executed_rows", "window", "reused_positions", "matmul_flops", "logical_memory_bytes", "bytes",
                  "start_us", "end_us", "wall_us"):  # fmt: skip

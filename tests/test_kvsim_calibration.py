@@ -47,7 +47,7 @@ from kvsim.recorded import document_json
 from kvsim.synthetic import conversations
 from kvsim.system import system_json
 
-from hostile import FUZZ, assert_clean, mutated_json
+from hostile import FUZZ, assert_clean, assert_refused, mutated_json
 
 WINDOWS, BATCHES = [16, 32, 64, 128, 256], [1, 2, 4, 8]
 TRUTH = {
@@ -491,3 +491,16 @@ def test_hostile_measured_runs_and_fragments_are_accepted_or_refused_cleanly(sma
         out = tmp_path / "out" / "fragment.json"
         out.parent.mkdir(exist_ok=True)
         assert_clean(["kvsim", "calibrate", bad, "--out", out], inputs=inputs, watch=[out.parent])
+
+
+def test_a_work_for_no_request_is_refused_naming_it(small_measured, tmp_path):
+    """Found by the fuzz test above in CI: a work with empty request_ids reached the fit (max() of nothing)."""
+    measured, _, _ = small_measured
+    bad = json.loads(json.dumps(measured))
+    bad["works"][0]["request_ids"] = []
+    with pytest.raises(ApiError) as error:
+        read_measured_run(bad, "0" * 64)
+    assert error.value.field.endswith("works[0].request_ids"), error.value
+    (tmp_path / "measured.json").write_text(json.dumps(bad))
+    assert_refused(["kvsim", "calibrate", tmp_path / "measured.json", "--out", tmp_path / "out.json"],
+                   inputs=[tmp_path / "measured.json"], watch=[tmp_path], field="works[0].request_ids")
