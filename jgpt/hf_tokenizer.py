@@ -35,7 +35,7 @@ import tokenizers
 
 from jgpt.encoding import BPE_MERGE, BYTE, UTF8_SEQUENCE, Encoding, Span, control_span
 from jgpt.errors import ApiError, library_failure
-from jgpt.identity import sha256_json, write_atomically
+from jgpt.identity import write_atomically
 from jgpt.json_input import parse_json
 from jgpt.paths import confined
 from jgpt.tokenizer import (
@@ -161,16 +161,7 @@ class HFTokenizer(Tokenizer):
             ids, spans = self._plain(texts[0])
         else:
             ids, spans = self._templated(turns, texts, open_turn is not None)
-        if self.context_limit is not None and len(ids) > self.context_limit:
-            raise ApiError("context_limit", f"the input encodes to {len(ids)} token ids, "
-                                            f"more than the context_limit of {self.context_limit}")
-        canonical_input = {"open_turn": open_turn,
-                           "turns": [{"role": turn.role, "text": text} for turn, text in zip(turns, texts)]}
-        return Encoding(
-            ids=tuple(ids), spans=tuple(spans), input_sha256=sha256_json(canonical_input),
-            input_kind="conversation" if open_turn is None else "generation prompt",
-            manifest_sha256=sha256_json(self.manifest), context_limit=self.context_limit,
-            codec_version=CODEC_VERSION, unicode_version=_LIBRARY_VERSION)
+        return self._encoding(ids, spans, turns, texts, open_turn)
 
     def _plain(self, text: str) -> tuple[list[int], list[Span]]:
         encoding = self._library.encode(text, add_special_tokens=True)

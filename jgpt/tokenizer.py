@@ -293,16 +293,22 @@ class Tokenizer:
         if open_turn is not None:
             spans.append(control_span(ROLE_IDS[open_turn], len(ids), len(turns)))
             ids.append(ROLE_IDS[open_turn])
+        return self._encoding(ids, spans, turns, texts, open_turn)
+
+    def _encoding(self, ids: list[int], spans: list[Span], turns: Sequence[Turn], texts: list[str],
+                  open_turn: str | None) -> Encoding:
+        """The Encoding of encoded turns (either kind of tokenizer), refused past the context limit."""
         if self.context_limit is not None and len(ids) > self.context_limit:
             raise ApiError("context_limit", f"the input encodes to {len(ids)} token ids, "
                                             f"more than the context_limit of {self.context_limit}")
         canonical_input = {"open_turn": open_turn,
                            "turns": [{"role": turn.role, "text": text} for turn, text in zip(turns, texts)]}
+        manifest = self.manifest
         return Encoding(
             ids=tuple(ids), spans=tuple(spans), input_sha256=sha256_json(canonical_input),
             input_kind="conversation" if open_turn is None else "generation prompt",
-            manifest_sha256=sha256_json(self.manifest), context_limit=self.context_limit,
-            codec_version=CODEC_VERSION, unicode_version=unicodedata.unidata_version)
+            manifest_sha256=sha256_json(manifest), context_limit=self.context_limit,
+            codec_version=manifest["codec_version"], unicode_version=manifest["unicode_version"])
 
     # ---- decoding ---------------------------------------------------------------------
 
