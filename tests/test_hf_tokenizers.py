@@ -17,13 +17,16 @@ import types
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jgpt.artifact import load_artifact
 from jgpt.cli import main as jgpt
 from jgpt.errors import ApiError
 from jgpt.hf_tokenizer import HFTokenizer
 from jgpt.tokenizer import Tokenizer, Turn
-from tests.hf_models import save_model
+from tests.hf_models import gpt2_tokenizer, save_model
+from tests.hostile import FUZZ, mutated_json
 
 PROMPT = "some text"
 BUDGET = 16
@@ -248,3 +251,29 @@ def test_tokenize_command_shows_an_imported_tokenizers_spans(hf, capsys):
     assert "tokenizer.json's normalizer (tokenizers " in out and "codec hf-tokenizers/1" in out
     decoded = hf.reference.decode(hf.reference("héllo 👋").input_ids, skip_special_tokens=False)
     assert out.rstrip("\n").endswith(f"decoded: {decoded}")
+
+
+GPT2_CONFIG = {"eos_token": "<|endoftext|>",
+               "chat_template": "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"}
+
+
+@FUZZ
+@given(data=st.data())
+def test_any_hostile_foreign_tokenizer_or_config_loads_or_is_refused_naming_it(tmp_path_factory, data):
+    """A Hugging Face tokenizer.json or its tokenizer_config.json, mutated: Tokenizer.load refuses it naming
+    the file (or its field), or what it accepts encodes to ids of its vocabulary and decodes to text."""
+    directory = tmp_path_factory.mktemp("foreign")
+    spec = json.loads(gpt2_tokenizer().to_str())
+    which = data.draw(st.sampled_from(["tokenizer.json", "tokenizer_config.json"]))
+    files = {"tokenizer.json": json.dumps(spec).encode(), "tokenizer_config.json": json.dumps(GPT2_CONFIG).encode()}
+    files[which] = data.draw(mutated_json(spec if which == "tokenizer.json" else GPT2_CONFIG))
+    for name, document in files.items():
+        (directory / name).write_bytes(document)
+    try:
+        tokenizer = Tokenizer.load(directory / "tokenizer.json")
+    except ApiError as error:
+        assert error.field in ("tokenizer", "chat_template") or error.field.startswith("tokenizer_config.json"), error
+    else:
+        ids = tokenizer.encode_text("some text about the cat")
+        assert all(isinstance(i, int) and 0 <= i < tokenizer.vocab_size for i in ids)
+        assert isinstance(tokenizer.decode(ids).text, str)
