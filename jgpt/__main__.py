@@ -1,5 +1,4 @@
-import sys
 
-from jgpt.cli import main
+from jgpt.cli import exit_now, main
 
-sys.exit(main())
+exit_now(main())

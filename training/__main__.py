@@ -1,7 +1,6 @@
 """`python -m training train|eval ...`: the same commands as `jgpt train` and `jgpt eval`."""
 
-import sys
-
+from jgpt.cli import exit_now
 from training.cli import module_main
 
-sys.exit(module_main())
+exit_now(module_main())
