@@ -44,7 +44,7 @@ sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != 
 from bench.workloads import burst_workload, chat_workload, system  # noqa: E402
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
-from inference.generation import generate  # noqa: E402
+from inference.generation import generate, generate_stepwise  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from inference.policy import GenerationPolicy, InferenceRequest  # noqa: E402
 from inference.slot_execution import SlotExecution  # noqa: E402
@@ -92,9 +92,9 @@ def bare_step_us(execution, plan, steps: int = 60) -> float:
     return statistics.median(times[5:]) * 1e6
 
 
-def generate_step_us(execution, requests, timing: str) -> float:
-    generate(execution, requests, timing=timing)  # warm
-    (response, *_) = generate(execution, requests, timing=timing).responses
+def generate_step_us(run, execution, requests) -> float:
+    run(execution, requests)  # warm
+    (response, *_) = run(execution, requests).responses
     return statistics.median(c.wall_time_us for c in response.computations[1:])
 
 
@@ -114,7 +114,8 @@ def decode_bench(execution, batches) -> None:
             pairs.append((engine_us, between_us, bare_step_us(execution, served.plan)))
         engine_us, between_us, bare_us = (statistics.median(p[i] for p in pairs) for i in range(3))
         overhead = statistics.median((e - b) / e for e, _, b in pairs)
-        loop_us, step_us = generate_step_us(execution, chosen, "loop"), generate_step_us(execution, chosen, "step")
+        loop_us = generate_step_us(generate, execution, chosen)
+        step_us = generate_step_us(generate_stepwise, execution, chosen)
         cell = lambda us: f"{B / us * 1e6:8.0f} ({us / 1000:5.2f})"  # noqa: E731, B023 (used in this iteration)
         between = between_us / engine_us
         print(f"{B:>5}  {cell(engine_us)}  {cell(bare_us)}  {cell(loop_us)}  {cell(step_us)}  {overhead:8.1%}  {between:8.1%}")

@@ -60,7 +60,7 @@ def _generate(argv: list[str]) -> int:
     if args.draft is not None and args.observe is not None:
         raise ApiError("observe", "is not available with --draft: the speculative loop runs as one compiled program")
 
-    from inference.generation import generate
+    from inference.generation import generate, generate_stepwise
     from inference.policy import GenerationPolicy, InferenceRequest
     from jgpt.tokenizer import Turn
 
@@ -82,9 +82,11 @@ def _generate(argv: list[str]) -> int:
         (response,) = generate_speculative(execution, draft, [request], k).responses
         for token in [] if stream is None else response.output_ids:  # the loop is one program: the text comes at its end
             stream.select(0, token)
-    else:
-        generation = generate(
-            execution, [request], reference=args.json, scores=False, observe_step=args.observe,
+    elif stream is None and args.observe is None:
+        (response,) = generate(execution, [request], reference=True).responses
+    else:  # streaming and observing take the steps one call at a time
+        generation = generate_stepwise(
+            execution, [request], reference=args.json, observe_step=args.observe,
             on_select=None if stream is None else stream.select,
         )  # fmt: skip
         (response,) = generation.responses

@@ -8,9 +8,9 @@ unfinished row, selects the next id (greedily, or by the request's seeded sampli
 stop independently (TURN_END, their own budget, or context capacity); the loop
 ends when all have.
 
-`timing="step"` runs the same steps one jitted decode call at a time instead, to
-measure each work's wall time (and to observe tensors at a chosen step). Both
-give the same ids and logits.
+`generate_stepwise` runs the same steps one jitted decode call at a time instead,
+to measure each work's wall time (and to observe tensors at a chosen step, or
+stream ids as they are selected). Both give the same ids and logits.
 """
 
 from __future__ import annotations
@@ -121,48 +121,66 @@ def generate(
     requests: Sequence[InferenceRequest],
     state: KVState | None = None,
     *,
-    timing: str = "loop",
+    reference: bool = False,
+    scores: bool = False,
+) -> Generation:
+    """Generation for a batch of requests (each by its own selection rule), with evidence: the decode
+    steps run as one compiled loop, whose time is divided evenly over its steps.
+
+    state: rows whose token ids are exact prefixes of the prompts are reused.
+    reference: record each work's max abs logit error against a full-prefix recompute.
+    scores: keep raw logits and probabilities in every TokenSelection.
+    """
+    plan = _plan(execution, requests, state, reference or scores)
+    return _generation(execution, requests, plan, _run_loop(execution, plan), LOOP_BOUNDARY, reference, scores)
+
+
+def generate_stepwise(
+    execution: ModelExecution,
+    requests: Sequence[InferenceRequest],
+    state: KVState | None = None,
+    *,
     reference: bool = False,
     scores: bool = False,
     observe_step: int | None = None,
     run_id: str = "run",
     on_select: Callable[[int, int], None] | None = None,
 ) -> Generation:
-    """Generation for a batch of requests (each by its own selection rule), with evidence.
+    """`generate`'s steps run one compiled work per call, each timed alone; the same ids and evidence.
 
-    state: rows whose token ids are exact prefixes of the prompts are reused.
-    reference: record each work's max abs logit error against a full-prefix recompute.
-    scores: keep raw logits and probabilities in every TokenSelection.
-    observe_step: record TensorObservations of every model operation at that step (step timing).
-    on_select: called with (row, id) as each id is selected, for streaming (step timing).
+    observe_step: record TensorObservations of every model operation at that step.
+    on_select: called with (row, id) as each id is selected, for streaming.
     """
-    if not requests:
-        raise ApiError("requests", "is empty; nothing to generate")
-    if timing not in ("loop", "step"):
-        raise ApiError("timing", f"unknown value {timing!r}; choose loop or step")
-    if observe_step is not None or on_select is not None:
-        timing = "step"
-    prompts = [r.prompt_ids for r in requests]
-    budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
-    if observe_step is not None and not 0 <= observe_step < budgets.max():
-        raise ApiError("observe", f"step {observe_step} is outside 0..{budgets.max() - 1}, the steps the budget allows")
-    # Slots for every position a row can process: its prompt and all selections but the last.
-    capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
-    work_state, window_ids, counts, reused = execution.window(prompts, state, capacity)
-    plan = _Plan(work_state, window_ids, counts, budgets, reference or scores, SelectionRule.of(requests))
-    if timing == "step":
-        observe = None
-        if observe_step is not None:
-            observe = functools.partial(_observe, execution, run_id=run_id, requests=requests, step=observe_step)
-        ran = _run_steps(execution, plan, observe_step, observe, on_select)
-    else:
-        ran = _run_loop(execution, plan)
-    outputs, logits = ran.output_ids, ran.logits
-    steps = max(map(len, outputs))
+    plan = _plan(execution, requests, state, reference or scores)
+    observe = None
+    if observe_step is not None:
+        if not 0 <= observe_step < plan.budgets.max():
+            raise ApiError("observe", f"step {observe_step} is outside 0..{plan.budgets.max() - 1}, the steps the "
+                                      "budget allows")  # fmt: skip
+        observe = functools.partial(_observe, execution, run_id=run_id, requests=requests, step=observe_step)
+    ran = _run_steps(execution, plan, observe_step, observe, on_select)
+    steps = max(map(len, ran.output_ids))
     if observe_step is not None and observe_step >= steps:  # [] with exit 0 would read as "nothing to see"
         raise ApiError("observe", f"step {observe_step} was not reached: generation ended after {steps} steps "
                                   f"(0..{steps - 1})")
+    return _generation(execution, requests, plan, ran, STEP_BOUNDARY, reference, scores)
 
+
+def _plan(execution: ModelExecution, requests: Sequence[InferenceRequest], state: KVState | None, keep_logits: bool):
+    if not requests:
+        raise ApiError("requests", "is empty; nothing to generate")
+    prompts = [r.prompt_ids for r in requests]
+    budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
+    # Slots for every position a row can process: its prompt and all selections but the last.
+    capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
+    work_state, window_ids, counts, reused = execution.window(prompts, state, capacity)
+    return _Plan(work_state, window_ids, counts, budgets, reused, keep_logits, SelectionRule.of(requests))
+
+
+def _generation(execution, requests, plan: _Plan, ran: _Run, decode_boundary: str, reference, scores) -> Generation:
+    """The responses of a run, with their evidence."""
+    prompts = [r.prompt_ids for r in requests]
+    outputs, logits = ran.output_ids, ran.logits
     references = None
     if reference:
         sequences = [list(p) + list(o[:-1]) for p, o in zip(prompts, outputs)]
@@ -174,7 +192,8 @@ def generate(
         if references is not None:
             last_prompt = len(prompts[b]) - 1
             errors = [float(np.max(np.abs(references[b, last_prompt + k] - logits[b][k]))) for k in range(n)]
-        computations = work_computations(execution, request, outputs[b], reused[b], ran.seconds[b], errors, timing)
+        computations = work_computations(execution, request, outputs[b], plan.reused[b], ran.seconds[b], errors,
+                                         decode_boundary)  # fmt: skip
         selections = tuple(
             _selection(request, k, t, None if logits is None or not scores else logits[b][k],
                        None if ran.candidates is None else (ran.candidates[0][b][k], ran.candidates[1][b][k]))
@@ -185,7 +204,7 @@ def generate(
             InferenceResponse(
                 request_id=request.request_id, prompt_ids=tuple(request.prompt_ids), output_ids=output_ids,
                 published_ids=tuple(t for t in output_ids if t != execution.turn_end_id),
-                outcome=RunOutcome.of(output_ids, int(budgets[b]), ran.stop_reasons[b], execution.turn_end_id),
+                outcome=RunOutcome.of(output_ids, int(plan.budgets[b]), ran.stop_reasons[b], execution.turn_end_id),
                 selections=selections, computations=computations, work=GenerationWork.total(computations),
                 observations=ran.observations.get(b, ()),
             )
@@ -201,6 +220,7 @@ class _Plan:
     window_ids: np.ndarray  # [B, W]
     counts: np.ndarray  # [B] new ids per row
     budgets: np.ndarray  # [B]
+    reused: list[int]  # per row, the positions of its prompt the given state already held
     keep_logits: bool
     rule: SelectionRule | None  # None: every row greedy
 
@@ -312,8 +332,11 @@ def _observe(execution, state, window, counts, *, run_id, requests, step):
     }
 
 
-def work_computations(execution, request, output_ids, reused, seconds, errors, timing):
-    """The CacheComputation of every work a request executed: its prefill, then one decode per later id."""
+def work_computations(execution, request, output_ids, reused, seconds, errors, decode_boundary):
+    """The CacheComputation of every work a request executed: its prefill, then one decode per later id.
+
+    decode_boundary: how a decode work's wall time was measured (a prefill is always timed alone).
+    """
     costs = execution.costs
     prompt = request.prompt_ids
     works = [(PREFILL, tuple(prompt[reused:]), reused, len(prompt))]
@@ -325,7 +348,7 @@ def work_computations(execution, request, output_ids, reused, seconds, errors, t
             matmul_flops=costs.matmul_flops(start, stop), reference_matmul_flops=costs.reference_matmul_flops(stop),
             logical_memory_bytes=costs.memory_bytes(start, stop), reference_max_abs_error=errors[step],
             wall_time_us=seconds[step] * 1e6,
-            measurement_boundary=LOOP_BOUNDARY if phase == DECODE and timing == "loop" else STEP_BOUNDARY,
+            measurement_boundary=decode_boundary if phase == DECODE else STEP_BOUNDARY,
         )
         for step, (phase, input_ids, start, stop) in enumerate(works)
     )  # fmt: skip

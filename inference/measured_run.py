@@ -20,7 +20,7 @@ from inference.backend import ExecutionBackend, ExecutionProvenance
 from inference.engine import ServedRun
 from inference.evidence import GenerationWork
 from inference.execution import ModelExecution
-from inference.generation import generate, work_computations
+from inference.generation import STEP_BOUNDARY, generate_stepwise, work_computations
 from inference.recording import FORMAT as COMPUTATIONS_FORMAT
 from inference.recording import VERSION as COMPUTATIONS_VERSION
 from inference.recording import request_document
@@ -144,7 +144,8 @@ def _computation(execution: ModelExecution, served, arrival_us: int, tokenizer: 
     request = served.request
     if served.stop_reason is not None:
         output, reused, seconds, stop = served.output_ids, served.reused, served.work_seconds, served.stop_reason
-        computations = work_computations(execution, request, output, reused, seconds, [None] * len(output), "step")
+        errors = [None] * len(output)
+        computations = work_computations(execution, request, output, reused, seconds, errors, STEP_BOUNDARY)
         response = InferenceResponse(
             request_id=request.request_id, prompt_ids=request.prompt_ids, output_ids=output,
             published_ids=tuple(t for t in output if t != execution.turn_end_id),
@@ -153,7 +154,7 @@ def _computation(execution: ModelExecution, served, arrival_us: int, tokenizer: 
             work=GenerationWork.total(computations),
         )  # fmt: skip
     else:  # cancelled or rejected: the whole output it would have selected, generated alone
-        (response,) = generate(execution, [request], timing="step").responses
+        (response,) = generate_stepwise(execution, [request]).responses
     document = request_document(execution, request, response) | {"arrival_us": arrival_us}
     if tokenizer is not None:
         document["output_token_bytes"] = [len(tokenizer.pieces[t]) for t in response.output_ids]

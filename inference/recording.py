@@ -16,7 +16,7 @@ from typing import Any
 
 from inference.backend import ExecutionBackend, ExecutionProvenance
 from inference.execution import ModelExecution
-from inference.generation import generate
+from inference.generation import generate_stepwise
 from inference.policy import GenerationPolicy, InferenceRequest, check_prompt
 from inference.response import InferenceResponse
 from jgpt import progress
@@ -71,7 +71,6 @@ def record(
     *,
     tokenizer: Tokenizer | None = None,
     reference: bool = True,
-    timing: str = "step",
     kind: str = "requests",
 ) -> dict[str, Any]:
     """Run every request (one at a time, in order) and return the recorded computation document.
@@ -89,7 +88,7 @@ def record(
     for request in progress.tracked(requests, "recording requests", unit="request"):
         reused = _longest_proper_prefix(retained, request.prompt_ids)
         prefix = None if reused is None else retained.pop(reused)
-        generation = generate(execution, [request], prefix, timing=timing, reference=reference)
+        generation = generate_stepwise(execution, [request], prefix, reference=reference)
         (response,) = generation.responses
         (computed,) = generation.state.prefixes()
         retained.setdefault(computed, generation.state)

@@ -4,7 +4,7 @@ The selection rule of a row is a function of its logits and three integers: the
 policy's `seed`, the request's stream (from the SHA-256 of its request id) and the
 index of the id being selected (0 for the id the prefill's logits select). The draw
 reads no other state, so a request selects the same ids alone or in a batch, in
-`generate`'s loop or step timing, and in the InferenceEngine.
+`generate` or `generate_stepwise`, and in the InferenceEngine.
 
 Filters apply in the order temperature, top-k, top-p, as Hugging Face's warpers do.
 Neither filter splits a tie: every id whose value equals the last kept one is

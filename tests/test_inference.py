@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference.execution import CAPACITY_STEP, ModelExecution, bucket, capacity_bucket, decode, prefill
-from inference.generation import generate
+from inference.generation import generate, generate_stepwise
 from inference.policy import GenerationPolicy, InferenceRequest
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.errors import ApiError
@@ -82,8 +82,8 @@ def test_cached_decode_matches_full_prefix_recompute_at_every_step(execution, ba
 
 def test_loop_and_step_timing_select_the_same_ids(gpt):
     batch = requests([5, 11, 3])
-    loop = generate(gpt, batch, timing="loop")
-    step = generate(gpt, batch, timing="step")
+    loop = generate(gpt, batch)
+    step = generate_stepwise(gpt, batch)
     assert [r.output_ids for r in loop.responses] == [r.output_ids for r in step.responses]
     assert loop.state.prefixes() == step.state.prefixes()
     assert [c.measurement_boundary for c in step.responses[0].computations] != [
@@ -177,8 +177,8 @@ def test_rows_stop_at_their_own_budget_and_at_context_capacity(gpt):
 def test_turn_end_stops_the_row_and_is_selected_but_not_published(gpt):
     lm_bias = jnp.zeros_like(gpt.weights.lm_bias).at[TURN_END_ID].set(1e4)
     ending = dataclasses.replace(gpt, weights=gpt.weights.replace(lm_bias=lm_bias))
-    for timing in ("loop", "step"):
-        (response,) = generate(ending, requests([8]), timing=timing).responses
+    for run in (generate, generate_stepwise):
+        (response,) = run(ending, requests([8])).responses
         assert response.output_ids == (TURN_END_ID,) and response.published_ids == ()
         outcome = response.outcome
         assert (outcome.selected_tokens, outcome.published_tokens, outcome.unused_budget) == (1, 0, 7)
@@ -186,7 +186,7 @@ def test_turn_end_stops_the_row_and_is_selected_but_not_published(gpt):
 
 
 def test_observing_a_step_records_every_operation_of_that_step(gpt):
-    (response,) = generate(gpt, requests([4]), observe_step=2).responses
+    (response,) = generate_stepwise(gpt, requests([4]), observe_step=2).responses
     observations = response.observations
     operations = {o.operation for o in observations}
     assert {"Embedding", "PositionEncoding", "Normalization", "Attention", "ResidualAddition", "FeedForward",
@@ -231,7 +231,7 @@ def test_decode_refuses_unknown_ids_and_a_full_context(gpt):
     with pytest.raises(ApiError, match="max_new_tokens"):
         GenerationPolicy(0)
     with pytest.raises(ApiError, match="observe"):
-        generate(gpt, requests([3]), observe_step=3)
+        generate_stepwise(gpt, requests([3]), observe_step=3)
     with pytest.raises(ApiError, match="empty"):
         prefill(gpt.weights, gpt.architecture, [], identity=IDENTITY)
 

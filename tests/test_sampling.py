@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from inference.execution import ModelExecution
-from inference.generation import generate
+from inference.generation import generate, generate_stepwise
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.sampling import SelectionRule, filtered_logits, select
 from jgpt.architecture import LlamaArchitecture
@@ -102,7 +102,7 @@ def test_a_request_draws_the_same_ids_alone_in_a_batch_and_step_by_step(model):
     assert batched[2].output_ids == alone.output_ids
     assert batched[0].output_ids == generate(model, [batch[0]]).responses[0].output_ids  # greedy rows stay greedy
     streamed = []
-    stepwise = generate(model, [request], on_select=lambda row, token: streamed.append(token)).responses[0]
+    stepwise = generate_stepwise(model, [request], on_select=lambda row, token: streamed.append(token)).responses[0]
     assert stepwise.output_ids == alone.output_ids == tuple(streamed)
     assert generate(model, [sample("me", seed=8)]).responses[0].output_ids != alone.output_ids
     assert generate(model, [sample("you", seed=7)]).responses[0].output_ids != alone.output_ids
