@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from jgpt import validation
 from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
-from kvsim import fields
 from kvsim.cache_run import load_json
 from kvsim.compute_service import (
     CALIBRATED,
@@ -82,31 +82,31 @@ def load_measured_run(path: Path, field: str) -> MeasuredRun:
 
 
 def read_measured_run(value: Any, sha256: str, field: str = "measured") -> MeasuredRun:
-    top = fields.loose_mapping(
+    top = validation.loose_mapping(
         value,
         field,
         {"format", "version", "execution", "machine", "system", "engine", "workload", "computations", "works",
          "requests", "totals", "kv_bytes_per_position"},
     )  # fmt: skip
-    kv_bytes = fields.integer(top["kv_bytes_per_position"], f"{field}.kv_bytes_per_position")
+    kv_bytes = validation.integer(top["kv_bytes_per_position"], f"{field}.kv_bytes_per_position")
     if top["format"] != FORMAT:
         raise ApiError(f"{field}.format", f"expected {FORMAT!r}, got {top['format']!r}")
     if top["version"] != VERSION:
         raise ApiError(f"{field}.version", f"kvsim reads version {VERSION}, got {top['version']!r}")
-    execution = fields.loose_mapping(top["execution"], f"{field}.execution", {"backend"})
-    fields.loose_mapping(execution["backend"], f"{field}.execution.backend", set())
-    fields.loose_mapping(top["machine"], f"{field}.machine", set())
+    execution = validation.loose_mapping(top["execution"], f"{field}.execution", {"backend"})
+    validation.loose_mapping(execution["backend"], f"{field}.execution.backend", set())
+    validation.loose_mapping(top["machine"], f"{field}.machine", set())
     system = parse_system(top["system"], f"{field}.system")
-    engine = fields.loose_mapping(
+    engine = validation.loose_mapping(
         top["engine"], f"{field}.engine", {"slot_capacity", "prefill_window_buckets", "decode_batch_buckets"}
     )
-    requests = fields.loose_mapping(top["requests"], f"{field}.requests", set())
+    requests = validation.loose_mapping(top["requests"], f"{field}.requests", set())
     for request_id, outcome in requests.items():
         names = ("arrival_us", "prompt_positions", "selected_tokens")
-        outcome = fields.loose_mapping(outcome, f"{field}.requests.{request_id}", set(names))
+        outcome = validation.loose_mapping(outcome, f"{field}.requests.{request_id}", set(names))
         for name in names:
-            fields.integer(outcome[name], f"{field}.requests.{request_id}.{name}")
-    works = tuple(_work(w, f"{field}.works[{i}]") for i, w in enumerate(fields.array(top["works"], f"{field}.works")))
+            validation.integer(outcome[name], f"{field}.requests.{request_id}.{name}")
+    works = tuple(_work(w, f"{field}.works[{i}]") for i, w in enumerate(validation.array(top["works"], f"{field}.works")))
     for index, work in enumerate(works):
         if unknown := [r for r in work["request_ids"] if r not in requests]:
             raise ApiError(f"{field}.works[{index}].request_ids", f"request {unknown[0]!r} is not in {field}.requests")
@@ -119,48 +119,48 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
         sha256=sha256,
         works=works,
         retained_bytes_per_position=kv_bytes if system.kv_cache.retention_policy == "lru" else 0,
-        slot_rows=fields.integer(engine["slot_rows"], f"{field}.engine.slot_rows", 1) if "slot_rows" in engine else None,
-        slot_capacity=fields.integer(engine["slot_capacity"], f"{field}.engine.slot_capacity", 1),
-        prefill_window_buckets=tuple(fields.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)),
-        decode_batch_buckets=tuple(fields.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)),
+        slot_rows=validation.integer(engine["slot_rows"], f"{field}.engine.slot_rows", 1) if "slot_rows" in engine else None,
+        slot_capacity=validation.integer(engine["slot_capacity"], f"{field}.engine.slot_capacity", 1),
+        prefill_window_buckets=tuple(validation.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)),
+        decode_batch_buckets=tuple(validation.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)),
     )
 
 
 def _check_totals(value: Any, field: str) -> None:
     """The totals a prediction is compared with: latency percentiles, hit rates, compute busy time."""
-    totals = fields.loose_mapping(value, field, {"latency_us", "hit_rate_device", "hit_rate_host", "token_hit_rate",
+    totals = validation.loose_mapping(value, field, {"latency_us", "hit_rate_device", "hit_rate_host", "token_hit_rate",
                                                  "compute_busy_us"})  # fmt: skip
-    latency = fields.loose_mapping(totals["latency_us"], f"{field}.latency_us", {"ttft", "tpot", "e2e"})
+    latency = validation.loose_mapping(totals["latency_us"], f"{field}.latency_us", {"ttft", "tpot", "e2e"})
     for name in ("ttft", "tpot", "e2e"):
-        percentiles = fields.loose_mapping(latency[name], f"{field}.latency_us.{name}", {"p50", "p90"})
+        percentiles = validation.loose_mapping(latency[name], f"{field}.latency_us.{name}", {"p50", "p90"})
         for p in ("p50", "p90"):
             _optional_number(percentiles[p], f"{field}.latency_us.{name}.{p}")
     for name in ("hit_rate_device", "hit_rate_host", "token_hit_rate"):
         _optional_number(totals[name], f"{field}.{name}")
-    fields.integer(totals["compute_busy_us"], f"{field}.compute_busy_us")
+    validation.integer(totals["compute_busy_us"], f"{field}.compute_busy_us")
 
 
 def _optional_number(value: Any, field: str) -> None:
     if value is not None:
-        fields.number(value, field)
+        validation.number(value, field)
 
 
 def _work(value: Any, field: str) -> dict:
-    work = fields.loose_mapping(
+    work = validation.loose_mapping(
         value,
         field,
         {"kind", "request_ids", "rows", "executed_rows", "window", "reused_positions", "matmul_flops",
          "logical_memory_bytes", "bytes", "start_us", "end_us", "wall_us"},
     )  # fmt: skip
-    fields.string(work["kind"], f"{field}.kind", WORK_KINDS)
-    request_ids = fields.array(work["request_ids"], f"{field}.request_ids")
+    validation.string(work["kind"], f"{field}.kind", WORK_KINDS)
+    request_ids = validation.array(work["request_ids"], f"{field}.request_ids")
     if not request_ids:  # every work is done for some request: the fit reads when its requests arrived
         raise ApiError(f"{field}.request_ids", "must name at least one request")
     for index, request_id in enumerate(request_ids):
-        fields.string(request_id, f"{field}.request_ids[{index}]")
+        validation.string(request_id, f"{field}.request_ids[{index}]")
     for name in ("rows", "executed_rows", "window", "reused_positions", "matmul_flops", "logical_memory_bytes", "bytes",
                  "start_us", "end_us", "wall_us"):  # fmt: skip
-        fields.integer(work[name], f"{field}.{name}")
+        validation.integer(work[name], f"{field}.{name}")
     return work
 
 
@@ -477,9 +477,9 @@ def _round(value: float) -> float | int:
 
 def read_service(value: Any, field: str = "--service") -> dict:
     """A system fragment as calibrate writes it; its parts are checked in full when merged into a system."""
-    fragment = fields.mapping(value, field, set(), {"compute_service", "transfer", "calibration"})
+    fragment = validation.mapping(value, field, set(), {"compute_service", "transfer", "calibration"})
     for name, part in fragment.items():
-        fields.loose_mapping(part, f"{field}.{name}", set())
+        validation.loose_mapping(part, f"{field}.{name}", set())
     return fragment
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from jgpt import validation
 from jgpt.errors import ApiError
-from kvsim import fields
 
 ROOFLINE, CALIBRATED = "roofline", "calibrated"
 PREFILL, DECODE = "prefill", "decode"
@@ -180,12 +180,12 @@ def executed(buckets: tuple[int, ...], n: int) -> int:
 def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | CalibratedComputeService:
     model = _model(value, field)
     if model == ROOFLINE:
-        compute = fields.mapping(value, field, {"compute_flops_per_us", "memory_bytes_per_us"}, {"model"})
+        compute = validation.mapping(value, field, {"compute_flops_per_us", "memory_bytes_per_us"}, {"model"})
         return ComputeServiceConfig(
-            compute_flops_per_us=fields.positive_rate(compute["compute_flops_per_us"], f"{field}.compute_flops_per_us"),
-            memory_bytes_per_us=fields.positive_rate(compute["memory_bytes_per_us"], f"{field}.memory_bytes_per_us"),
+            compute_flops_per_us=validation.positive_rate(compute["compute_flops_per_us"], f"{field}.compute_flops_per_us"),
+            memory_bytes_per_us=validation.positive_rate(compute["memory_bytes_per_us"], f"{field}.memory_bytes_per_us"),
         )
-    top = fields.mapping(
+    top = validation.mapping(
         value,
         field,
         {"model", "prefill", "decode", "step_overhead_us", "after_idle_min_us", "slot_capacity",
@@ -195,9 +195,9 @@ def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | Cali
     return CalibratedComputeService(
         prefill=_work_terms(top["prefill"], f"{field}.prefill", PREFILL),
         decode=_work_terms(top["decode"], f"{field}.decode", DECODE),
-        step_overhead_us=fields.number(top["step_overhead_us"], f"{field}.step_overhead_us"),
-        after_idle_min_us=fields.number(top["after_idle_min_us"], f"{field}.after_idle_min_us"),
-        slot_capacity=fields.integer(top["slot_capacity"], f"{field}.slot_capacity", 1),
+        step_overhead_us=validation.number(top["step_overhead_us"], f"{field}.step_overhead_us"),
+        after_idle_min_us=validation.number(top["after_idle_min_us"], f"{field}.after_idle_min_us"),
+        slot_capacity=validation.integer(top["slot_capacity"], f"{field}.slot_capacity", 1),
         prefill_window_buckets=_buckets(top["prefill_window_buckets"], f"{field}.prefill_window_buckets"),
         decode_batch_buckets=_buckets(top["decode_batch_buckets"], f"{field}.decode_batch_buckets"),
         finish=_finish_terms(top["finish"], f"{field}.finish") if "finish" in top else None,
@@ -206,12 +206,12 @@ def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | Cali
 
 def parse_transfer(value: Any, field: str) -> StateTransferConfig | CalibratedTransfer:
     if _model(value, field) == ROOFLINE:
-        transfer = fields.mapping(value, field, {"link_bytes_per_us", "link_latency_us"}, {"model"})
+        transfer = validation.mapping(value, field, {"link_bytes_per_us", "link_latency_us"}, {"model"})
         return StateTransferConfig(
-            link_bytes_per_us=fields.positive_rate(transfer["link_bytes_per_us"], f"{field}.link_bytes_per_us"),
-            link_latency_us=fields.number(transfer["link_latency_us"], f"{field}.link_latency_us"),
+            link_bytes_per_us=validation.positive_rate(transfer["link_bytes_per_us"], f"{field}.link_bytes_per_us"),
+            link_latency_us=validation.number(transfer["link_latency_us"], f"{field}.link_latency_us"),
         )
-    top = fields.mapping(value, field, {"model", DEVICE_TO_HOST, HOST_TO_DEVICE}, {"blocks_compute"})
+    top = validation.mapping(value, field, {"model", DEVICE_TO_HOST, HOST_TO_DEVICE}, {"blocks_compute"})
     blocks = top.get("blocks_compute", False)
     if not isinstance(blocks, bool):
         raise ApiError(f"{field}.blocks_compute", f"expected true or false, got {blocks!r}")
@@ -222,35 +222,35 @@ def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService
     """The normalized form; a roofline is written exactly as before the calibrated model existed."""
     if isinstance(config, ComputeServiceConfig):
         return {
-            "compute_flops_per_us": fields.json_number(config.compute_flops_per_us),
-            "memory_bytes_per_us": fields.json_number(config.memory_bytes_per_us),
+            "compute_flops_per_us": validation.json_number(config.compute_flops_per_us),
+            "memory_bytes_per_us": validation.json_number(config.memory_bytes_per_us),
         }
     written = {
         "model": CALIBRATED,
         "prefill": _work_terms_json(config.prefill, PREFILL),
         "decode": _work_terms_json(config.decode, DECODE),
-        "step_overhead_us": fields.json_number(config.step_overhead_us),
-        "after_idle_min_us": fields.json_number(config.after_idle_min_us),
+        "step_overhead_us": validation.json_number(config.step_overhead_us),
+        "after_idle_min_us": validation.json_number(config.after_idle_min_us),
         "slot_capacity": config.slot_capacity,
         "prefill_window_buckets": list(config.prefill_window_buckets),
         "decode_batch_buckets": list(config.decode_batch_buckets),
     }
     if config.finish is not None:  # written only when given, so an older fragment's records keep their bytes
         finish = config.finish
-        written["finish"] = {"fixed_us": fields.json_number(finish.fixed_us), "per_byte_us": fields.json_number(finish.per_byte_us)}
+        written["finish"] = {"fixed_us": validation.json_number(finish.fixed_us), "per_byte_us": validation.json_number(finish.per_byte_us)}
     return written
 
 
 def transfer_json(config: StateTransferConfig | CalibratedTransfer) -> dict:
     if isinstance(config, StateTransferConfig):
         return {
-            "link_bytes_per_us": fields.json_number(config.link_bytes_per_us),
-            "link_latency_us": fields.json_number(config.link_latency_us),
+            "link_bytes_per_us": validation.json_number(config.link_bytes_per_us),
+            "link_latency_us": validation.json_number(config.link_latency_us),
         }
     return (
         {"model": CALIBRATED}
         | {
-            direction: {"latency_us": fields.json_number(t.latency_us), "per_byte_us": fields.json_number(t.per_byte_us)}
+            direction: {"latency_us": validation.json_number(t.latency_us), "per_byte_us": validation.json_number(t.per_byte_us)}
             for direction, t in ((DEVICE_TO_HOST, config.device_to_host), (HOST_TO_DEVICE, config.host_to_device))
         }
         | {"blocks_compute": config.blocks_compute}
@@ -259,8 +259,8 @@ def transfer_json(config: StateTransferConfig | CalibratedTransfer) -> dict:
 
 def _model(value: Any, field: str) -> str:
     if not isinstance(value, dict):
-        fields.mapping(value, field, set())
-    return fields.string(value.get("model", ROOFLINE), f"{field}.model", (ROOFLINE, CALIBRATED))
+        validation.mapping(value, field, set())
+    return validation.string(value.get("model", ROOFLINE), f"{field}.model", (ROOFLINE, CALIBRATED))
 
 
 def term_names(phase: str) -> tuple[str, ...]:
@@ -270,27 +270,27 @@ def term_names(phase: str) -> tuple[str, ...]:
 
 def _work_terms(value: Any, field: str, phase: str) -> WorkTerms:
     names = term_names(phase)
-    terms = fields.mapping(value, field, set(names))
-    parse = {name: fields.number for name in names} | {SIZE_TERMS[DECODE]: _batch_times}
+    terms = validation.mapping(value, field, set(names))
+    parse = {name: validation.number for name in names} | {SIZE_TERMS[DECODE]: _batch_times}
     return WorkTerms(*(parse[name](terms[name], f"{field}.{name}") for name in names))
 
 
 def _work_terms_json(terms: WorkTerms, phase: str) -> dict:
     values = (terms.fixed_us, terms.size_us, terms.per_slot_us, terms.per_flop_us, terms.per_byte_us, terms.after_idle_us)
     return {
-        name: {str(rows): fields.json_number(t) for rows, t in v} if isinstance(v, tuple) else fields.json_number(v)
+        name: {str(rows): validation.json_number(t) for rows, t in v} if isinstance(v, tuple) else validation.json_number(v)
         for name, v in zip(term_names(phase), values, strict=True)
     }
 
 
 def _finish_terms(value: Any, field: str) -> FinishTerms:
-    terms = fields.mapping(value, field, {"fixed_us", "per_byte_us"})
-    return FinishTerms(*(fields.number(terms[name], f"{field}.{name}") for name in ("fixed_us", "per_byte_us")))
+    terms = validation.mapping(value, field, {"fixed_us", "per_byte_us"})
+    return FinishTerms(*(validation.number(terms[name], f"{field}.{name}") for name in ("fixed_us", "per_byte_us")))
 
 
 def _batch_times(value: Any, field: str) -> tuple[tuple[int, Fraction], ...]:
     """{"rows": time, ...}: rows a decimal integer >= 2 (a one-row step is the fixed time), written ascending."""
-    times = fields.loose_mapping(value, field, set())
+    times = validation.loose_mapping(value, field, set())
     rows = []
     for key in times:
         if not (key.isascii() and key.isdigit() and not key.startswith("0") and int(key) >= 2):
@@ -298,19 +298,19 @@ def _batch_times(value: Any, field: str) -> tuple[tuple[int, Fraction], ...]:
         rows.append(int(key))
     if rows != sorted(rows):
         raise ApiError(field, f"batch sizes must be ascending, got {list(times)}")
-    return tuple((int(key), fields.number(time, f"{field}.{key}")) for key, time in times.items())
+    return tuple((int(key), validation.number(time, f"{field}.{key}")) for key, time in times.items())
 
 
 def _link_terms(value: Any, field: str) -> LinkTerms:
-    terms = fields.mapping(value, field, {"latency_us", "per_byte_us"})
+    terms = validation.mapping(value, field, {"latency_us", "per_byte_us"})
     return LinkTerms(
-        fields.number(terms["latency_us"], f"{field}.latency_us"),
-        fields.number(terms["per_byte_us"], f"{field}.per_byte_us"),
+        validation.number(terms["latency_us"], f"{field}.latency_us"),
+        validation.number(terms["per_byte_us"], f"{field}.per_byte_us"),
     )
 
 
 def _buckets(value: Any, field: str) -> tuple[int, ...]:
-    buckets = fields.integers(value, field, minimum=1)
+    buckets = validation.integers(value, field, minimum=1)
     if not buckets:
         raise ApiError(field, "needs at least one bucket")
     if any(a >= b for a, b in zip(buckets, buckets[1:])):
