@@ -99,8 +99,7 @@ def run_lab(
     """
     lab.refuse_if_planned()
     out = Path(out)
-    if out.exists() and not (out / RECORD).is_file() and any(out.iterdir()):
-        raise ApiError("out", f"{out} is a non-empty directory without a lab record; choose another")
+    _check_replaceable(out)
     defaults = defaults or generation_defaults()
     workload = lab.workload or defaults.workload
     arms = [(arm.label, resolve(arm.execution, defaults.execution)) for arm in lab.arms()]
@@ -193,6 +192,38 @@ def run_lab(
         stage.mkdir()  # for the context manager to remove
     written = sorted(path for path in out.rglob("*") if path.is_file())
     return LabRun(record, out, tuple(written))
+
+
+def _check_replaceable(out: Path) -> None:
+    """`out` may be missing, empty, or an earlier run's directory holding only what a run writes (its record,
+    the files the record names, summary, report, plots), which the new run replaces whole. Anything else there
+    (a foreign record.json, a person's own file beside a run's) would be deleted with it: refused."""
+    if not out.exists() or (out.is_dir() and not out.is_symlink() and not any(out.iterdir())):
+        return
+    refused = ApiError("out", f"{out} is a non-empty directory that is not a lab run's (or holds other files); "
+                              "choose another")
+    if out.is_symlink() or not (out / RECORD).is_file():
+        raise refused
+    try:
+        record = parse_json(read_bytes(out / RECORD, "out"), "out")
+    except ApiError:
+        raise refused from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise refused
+    written = {RECORD, "summary.json", "report.html", *_named_paths(record)}
+    for entry in out.iterdir():
+        plots = entry.name == "plots" and entry.is_dir() and not entry.is_symlink()
+        if not (plots and all(p.suffix == ".png" and p.is_file() for p in entry.iterdir())
+                or entry.name in written and entry.is_file() and not entry.is_symlink()):
+            raise refused
+
+
+def _named_paths(value: Any) -> list[str]:
+    """Every file entry's `path` in a record (recordings, cache runs, measured runs, calibration runs)."""
+    if isinstance(value, dict):
+        own = [value["path"]] if isinstance(value.get("path"), str) else []
+        return own + [path for child in value.values() for path in _named_paths(child)]
+    return [path for child in value for path in _named_paths(child)] if isinstance(value, list) else []
 
 
 def resolve(execution: ExecutionSpec, defaults: ExecutionSpec) -> ExecutionSpec:

@@ -37,9 +37,7 @@ class GenerationPolicy:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        n = self.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ApiError("max_new_tokens", f"must be a positive integer, got {n!r}")
+        _check_integer("max_new_tokens", self.max_new_tokens, 1, (1 << 31) - 1)  # budgets are int32 on the device
         if self.selection not in SELECTIONS:
             raise ApiError("selection", f"unsupported rule {self.selection!r}; supported: {', '.join(SELECTIONS)}")
         if self.stopping != STOPPING:

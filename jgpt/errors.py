@@ -91,6 +91,9 @@ def run_guarded(prog: str, command: Callable[[], int | None]) -> int:
     except BrokenPipeError:  # `jgpt ... | head` stopped reading: end quietly, as a SIGPIPE death would
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail too
         return 128 + signal.SIGPIPE
+    except OSError as error:  # the system refused a file the command named (read-only, full, no permission)
+        print(f"{prog}: error: {one_line(f'{error.filename or prog}: {error.strerror or error}')}", file=sys.stderr)
+        return 2
     finally:
         if main_thread:  # None: the previous handler was not set from Python, so it was the default
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

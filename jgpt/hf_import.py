@@ -132,7 +132,11 @@ class _Tensors:
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._tensors:
             raise ApiError("safetensors", f"the model files hold no tensor {name!r}")
-        return np.asarray(self._tensors[name], dtype=np.float32)
+        with np.errstate(over="ignore"):  # a float64 past float32's range becomes an infinity, refused below
+            tensor = np.asarray(self._tensors[name], dtype=np.float32)
+        if not np.isfinite(tensor).all():
+            raise ApiError(f"safetensors:{name}", "holds a value that is not a finite float32 number")
+        return tensor
 
     def stacked(self, layers: int, name: Callable[[int], str], transpose: bool = False) -> np.ndarray:
         return np.stack([self[name(i)].T if transpose else self[name(i)] for i in range(layers)])

@@ -8,17 +8,23 @@ import (no jax): kvsim and the command line use it.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
+import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from jgpt.errors import ApiError
 
 REPOSITORY = Path(__file__).resolve().parent.parent
+
+# Bytes of one input read whole. JSON decodes to several times its size in memory, so a file past
+# this is not one a command can use; a pipe that never ends (`yes |`) stops here, not in MemoryError.
+READ_LIMIT = 1 << 30
 
 
 def canonical_json(value: Any) -> bytes:
@@ -58,23 +64,49 @@ def source_hashes(packages: Iterable[str]) -> dict[str, str]:
 
 
 def read_bytes(path: str | os.PathLike, field: str) -> bytes:
-    """A file's bytes; a missing or unreadable file is an ApiError naming `field` and the path."""
+    """A file's bytes, or a pipe's up to READ_LIMIT; a missing or unreadable file, a device (`/dev/zero`
+    never ends) or anything larger is an ApiError naming `field` and the path."""
     try:
-        return Path(path).read_bytes()
+        with open(path, "rb") as file:
+            status = os.fstat(file.fileno())
+            if not (stat.S_ISREG(status.st_mode) or stat.S_ISFIFO(status.st_mode)):
+                raise ApiError(field, f"cannot read {path}: not a file or a pipe")
+            if status.st_size > READ_LIMIT:
+                raise ApiError(field, f"cannot read {path}: larger than {READ_LIMIT} bytes")
+            # read(n) allocates n bytes up front: a pipe is read a chunk at a time up to the limit
+            data = file.read() if stat.S_ISREG(status.st_mode) else b"".join(_chunks(file, READ_LIMIT + 1))
     except OSError as error:
         raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
+    except MemoryError:
+        raise ApiError(field, f"cannot read {path}: larger than this machine's free memory") from None
+    if len(data) > READ_LIMIT:
+        raise ApiError(field, f"cannot read {path}: larger than {READ_LIMIT} bytes")
+    return data
+
+
+def _chunks(file: io.BufferedReader, limit: int) -> Iterator[bytes]:
+    while limit > 0 and (chunk := file.read1(min(limit, 1 << 20))):
+        limit -= len(chunk)
+        yield chunk
 
 
 def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> None:
-    """Write next to the target, then rename: a reader never sees half a file."""
+    """Write next to the target, then rename: a reader never sees half a file, and a write the system
+    refuses (a full disk, a read-only directory) leaves the old file as it was and names the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # The name cut short: a target of 255 bytes (NAME_MAX) is writable, its temporary name must be too.
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
+    except OSError as error:
+        raise ApiError(str(path), f"cannot write: {error.strerror}") from None
     try:
         with os.fdopen(descriptor, "wb") as stream:
             stream.writelines([data] if isinstance(data, bytes) else data)
         os.chmod(temporary, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise ApiError(str(path), f"cannot write: {error.strerror}") from None
         raise

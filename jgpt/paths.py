@@ -4,7 +4,8 @@ A manifest, a safetensors index or a lab record names its files by relative path
 One that is absolute, climbs out with `..`, or reaches outside through a symlink
 would let a crafted file read, or probe for, anything on the machine. `confined`
 refuses all of them by looking at the text first, so the refusal reads the same
-whether or not the target exists. Cheap to import (no jax).
+whether or not the target exists. Inside the directory, a FIFO, device or socket is
+refused too. Cheap to import (no jax).
 """
 
 from __future__ import annotations
@@ -29,4 +30,6 @@ def confined(base: str | os.PathLike, relative: Any, field: str) -> Path:
     target = (root / PurePosixPath(relative)).resolve()  # follows symlinks, dangling ones too
     if not target.is_relative_to(root):
         raise ApiError(field, f"{relative!r} leads outside its directory through a symbolic link")
+    if target.exists() and not (target.is_file() or target.is_dir()):  # a FIFO would block its reader, a device never end
+        raise ApiError(field, f"{relative!r} is neither a file nor a directory")
     return target

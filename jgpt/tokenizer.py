@@ -41,6 +41,7 @@ from jgpt.encoding import Encoding, Span, control_span, text_spans
 from jgpt.errors import ApiError, library_failure
 from jgpt.identity import read_bytes, sha256_json, write_atomically
 from jgpt.json_input import parse_json
+from jgpt.validation import LIMIT
 
 ROLES = ("system", "user", "assistant")
 BYTE_COUNT = 256
@@ -161,8 +162,8 @@ class Tokenizer:
         if not isinstance(vocab_size, int) or vocab_size < FIRST_MERGE_ID:
             raise ApiError("vocab_size", f"must be an integer >= {FIRST_MERGE_ID} (bytes plus control tokens), "
                                          f"got {vocab_size!r}")
-        if not isinstance(min_frequency, int) or min_frequency < 1:
-            raise ApiError("min_frequency", f"must be a positive integer, got {min_frequency!r}")
+        if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or not 1 <= min_frequency <= LIMIT:
+            raise ApiError("min_frequency", f"must be an integer in [1, 2^53], got {min_frequency!r}")
         learner = tokenizers.Tokenizer(tokenizers.models.BPE())
         learner.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         trainer = tokenizers.trainers.BpeTrainer(

@@ -247,3 +247,21 @@ def test_import_hf_refuses_a_config_past_the_parameter_limit(hf, tmp_path):
     (model / "config.json").write_text(json.dumps({**config, "n_layer": DIMENSION_LIMIT, "n_embd": 4096, "n_head": 32}))
     assert "more than jgpt's limit" in assert_refused(["import-hf", model, "--out", tmp_path / "out"], watch=[tmp_path],
                                                       field="config.json")
+
+
+@FUZZ
+@given(tensor=st.sampled_from(["wte.weight", "wpe.weight", "ln_f.bias", "h.0.attn.c_attn.weight", "h.0.mlp.c_proj.bias"]),
+       at=st.integers(0, 3), value=st.sampled_from([math.nan, math.inf, -math.inf, 1e39, -3.5e38]))
+def test_import_hf_refuses_weights_that_are_not_finite_naming_the_tensor(hf, tmp_path_factory, tensor, at, value):
+    """NaN, an infinity or a float64 past float32's range imported as an artifact whose every logit was NaN."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    model = tmp_path_factory.mktemp("weights") / "model"
+    shutil.copytree(hf, model)
+    tensors = {name: array.astype(np.float64) for name, array in load_file(model / "model.safetensors").items()}
+    tensors[f"transformer.{tensor}"].flat[at] = value
+    save_file(tensors, str(model / "model.safetensors"))
+    out = model.parent / "artifact"
+    line = assert_refused(["import-hf", model, "--out", out], inputs=[model / "model.safetensors"], watch=[model.parent])
+    assert f": safetensors:{tensor}: holds a value that is not a finite float32 number" in line, line

@@ -57,6 +57,21 @@ def test_path_confinement_follows_symlinks_and_refuses_those_leading_out(tmp_pat
     assert confined(base, "in-link/x", "f") == (base / "inside" / "x").resolve()
 
 
+def test_path_confinement_refuses_a_fifo_or_device_inside_the_directory(tmp_path):
+    """A FIFO named as a tokenizer file would block its reader for ever; a link to /dev/zero never ends."""
+    base = tmp_path / "base"
+    base.mkdir()
+    os.mkfifo(base / "tokenizer.json")
+    (base / "zeros").symlink_to("/dev/zero")
+    (base / "dev").symlink_to("/dev")
+    with pytest.raises(ApiError, match=r"^assets\[0\].path: 'tokenizer.json' is neither a file nor a directory"):
+        confined(base, "tokenizer.json", "assets[0].path")
+    with pytest.raises(ApiError, match="symbolic link"):  # outside first: /dev/zero is not in base
+        confined(base, "zeros", "f")
+    (base / "weights").mkdir()
+    assert confined(base, "weights", "f").is_dir()
+
+
 @FUZZ
 @given(relative=st.lists(st.sampled_from(["a", "/", ".", "..", "\\", "b/", "link/", "sub/", "\x00"]), max_size=8).map("".join))
 def test_path_confinement_any_accepted_path_resolves_inside(tmp_path_factory, relative):

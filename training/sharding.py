@@ -38,7 +38,16 @@ def initialize_distributed() -> None:
     if count is None or index is None:
         jax.distributed.initialize()  # the process count and id come from the detected cluster
     else:
-        jax.distributed.initialize(num_processes=int(count), process_id=int(index))
+        processes, process = _environment_integer(PROCESSES_ENV, count, 1), _environment_integer(PROCESS_ID_ENV, index, 0)
+        if process >= processes:
+            raise ApiError(PROCESS_ID_ENV, f"{process} is not below {PROCESSES_ENV}={processes}")
+        jax.distributed.initialize(num_processes=processes, process_id=process)
+
+
+def _environment_integer(name: str, value: str, minimum: int) -> int:
+    if not value.isascii() or not value.isdigit() or not minimum <= int(value) < 1 << 20:  # 2^20: no cluster is larger
+        raise ApiError(name, f"must be an integer in [{minimum}, 2^20), got {value!r}")
+    return int(value)
 
 
 def data_mesh() -> Mesh:

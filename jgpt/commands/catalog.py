@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jgpt.catalog import DEFAULT_CATALOG, DEFAULT_ROLE, add_model, describe, read_catalog, write_catalog
 from jgpt.command_line import ArgumentParser
-from jgpt.errors import ApiError
+from jgpt.errors import ApiError, one_line
 
 EXAMPLES = """\
 examples:
@@ -44,9 +44,10 @@ def _table(catalog) -> str:
         a = m.architecture
         shape = f"{a.get('position')}/{a.get('normalization')} L{a.get('layers')} C{a.get('width')} V{a.get('vocabulary')}"
         rows.append((m.id, m.role or "", f"{m.parameters:,}", shape, m.weights["sha256"][:12], m.label))
+    rows = [tuple(map(one_line, row)) for row in rows]  # a crafted label must not send escapes to the terminal
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    return "\n".join([f"{catalog.path} (storage {catalog.base_url})", *lines])
+    return "\n".join([one_line(f"{catalog.path} (storage {catalog.base_url})"), *lines])
 
 
 def _check_addition(args: argparse.Namespace) -> None:

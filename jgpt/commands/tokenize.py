@@ -14,6 +14,7 @@ from jgpt.limits import VOCABULARY_LIMIT, bounded
 from jgpt.output_paths import output_file
 from jgpt.span_table import render
 from jgpt.tokenizer import FIRST_MERGE_ID, ROLES, Tokenizer, Turn, turns_from_json
+from jgpt.validation import LIMIT
 
 EXAMPLES = """\
 examples:
@@ -75,8 +76,7 @@ def train(args: argparse.Namespace) -> int:
     if args.vocab_size is None or args.out is None:
         raise ApiError("train", "--train needs --vocab-size N and --out FILE")
     bounded(args.vocab_size, "--vocab-size", FIRST_MERGE_ID, VOCABULARY_LIMIT)
-    if args.min_frequency < 1:
-        raise ApiError("--min-frequency", f"must be a positive integer, got {args.min_frequency}")
+    bounded(args.min_frequency, "--min-frequency", 1, LIMIT)  # the trainer's count is an unsigned 64-bit integer
     output_file(args.out, "--out", [args.train])
     corpus = read_text(args.train, "train")
     tokenizer = Tokenizer.train(corpus.splitlines(keepends=True), args.vocab_size, min_frequency=args.min_frequency)
