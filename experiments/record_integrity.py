@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jgpt.errors import ApiError
+from jgpt.validation import is_integer, is_number
 from kvsim import read_measured_run, totals
 
 # The measured totals a measured run's per-request outcomes and works determine. The rest
@@ -63,23 +64,21 @@ def check_recording(entry: Mapping[str, Any], document: Any, observations: Any, 
 def _check_inspected(request: Mapping[str, Any], where: str) -> None:
     """The types the report's panels read, so a crafted observations file is refused, not half drawn."""
     n = len(request["tokens"])
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-    integer = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
     shaped = {
         "tokens": all(isinstance(t.get("piece"), str) and isinstance(t.get("kind"), str) for t in request["tokens"]),
         "spans": isinstance(request.get("spans"), list) and all(
-            isinstance(s, dict) and integer(s.get("token_start")) and integer(s.get("token_end"))
-            and 0 <= s["token_start"] <= s["token_end"] <= n and (s.get("turn") is None or integer(s["turn"]))
+            isinstance(s, dict) and is_integer(s.get("token_start")) and is_integer(s.get("token_end"))
+            and 0 <= s["token_start"] <= s["token_end"] <= n and (s.get("turn") is None or is_integer(s["turn"]))
             for s in request["spans"]),
         "predictions": all(
-            p.get("position") == k and number(p.get("next_probability")) and isinstance(p.get("candidates"), list)
-            and all(isinstance(c, dict) and integer(c.get("id")) and isinstance(c.get("piece"), str)
-                    and number(c.get("probability")) for c in p["candidates"])
+            p.get("position") == k and is_number(p.get("next_probability")) and isinstance(p.get("candidates"), list)
+            and all(isinstance(c, dict) and is_integer(c.get("id")) and isinstance(c.get("piece"), str)
+                    and is_number(c.get("probability")) for c in p["candidates"])
             for k, p in enumerate(request["predictions"])),
         "attention": isinstance(request.get("attention"), list) and bool(request["attention"]) and all(
-            isinstance(o, dict) and isinstance(o.get("id"), str) and integer(o.get("layer"))
-            and isinstance(o.get("shape"), list) and len(o["shape"]) >= 2 and all(map(integer, o["shape"]))
-            and o["shape"][0] == n - 1 and _causal(o.get("values"), n - 1, o["shape"][1], number)
+            isinstance(o, dict) and isinstance(o.get("id"), str) and is_integer(o.get("layer"))
+            and isinstance(o.get("shape"), list) and len(o["shape"]) >= 2 and all(map(is_integer, o["shape"]))
+            and o["shape"][0] == n - 1 and _causal(o.get("values"), n - 1, o["shape"][1])
             for o in request["attention"]),
         "observation_ids": isinstance(request.get("observation_ids"), list)
         and all(isinstance(i, str) for i in request["observation_ids"])
@@ -91,11 +90,11 @@ def _check_inspected(request: Mapping[str, Any], where: str) -> None:
         raise ApiError(f"{where}.{wrong}", "do not have the shape and types the report reads")
 
 
-def _causal(values: Any, positions: int, heads: int, number) -> bool:
+def _causal(values: Any, positions: int, heads: int) -> bool:
     """[position][head][slot <= position] numbers, as recording writes attention weights."""
     return isinstance(values, list) and len(values) == positions and all(
         isinstance(row, list) and len(row) == heads
-        and all(isinstance(slots, list) and len(slots) == q + 1 and all(map(number, slots)) for slots in row)
+        and all(isinstance(slots, list) and len(slots) == q + 1 and all(map(is_number, slots)) for slots in row)
         for q, row in enumerate(values))
 
 

@@ -46,6 +46,7 @@ from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
 from jgpt.model import forward
+from jgpt.validation import is_integer
 
 SPECULATIVE = "speculative"  # TokenSelection.decoding of a speculatively decoded id
 MAX_SPECULATE = 16
@@ -150,7 +151,7 @@ def _speculative_loop(
 
 def check_draft(target: ModelExecution, draft: ModelExecution, k: int) -> None:
     """Refuse a draft that does not share the target's tokenizer and vocabulary, or a bad k."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATE:
+    if not is_integer(k) or not 1 <= k <= MAX_SPECULATE:
         raise ApiError("speculate", f"must be an integer in 1..{MAX_SPECULATE}, got {k!r}")
     if draft.identity.tokenizer_sha256 != target.identity.tokenizer_sha256:
         raise ApiError("draft", "has another tokenizer than the target model; a draft must propose the target's ids")

@@ -40,6 +40,7 @@ from jgpt.identity import file_sha256, require_finite, sha256_json
 from jgpt.json_input import read_json
 from jgpt.paths import confined
 from jgpt.tokenizer import Tokenizer
+from jgpt.validation import is_integer
 from jgpt.weights import ModelWeights, abstract_weights, check_weights, parameter_count
 
 FORMAT = "jgpt-artifact-v1"
@@ -270,7 +271,7 @@ def _check_manifest(manifest: Mapping[str, Any]) -> None:
         architecture = architecture_from_json(manifest["architecture"])
     except ApiError as error:
         raise ApiError(f"architecture.{error.field}", error.reason) from None
-    if manifest["parameters"] != parameter_count(architecture) or isinstance(manifest["parameters"], bool):
+    if not is_integer(manifest["parameters"]) or manifest["parameters"] != parameter_count(architecture):
         raise ApiError("parameters", f"must be the architecture's parameter count {parameter_count(architecture)}")
     _provenance_json(manifest["provenance"])
     _require_sha256(manifest["checkpoint_sha256"], "checkpoint_sha256")
@@ -282,7 +283,7 @@ def _check_manifest(manifest: Mapping[str, Any]) -> None:
         if not isinstance(asset, dict) or set(asset) != {"path", "sha256", "bytes"}:
             raise ApiError(f"assets[{n}]", "must be a ModelAsset: an object with exactly path, sha256 and bytes")
         _require_sha256(asset["sha256"], f"assets[{n}].sha256")
-        if isinstance(asset["bytes"], bool) or not isinstance(asset["bytes"], int) or asset["bytes"] < 0:
+        if not is_integer(asset["bytes"]) or asset["bytes"] < 0:
             raise ApiError(f"assets[{n}].bytes", f"must be a non-negative integer, got {asset['bytes']!r}")
 
 

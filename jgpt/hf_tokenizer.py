@@ -51,6 +51,7 @@ from jgpt.tokenizer import (
     describe_piece,
     read_limited,
 )
+from jgpt.validation import is_integer
 
 CODEC_VERSION = "hf-tokenizers/1"
 CONFIG, TEMPLATE = "tokenizer_config.json", "chat_template.jinja"
@@ -299,13 +300,11 @@ def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str
 
     model = bpe_model(spec, reject)
     vocab = model["vocab"]
-    if not all(isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= 0
-               for token_id in vocab.values()):
+    if not all(is_integer(token_id) and token_id >= 0 for token_id in vocab.values()):
         raise reject("vocab ids must be non-negative integers")
     added = spec.get("added_tokens", [])
     if not isinstance(added, list) or not all(
-            isinstance(token, dict) and isinstance(token.get("id"), int) and not isinstance(token["id"], bool)
-            and token["id"] >= 0 and isinstance(token.get("content"), str) and token["content"]
+            isinstance(token, dict) and is_integer(token.get("id")) and token["id"] >= 0 and isinstance(token.get("content"), str) and token["content"]
             and isinstance(token.get("special", False), bool) for token in added):
         raise reject("added_tokens must be a list of objects with an integer id, a content string and a boolean special")
     for n, merge in enumerate(model["merges"]):

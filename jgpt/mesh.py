@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jgpt.errors import ApiError
+from jgpt.validation import is_integer
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
@@ -42,7 +43,7 @@ WEIGHT_ROLES: dict[str, tuple[str | None, ...]] = {
 def mesh(model: int = 1, devices=None) -> Mesh:
     """`devices` (default: every device) as a `data x model` grid; adjacent devices share a model group."""
     devices = jax.devices() if devices is None else list(devices)
-    if isinstance(model, bool) or not isinstance(model, int) or model < 1 or len(devices) % model:
+    if not is_integer(model) or model < 1 or len(devices) % model:
         raise ApiError("model_axis", f"{model!r} does not divide the {len(devices)} devices")
     return Mesh(np.array(devices).reshape(-1, model), (DATA_AXIS, MODEL_AXIS))
 

@@ -63,8 +63,19 @@ def member(field: str, name: str) -> str:
     return f"{field}.{name}" if field else name
 
 
+def is_integer(value: Any) -> bool:
+    """An int that is not a boolean (JSON `true` is not 1): the test behind every integer reader, for checks
+    written as one expression."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int or float that is not a boolean (finiteness is the readers' to check)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def integer(value: Any, field: str, minimum: int | None = 0, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integer(value):
         raise ApiError(field, f"expected an integer, got {kind(value)}")
     if minimum is not None and value < minimum:
         raise ApiError(field, f"must be >= {minimum}, got {value}")
@@ -87,7 +98,7 @@ def positive_rate(value: Any, field: str) -> Fraction:
 
 def number(value: Any, field: str, minimum: Fraction | None = Fraction(0)) -> Fraction:
     """A finite JSON number as the exact rational its lexeme denotes."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise ApiError(field, f"expected a number, got {kind(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ApiError(field, f"must be finite, got {value}")

@@ -41,6 +41,8 @@ from jgpt.validation import (
     Text,
     integer,
     integers,
+    is_integer,
+    is_number,
     json_schema,
     mapping,
     number,
@@ -256,6 +258,13 @@ def test_integer_takes_exactly_the_ints_in_range_never_a_boolean(value, low, hig
         with pytest.raises(ApiError) as refused:
             integer(value, "a.b", low, high)
         assert refused.value.field == "a.b"
+
+
+@given(JSON | st.sampled_from([True, False, 1.5, -3, 0, 2**60]))
+def test_the_predicates_take_ints_and_floats_never_a_boolean(value):
+    # Independent of the implementation: JSON's own types, as json.loads gives them.
+    assert is_integer(value) == (type(value) is int)
+    assert is_number(value) == (type(value) in (int, float))
 
 
 @given(JSON)
