@@ -2,11 +2,11 @@
 
 import sys
 
-from experiments import cli, demo
+from experiments.commands import demo, lab
 from jgpt.cli import exit_now
 from jgpt.errors import run_guarded
 
-COMMANDS = {"lab": cli.main, "report": cli.main, "demo": demo.main}
+COMMANDS = {"lab": lab.main, "report": lab.main, "demo": demo.main}
 
 if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
     print(f"usage: python -m experiments {{{','.join(COMMANDS)}}} ...", file=sys.stderr)

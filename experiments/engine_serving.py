@@ -18,8 +18,8 @@ import functools
 import sys
 from typing import Any
 
-from experiments.recording import resolve_model_id
-from experiments.workload import Workload
+from experiments.lab_recording import resolve_model_id
+from experiments.lab_workload import LabWorkload
 from inference.engine import InferenceEngine
 from inference.execution import ModelExecution
 from inference.measured_run import measured_run
@@ -42,14 +42,14 @@ def model_execution(model_id: str) -> tuple[ModelExecution, Any]:
     return ModelExecution.from_artifact(artifact, tokenizer), tokenizer
 
 
-def served_requests(workload: Workload, computations: dict, generation: dict) -> tuple[InferenceRequest, ...]:
+def served_requests(workload: LabWorkload, computations: dict, generation: dict) -> tuple[InferenceRequest, ...]:
     """The workload's requests with the prompts its recorded computations hold, at their declared arrivals."""
     prompts = {r["request_id"]: tuple(r["prompt_ids"]) for r in computations["requests"]}
     policy = GenerationPolicy.from_json(generation, "generation")
     return tuple(InferenceRequest(r.request_id, prompts[r.request_id], policy, r.arrival_us, r.text) for r in workload.requests)
 
 
-def serve(model_id: str, system_json: dict, workload: Workload, computations: dict, generation: dict, label: str) -> dict:
+def serve(model_id: str, system_json: dict, workload: LabWorkload, computations: dict, generation: dict, label: str) -> dict:
     """The measured-run document of the engine serving `workload` under `system_json`."""
     execution, tokenizer = model_execution(model_id)
     system = parse_system(system_json, "system")

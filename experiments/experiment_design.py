@@ -30,7 +30,7 @@ from typing import Any
 
 from experiments.controls import CONTROLS, chosen, control
 from experiments.experiment_spec import EXECUTION_SPEC, ExecutionSpec, ExperimentSpec
-from experiments.workload import WORKLOAD, Workload, read_workload
+from experiments.lab_workload import WORKLOAD, LabWorkload, read_workload
 from jgpt.errors import ApiError
 from jgpt.json_input import read_json
 from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
@@ -113,9 +113,9 @@ class ExperimentDesign:
     contract: AbstractionContract
     sources: tuple[ExperimentSource, ...]
     evidence: tuple[str, ...]
-    workload: Workload | None = None
+    workload: LabWorkload | None = None
     sweep: tuple[SweepAxis, ...] = ()
-    calibration_workload: Workload | None = None
+    calibration_workload: LabWorkload | None = None
 
     @property
     def planned(self) -> bool:

@@ -42,13 +42,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import kvsim
 from experiments.controls import CONTROLS, chosen
 from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
+from experiments.lab_workload import LabWorkload
 from experiments.record_integrity import check_recording
-from experiments.workload import Workload
 from jgpt import progress
 from jgpt.architecture import architecture_from_json
 from jgpt.errors import ApiError
@@ -108,7 +107,7 @@ def run_lab(
     for _, execution in arms:
         key = _recording_key(execution, workload)
         if key not in recordings:
-            from experiments.recording import record_workload  # jax: only when something runs
+            from experiments.lab_recording import record_workload  # jax: only when something runs
 
             recordings[key] = record_workload(execution, workload)
         keys.append(key)
@@ -176,12 +175,12 @@ def run_lab(
         for name, data in files.items():
             (stage / name).write_bytes(data)
         if plots or report:  # the report embeds the plots
-            from experiments.plots import draw_plots
+            from experiments.report_figures import draw_plots
 
             with progress.stage("drawing plots"):
                 draw_plots(record, stage)
         if report:
-            from experiments.report import write_report
+            from experiments.html_report import write_report
 
             with progress.stage("writing report.html"):
                 write_report(stage / RECORD, stage / "report.html")
@@ -294,7 +293,7 @@ def _list(record: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
     return value
 
 
-def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: Workload,
+def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: LabWorkload,
                    executions: list[ExecutionSpec], documents: list[dict]) -> None:
     """Every field the run derived from what it consumed must be derived again, so none can be edited alone."""
     recordings, arms = record["recordings"], record["arms"]
@@ -390,7 +389,7 @@ def _fidelity(arms: list, modes: list) -> list[dict[str, Any]]:
     return pairs
 
 
-def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab: ExperimentDesign, fragment: dict | None = None):
+def _simulate(execution: ExecutionSpec, document: dict, workload: LabWorkload, lab: ExperimentDesign, fragment: dict | None = None):
     computations = parse_document(document)  # checked before the engine's shapes are read from it
     system = execution.system_config_json()
     if chosen(execution.assignments, "compute_service.model") == "calibrated":
@@ -404,28 +403,23 @@ def _simulate(execution: ExecutionSpec, document: dict, workload: Workload, lab:
     return simulate(
         system,
         computations,
-        _arrivals(workload),
+        workload.arrivals(),
         workload.interaction,
         None,
         lab.ontology_binding.to_json(),
     )
 
 
-def _arrivals(workload: Workload) -> kvsim.Workload:
-    """kvsim's Workload of a lab's: which requests arrive and when (the recorded document holds the rest)."""
-    return kvsim.Workload(workload.kind, tuple(kvsim.RequestArrival(r.request_id, r.arrival_us) for r in workload.requests))
-
-
 def _generation(execution: ExecutionSpec) -> dict[str, Any]:
     return {name.split(".")[1]: execution.value(name) for name in INFERENCE_CONTROLS if name.startswith("generation.")}
 
 
-def _recording_key(execution: ExecutionSpec, workload: Workload) -> str:
+def _recording_key(execution: ExecutionSpec, workload: LabWorkload) -> str:
     inference = {name: execution.value(name) for name in INFERENCE_CONTROLS}
     return json.dumps([inference, workload.to_json({})], sort_keys=True)
 
 
-def _execution_id(lab: ExperimentDesign, arms: list, recordings: list, workload: Workload,
+def _execution_id(lab: ExperimentDesign, arms: list, recordings: list, workload: LabWorkload,
                   calibration: Mapping[str, Any] | None = None) -> str:
     """Names what was consumed: the lab, every arm's controls, the recorded computations' identity and any
     measured runs (engine arms', then the calibration's)."""

@@ -1,4 +1,4 @@
-"""GenerationDefaults: a working ExecutionSpec (every control assigned) and Workload.
+"""GenerationDefaults: a working ExecutionSpec (every control assigned) and LabWorkload.
 
 A lab's settings are completed with these defaults for every control they leave
 unassigned; a lab without a workload runs on the default one. The hypothetical
@@ -16,7 +16,7 @@ from typing import Any
 
 from experiments.controls import CONTROLS
 from experiments.experiment_spec import ExecutionSpec
-from experiments.workload import Workload, read_workload
+from experiments.lab_workload import LabWorkload, read_workload
 from jgpt.errors import ApiError
 from jgpt.validation import mapping
 
@@ -26,7 +26,7 @@ DEFAULTS = Path(__file__).with_name("generation_defaults.json")
 @dataclasses.dataclass(frozen=True)
 class GenerationDefaults:
     execution: ExecutionSpec
-    workload: Workload
+    workload: LabWorkload
 
     @classmethod
     def from_json(cls, value: Any, field: str = "generation_defaults") -> GenerationDefaults:

@@ -35,7 +35,7 @@ class InspectionState:
 class Inspectable:
     """The recorded values a state may select among (from one recording of an experiment record)."""
 
-    observations: Mapping[str, Any]  # experiments.recording observations document
+    observations: Mapping[str, Any]  # experiments.lab_recording observations document
     walkthrough: Mapping[str, Any]  # ArchitectureWalkthrough
     computations: Mapping[str, list]  # request_id -> recorded CacheComputations
 

@@ -30,14 +30,14 @@ from experiments.experiment_execution import (
     verified_file,
 )
 from experiments.experiment_spec import ExecutionSpec
+from experiments.lab_workload import LabWorkload
 from experiments.record_integrity import check_measured_run
-from experiments.workload import Workload
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
 from kvsim import fit, fitted_terms, parse_system, read_measured_run, system_json
 
 
-def engine_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording: Recording, workload: Workload,
+def engine_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording: Recording, workload: LabWorkload,
                 files: dict[str, bytes]) -> dict[str, Any]:
     """Serve the arm on the InferenceEngine; its outcomes are the measured totals (kvsim's field names)."""
     from experiments.engine_serving import serve  # jax: only when an arm runs on the engine
@@ -73,7 +73,7 @@ def calibration_plan(executions: list[ExecutionSpec]) -> list[tuple[ExecutionSpe
 def calibrate(lab: ExperimentDesign, arms: list, recordings: dict, files: dict[str, bytes]) -> dict[str, Any]:
     """Serve the calibration workload on the engine under each planned system, and fit kvsim's service to it."""
     from experiments.engine_serving import serve
-    from experiments.recording import record_workload
+    from experiments.lab_recording import record_workload
 
     workload, entries, runs = lab.calibration_workload, [], []
     for n, (execution, system) in enumerate(calibration_plan([execution for _, execution in arms])):
@@ -120,7 +120,7 @@ def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign,
 
 
 def replay_engine_arm(directory: Path, arm: Mapping[str, Any], field: str, execution: ExecutionSpec,
-                       document: dict, workload: Workload) -> None:
+                       document: dict, workload: LabWorkload) -> None:
     """An engine arm cannot be measured again: its measured run is intact, is of this arm's system, model,
     prompts and arrivals, and its totals are what its requests and works give; the arm's outcomes are them."""
     data = verified_file(directory, arm.get("measured_run"), f"{field}.measured_run")
@@ -140,7 +140,7 @@ def replay_engine_arm(directory: Path, arm: Mapping[str, Any], field: str, execu
         raise ApiError(f"{field}.outcomes", "are not the totals of its measured run")
 
 
-def _check_arrivals(measured: Mapping[str, Any], workload: Workload, field: str) -> None:
+def _check_arrivals(measured: Mapping[str, Any], workload: LabWorkload, field: str) -> None:
     declared = [{"request_id": r.request_id, "arrival_us": r.arrival_us} for r in workload.requests]
     if measured["workload"].get("requests") != declared or measured["engine"].get("as_fast_as_possible") is not False:
         raise ApiError(f"{field}.workload", "is not the lab's workload served at its declared arrivals")

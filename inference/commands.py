@@ -108,7 +108,7 @@ def _record(argv: list[str]) -> int:
     output_file(args.out, "--out", [args.workload])
     document = read_json(args.workload, "workload")
 
-    from inference.recording import read_workload, record, write_document
+    from inference.recorded_computations import read_workload, record, write_document
     from jgpt.tokenizer import Tokenizer
 
     read_workload(document, Tokenizer.bytes_only())  # its shape does not depend on the ids: refuse before loading
@@ -140,8 +140,8 @@ def _serve(argv: list[str]) -> int:
 
     from inference.engine import InferenceEngine, read_served_workload
     from inference.measured_run import measured_run, summary
-    from inference.recording import write_document
-    from kvsim.system import parse_system
+    from inference.recorded_computations import write_document
+    from kvsim import parse_system
 
     system = parse_system(system_document)
     with progress.shown(args.quiet or args.json):

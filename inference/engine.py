@@ -39,7 +39,7 @@ import numpy as np
 from inference.execution import ModelExecution, bucket
 from inference.generation import STOP_REASONS, stop_codes
 from inference.policy import STOP_TURN_END, InferenceRequest, check_prompt
-from inference.recording import read_workload
+from inference.recorded_computations import read_workload
 from inference.slot_execution import EnginePlan, SlotExecution, batch_bucket
 from inference.state_manager import (
     DEVICE,
@@ -54,8 +54,7 @@ from inference.state_manager import (
 )
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
-from kvsim.system import KVResidencySystemConfig
-from kvsim.workload import CustomerInteraction, parse_interaction
+from kvsim import CustomerInteraction, KVResidencySystemConfig, parse_interaction
 
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
 DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"

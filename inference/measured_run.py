@@ -21,19 +21,28 @@ from inference.engine import ServedRun
 from inference.evidence import GenerationWork
 from inference.execution import ModelExecution
 from inference.generation import STEP_BOUNDARY, generate_stepwise, work_computations
-from inference.recording import FORMAT as COMPUTATIONS_FORMAT
-from inference.recording import VERSION as COMPUTATIONS_VERSION
-from inference.recording import request_document
+from inference.recorded_computations import FORMAT as COMPUTATIONS_FORMAT
+from inference.recorded_computations import VERSION as COMPUTATIONS_VERSION
+from inference.recorded_computations import request_document
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from jgpt.tokenizer import Tokenizer
 from jgpt.units import byte_size
 from jgpt.validation import Boolean, Const, Integer, Integers, ListOf, MapOf, Nullable, Object, String
-from kvsim.calibration import WORK_KINDS
-from kvsim.outcomes import TOTALS, totals
-from kvsim.record_view import OUTCOME
-from kvsim.recorded import DOCUMENT, MODEL_REFERENCE
-from kvsim.system import SYSTEM, KVResidencySystemConfig, system_json
-from kvsim.workload import INTERACTION, WORKLOAD, CustomerInteraction, interaction_json
+from kvsim import (
+    DOCUMENT,
+    INTERACTION,
+    MODEL_REFERENCE,
+    OUTCOME,
+    SYSTEM,
+    TOTALS,
+    WORK_KINDS,
+    WORKLOAD,
+    CustomerInteraction,
+    KVResidencySystemConfig,
+    interaction_json,
+    system_json,
+    totals,
+)
 
 FORMAT = "jgpt-measured-run"
 VERSION = 1

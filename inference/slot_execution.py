@@ -29,7 +29,7 @@ from inference.execution import ModelExecution, advance, bucket, capacity_bucket
 from inference.policy import SAMPLE, InferenceRequest
 from inference.sampling import SelectionRule, select, select_jit
 from jgpt.kv_state import KVState
-from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
+from kvsim import CONTINUOUS_BATCHING, KVResidencySystemConfig
 
 
 def batch_bucket(n: int) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from kvsim.system import KVCacheConfig
+from kvsim import KVCacheConfig
 
 DEVICE, OFFLOADING, HOST, RELOADING = "device", "offloading", "host", "reloading"
 

@@ -21,8 +21,8 @@ from jgpt.errors import run_guarded
 # name -> (module with `main(command, argv) -> int`, summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "tokenize": ("jgpt.commands.tokenize", "encode text or conversation turns and print the Encoding; train a tokenizer"),
-    "train": ("training.cli", "train a model with optax: checkpoints, resume, metrics, a ModelArtifact"),
-    "eval": ("training.cli", "development loss and held-out exact match per skill of a model"),
+    "train": ("training.commands", "train a model with optax: checkpoints, resume, metrics, a ModelArtifact"),
+    "eval": ("training.commands", "development loss and held-out exact match per skill of a model"),
     "catalog": ("jgpt.commands.catalog", "list the model catalog or add a verified artifact to it"),
     "import-hf": ("jgpt.commands.import_hf", "convert a local Hugging Face GPT-2 or Llama directory into an artifact"),
     "export-hf": ("jgpt.commands.export_hf", "write an artifact as a Hugging Face directory (config.json, safetensors, tokenizer)"),
@@ -30,8 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("inference.commands", "run a Workload and write the recorded computation document kvsim reads"),
     "serve": ("inference.commands", "serve a Workload on the InferenceEngine (wall clock, batching, KV pool); measured-run document"),
     "kvsim": ("kvsim.commands", "simulate KV residency and service: run, replay, plot, perfetto, import-trace, synthesize"),
-    "lab": ("experiments.cli", "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)"),
-    "report": ("experiments.cli", "write one self-contained HTML page explaining an experiment record"),
+    "lab": ("experiments.commands.lab", "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)"),
+    "report": ("experiments.commands.lab", "write one self-contained HTML page explaining an experiment record"),
     "schema": ("jgpt.commands.schema", "print the JSON Schema of a document: labs, workloads, kvsim inputs and records, ..."),
     "devices": ("jgpt.commands.devices", "the JAX backend and every device it sees (check an accelerator install)"),
 }

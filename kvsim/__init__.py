@@ -24,12 +24,15 @@ import importlib
 from typing import TYPE_CHECKING
 
 from kvsim.cache_run import CacheRun, read_record, record_chunks, record_json, record_value, rerun, run_id, simulate
-from kvsim.outcomes import totals
-from kvsim.recorded import RecordedComputations, parse_document
+from kvsim.outcomes import TOTALS, totals
+from kvsim.record_view import OUTCOME
+from kvsim.recorded import DOCUMENT, MODEL_REFERENCE, RecordedComputations, parse_document
 from kvsim.resource_graph import ResourceGraph, parse_resource_graph
 from kvsim.summary import summary_table
-from kvsim.system import KVResidencySystemConfig, parse_system, system_json
+from kvsim.system import CONTINUOUS_BATCHING, SYSTEM, KVCacheConfig, KVResidencySystemConfig, parse_system, system_json
 from kvsim.workload import (
+    INTERACTION,
+    WORKLOAD,
     CustomerInteraction,
     RequestArrival,
     Workload,
@@ -39,11 +42,12 @@ from kvsim.workload import (
 )
 
 if TYPE_CHECKING:
-    from kvsim.calibration import MeasuredRun, fit, fitted_terms, merge_service, read_measured_run
+    from kvsim.calibration import WORK_KINDS, MeasuredRun, fit, fitted_terms, merge_service, read_measured_run
     from kvsim.fidelity import compare
 
 _ON_FIRST_USE = {
     "MeasuredRun": "kvsim.calibration",
+    "WORK_KINDS": "kvsim.calibration",
     "fit": "kvsim.calibration",
     "fitted_terms": "kvsim.calibration",
     "merge_service": "kvsim.calibration",
@@ -59,8 +63,18 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "CONTINUOUS_BATCHING",
+    "DOCUMENT",
+    "INTERACTION",
+    "MODEL_REFERENCE",
+    "OUTCOME",
+    "SYSTEM",
+    "TOTALS",
+    "WORKLOAD",
+    "WORK_KINDS",
     "CacheRun",
     "CustomerInteraction",
+    "KVCacheConfig",
     "KVResidencySystemConfig",
     "MeasuredRun",
     "RecordedComputations",

@@ -106,7 +106,7 @@ def test_a_closed_pipe_ends_quietly(argv):
 
 
 def test_a_short_run_scales_its_warmup(tmp_path):
-    from training.cli import _train_parser, training_config
+    from training.commands import _train_parser, training_config
     from training.config import WARMUP_STEPS, TrainingConfig
 
     def config(*argv: str) -> TrainingConfig:
@@ -152,7 +152,7 @@ def test_kvsim_summary_prints_human_units(capsys):
 
 
 def test_lab_summary_prints_human_units_and_json_keeps_the_numbers(lab_run, capsys):
-    from experiments.cli import summary_text
+    from experiments.commands.lab import summary_text
     from experiments.experiment_execution import summary
 
     assert cli.main(["lab", "replay", str(lab_run.directory / "record.json"), "--json"]) == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from experiments import demo
+from experiments.commands import demo
 
 
 def test_demo_explains_the_prompt_answers_runs_the_default_lab_and_writes_its_report(tmp_path, capsys):

@@ -130,7 +130,7 @@ def test_listing_and_validating_labs_imports_no_jax():
     import subprocess
     import sys
 
-    code = ("import sys; from experiments.cli import main; main('lab', ['list']); "
+    code = ("import sys; from experiments.commands.lab import main; main('lab', ['list']); "
             "from experiments.generation_defaults import generation_defaults; generation_defaults(); "
             "print('jax' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPOSITORY)

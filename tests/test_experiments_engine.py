@@ -194,7 +194,7 @@ def test_lab_refuses_runner_settings_that_cannot_run(edit, field):
 
 
 def test_report_shows_measured_against_predicted_without_kvsim_timelines_for_engine_arms(fidelity, tmp_path):
-    from experiments.report import write_report
+    from experiments.html_report import write_report
 
     directory, record = _copy(fidelity, tmp_path)
     page = write_report(directory / "record.json", tmp_path / "report.html").read_text()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inference.execution import ModelExecution, advance
-from inference.recording import FORMAT, read_workload, record
+from inference.recorded_computations import FORMAT, read_workload, record
 from jgpt import cli
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.artifact import save_artifact

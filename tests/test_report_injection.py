@@ -21,7 +21,7 @@ import pytest
 
 from experiments.experiment_execution import _dumps, _execution_id
 from experiments.generation_defaults import generation_defaults
-from experiments.report import write_report
+from experiments.html_report import write_report
 from tests.test_experiments_run import _chromium
 
 MARKED = r"<body[^>]* data-pwned="  # what a payload that ran leaves in the DOM

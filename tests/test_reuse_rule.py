@@ -20,7 +20,7 @@ from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.measured_run import measured_run
 from inference.policy import GenerationPolicy, InferenceRequest
-from inference.recording import record
+from inference.recorded_computations import record
 from jgpt.catalog import load_model, read_catalog
 from jgpt.tokenizer import Turn
 from kvsim import parse_document, parse_system, record_value, simulate

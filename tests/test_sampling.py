@@ -128,7 +128,7 @@ def test_a_sampled_selection_records_its_candidates_and_key(model):
 
 
 def test_policy_sampling_fields_are_checked_and_read_from_workloads():
-    from inference.recording import read_workload
+    from inference.recorded_computations import read_workload
     from jgpt.tokenizer import Tokenizer
 
     assert GenerationPolicy(4).to_json() == {"max_new_tokens": 4, "selection": "greedy", "stopping": "turn_end_or_budget"}

@@ -134,7 +134,7 @@ def _lab(tmp_path, document):
 
 
 def _workload(tmp_path, document):
-    from inference.recording import read_workload
+    from inference.recorded_computations import read_workload
     from jgpt.tokenizer import Tokenizer
 
     return read_workload(document, Tokenizer.bytes_only())

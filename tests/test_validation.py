@@ -54,7 +54,7 @@ def documents():
     """The descriptions of the documents jgpt reads and writes (imported here: collecting stays cheap)."""
     from experiments.experiment_design import LAB
     from inference.measured_run import MEASURED_RUN
-    from inference.recording import WORKLOAD
+    from inference.recorded_computations import WORKLOAD
     from kvsim.cache_run import RECORD
     from kvsim.inputs import INPUT
     from kvsim.recorded import DOCUMENT

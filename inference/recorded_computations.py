@@ -25,7 +25,7 @@ from jgpt.identity import write_atomically
 from jgpt.kv_state import KVState
 from jgpt.tokenizer import Tokenizer, Turn, turns_from_json
 from jgpt.validation import Integer, Integers, ListOf, Object, String
-from kvsim.workload import INTERACTION
+from kvsim import INTERACTION
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1

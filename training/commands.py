@@ -136,7 +136,7 @@ def eval_command(prog: str, argv: list[str]) -> int:
 
     with progress.shown(args.quiet):
         with progress.stage("starting jax"):
-            from training.report import evaluate_model
+            from training.evaluation_report import evaluate_model
 
         report = evaluate_model(
             args.model, data=args.data, development_fraction=args.development_fraction,

@@ -24,7 +24,7 @@ def main(command: str, argv: list[str]) -> int:
     from experiments.experiment_design import default_catalog
     from experiments.experiment_execution import replay, run_lab
     from experiments.generation_defaults import generation_defaults
-    from experiments.recording import record_workload
+    from experiments.lab_recording import record_workload
     from jgpt.artifact import TOKENIZER
     from jgpt.catalog import resolve_model
     from jgpt.span_table import render

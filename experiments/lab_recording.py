@@ -18,11 +18,11 @@ import numpy as np
 
 from experiments.experiment_execution import Recording
 from experiments.experiment_spec import ExecutionSpec
-from experiments.workload import RequestArrival, Workload
+from experiments.lab_workload import LabRequest, LabWorkload
 from inference.evidence import tensor_observations
 from inference.execution import ModelExecution, bucket
 from inference.policy import GenerationPolicy, InferenceRequest
-from inference.recording import record
+from inference.recorded_computations import record
 from jgpt import progress
 from jgpt.catalog import load_model, read_catalog
 from jgpt.errors import ApiError
@@ -35,7 +35,7 @@ TOP_CANDIDATES = 5
 INSPECTED_REQUESTS = 2  # the first request and the one with the longest sequence
 
 
-def record_workload(execution: ExecutionSpec, workload: Workload) -> Recording:
+def record_workload(execution: ExecutionSpec, workload: LabWorkload) -> Recording:
     model_id = resolve_model_id(execution.value("model.model_id"))
     try:
         with progress.stage(f"loading model {model_id}"):
@@ -56,7 +56,7 @@ def record_workload(execution: ExecutionSpec, workload: Workload) -> Recording:
     )
 
 
-def _record_in_stages(model: ModelExecution, tokenizer: Tokenizer, workload: Workload, policy: GenerationPolicy) -> dict:
+def _record_in_stages(model: ModelExecution, tokenizer: Tokenizer, workload: LabWorkload, policy: GenerationPolicy) -> dict:
     """Record requests whose prompts are known, then those that continue them, until all are recorded.
 
     A continuing request's prompt holds the model's reply to the request it
@@ -75,7 +75,7 @@ def _record_in_stages(model: ModelExecution, tokenizer: Tokenizer, workload: Wor
     return first | {"requests": [recorded[r.request_id] for r in workload.requests]}
 
 
-def _prompt_ids(request: RequestArrival, recorded: dict[str, dict], tokenizer: Tokenizer) -> tuple[int, ...]:
+def _prompt_ids(request: LabRequest, recorded: dict[str, dict], tokenizer: Tokenizer) -> tuple[int, ...]:
     added = tokenizer.encode_turns(request.turns, open_turn="assistant").ids
     if request.continues is None:
         return added
@@ -101,7 +101,7 @@ def _observed(weights, architecture, token_ids):
     return forward(weights, architecture, token_ids, observe=True).observations
 
 
-def _observations(model: ModelExecution, tokenizer: Tokenizer, workload: Workload, document: dict) -> dict:
+def _observations(model: ModelExecution, tokenizer: Tokenizer, workload: LabWorkload, document: dict) -> dict:
     """Tokens, spans, predictions and attention of the inspected requests."""
     by_id = {r.request_id: r for r in workload.requests}
     recorded = {r["request_id"]: r for r in document["requests"]}

@@ -181,7 +181,7 @@ def _report(command: str, argv: list[str]) -> int:
     args = parser.parse_args(argv)
     # The record and the JSON files beside it are what the report reads.
     output_file(args.out, "--out", [args.record, *args.record.parent.glob("*.json")])
-    from experiments.report import write_report
+    from experiments.html_report import write_report
 
     print(write_report(args.record, args.out))
     return 0

@@ -28,7 +28,7 @@ from typing import Any
 from experiments.experiment_execution import replay, summary, verified_file
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
-from experiments.plots import draw_plots, simulated_arms
+from experiments.report_figures import draw_plots, simulated_arms
 from jgpt.identity import write_atomically
 from jgpt.json_input import parse_json
 from jgpt.paths import confined

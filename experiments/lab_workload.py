@@ -12,8 +12,10 @@ A lab file declares its workload in one of two forms (both with `kind`):
   turn, as a chat client resends the history. Each prompt therefore extends the
   previous request's whole sequence, which is what exact prefix reuse can exploit.
 
-Both expand to the spec's Workload: ordered RequestArrivals (equal arrival times
-keep declaration order). An optional `actions` list adds the customer's cancel
+Both expand to a LabWorkload: ordered LabRequests (equal arrival times keep
+declaration order), each a request of the spec's Workload with the turns it adds
+and the request it continues; `arrivals()` is kvsim's Workload of it (which
+requests arrive and when). An optional `actions` list adds the customer's cancel
 and consume actions (kvsim's CustomerInteraction) on the same virtual clock.
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 from jgpt.errors import ApiError
 from jgpt.tokenizer import Turn, turns_from_json
 from jgpt.validation import Integer, ListOf, Object, String, Tagged, Text
-from kvsim import CustomerInteraction, interaction_json, parse_interaction
+from kvsim import CustomerInteraction, RequestArrival, Workload, interaction_json, parse_interaction
 
 KINDS = ("requests", "conversations")
 
@@ -42,7 +44,7 @@ WORKLOAD = Tagged(
 
 
 @dataclasses.dataclass(frozen=True)
-class RequestArrival:
+class LabRequest:
     """One request of the workload: identity, declared arrival, and the conversation it continues."""
 
     request_id: str
@@ -57,9 +59,9 @@ class RequestArrival:
 
 
 @dataclasses.dataclass(frozen=True)
-class Workload:
+class LabWorkload:
     kind: str
-    requests: tuple[RequestArrival, ...]
+    requests: tuple[LabRequest, ...]
     interaction: CustomerInteraction | None = None
     source: Any = dataclasses.field(default=None, compare=False)  # the declaration it was read from
 
@@ -82,8 +84,12 @@ class Workload:
             ],
         } | ({"customer_interaction": interaction_json(self.interaction)} if self.interaction else {})
 
+    def arrivals(self) -> Workload:
+        """kvsim's Workload of this one: which requests arrive and when (the recorded document holds the rest)."""
+        return Workload(self.kind, tuple(RequestArrival(r.request_id, r.arrival_us) for r in self.requests))
 
-def read_workload(value: Any, field: str = "workload") -> Workload:
+
+def read_workload(value: Any, field: str = "workload") -> LabWorkload:
     WORKLOAD.read(value, field)
     kind, entries = value["kind"], value[value["kind"]]
     if kind == "requests":
@@ -97,7 +103,7 @@ def read_workload(value: Any, field: str = "workload") -> Workload:
         seen[request.request_id] = i
     ordered = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_us, i))
     interaction = _interaction(value["actions"], seen, f"{field}.actions") if "actions" in value else None
-    return Workload(kind, tuple(requests[i] for i in ordered), interaction, value)
+    return LabWorkload(kind, tuple(requests[i] for i in ordered), interaction, value)
 
 
 def _interaction(value: Any, request_ids: dict[str, int], field: str) -> CustomerInteraction:
@@ -111,14 +117,14 @@ def _interaction(value: Any, request_ids: dict[str, int], field: str) -> Custome
     return interaction
 
 
-def _request(value: Any, field: str) -> RequestArrival:
+def _request(value: Any, field: str) -> LabRequest:
     turns = turns_from_json(value["turns"], f"{field}.turns")  # at least one: WORKLOAD checked
     if turns[-1].role != "user":
         raise ApiError(f"{field}.turns[{len(turns) - 1}].role", "a request's last turn is the user's")
-    return RequestArrival(value["request_id"], value["arrival_us"], turns)
+    return LabRequest(value["request_id"], value["arrival_us"], turns)
 
 
-def _conversation(value: Any, field: str) -> list[RequestArrival]:
+def _conversation(value: Any, field: str) -> list[LabRequest]:
     conversation_id, start, gap = value["id"], value["arrival_us"], value["turn_gap_us"]
     turns = turns_from_json(value["turns"], f"{field}.turns")  # at least one: WORKLOAD checked
     for i, turn in enumerate(turns):
@@ -135,5 +141,5 @@ def _conversation(value: Any, field: str) -> list[RequestArrival]:
     for n, turn in enumerate(turns[lead:]):
         added = turns[: lead + 1] if n == 0 else (turn,)
         previous = requests[-1].request_id if requests else None
-        requests.append(RequestArrival(f"{conversation_id}.{n}", start + n * gap, added, previous))
+        requests.append(LabRequest(f"{conversation_id}.{n}", start + n * gap, added, previous))
     return requests
