@@ -9,7 +9,9 @@ like the cache they are written into.
 
 Precision: `dtype` is the compute dtype of matmul operands. Products accumulate
 in float32 and the residual stream, normalization statistics, softmax and logits
-stay float32, so bfloat16 changes operand rounding only.
+stay float32, so bfloat16 changes operand rounding only. Operands are formed by
+`jgpt.bf16_matmul.operand`: real bf16 where the backend has bf16 matrix units,
+bf16-rounded float32 on a CPU (the same products, at float32 speed).
 """
 
 from __future__ import annotations
@@ -18,18 +20,20 @@ import jax
 import jax.numpy as jnp
 
 from jgpt.architecture import Architecture
+from jgpt.bf16_matmul import operand
 
 F32 = jnp.float32
 
 
-def _matmul_precision(dtype) -> jax.lax.Precision | None:
-    """Full float32 products for the float32 baseline (GPUs and TPUs otherwise round operands)."""
-    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == F32 else None
+def _matmul_precision(operand_dtype) -> jax.lax.Precision | None:
+    """Full float32 products for float32 operands (GPUs and TPUs otherwise round them)."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(operand_dtype) == F32 else None
 
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None, dtype) -> jax.Array:
     """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`."""
-    y = jnp.dot(x.astype(dtype), w.astype(dtype), precision=_matmul_precision(dtype), preferred_element_type=F32)
+    x, w = operand(x, dtype), operand(w, dtype)
+    y = jnp.dot(x, w, precision=_matmul_precision(x.dtype), preferred_element_type=F32)
     return y if b is None else y + b
 
 
@@ -136,20 +140,21 @@ def attention(
     B, T, H, D = q.shape
     K, S = a.kv_heads, keys.shape[2]
     G = H // K
-    precision = _matmul_precision(dtype)
+    keys, values = operand(keys, dtype), operand(values, dtype)
+    precision = _matmul_precision(keys.dtype)
     # Each key/value head's group of query heads, as one matrix of G*T rows: [B, K, G*T, D].
-    q = q.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
+    q = operand(q, dtype).reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
     over_heads = (((3,), (3,)), ((0, 1), (0, 1)))
     # The cache is the first operand, contracted over its last axis: the product XLA on CPU runs on the
     # buffer as stored. (As the second operand it copies every layer's keys to [B, K, D, S] first.)
-    scores = jax.lax.dot_general(keys.astype(dtype), q, over_heads, precision=precision, preferred_element_type=F32)
+    scores = jax.lax.dot_general(keys, q, over_heads, precision=precision, preferred_element_type=F32)
     scores = scores.reshape(B, K, S, G, T).transpose(0, 1, 3, 4, 2) / jnp.sqrt(jnp.asarray(D, F32))  # [B, K, G, T, S]
     visible = key_positions[:, None, :] <= query_positions[:, :, None]  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, jnp.finfo(F32).min)
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
     over_slots = (((3,), (2,)), ((0, 1), (0, 1)))
     mixed = jax.lax.dot_general(
-        weights.reshape(B, K, G * T, S).astype(dtype), values.astype(dtype), over_slots,
+        operand(weights.reshape(B, K, G * T, S), dtype), values, over_slots,
         precision=precision, preferred_element_type=F32,
     )  # [B, K, G*T, D]
     mixed = mixed.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
