@@ -27,5 +27,5 @@ def test_the_default_model_carries_the_provenance_of_the_documented_command():
     )
     assert provenance["data_sha256"] == corpus.data_sha256
     assert {"training/step.py", "jgpt/model.py", "jgpt/operations.py"} <= set(provenance["source_sha256"])
-    assert artifact.architecture.to_json() == recipe.model_architecture.to_json()
+    assert artifact.architecture.to_json() == recipe.architecture.to_json()
     assert sum(asset.bytes for asset in artifact.assets) < MAX_BYTES

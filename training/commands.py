@@ -89,7 +89,7 @@ def train_command(prog: str, argv: list[str]) -> int:
     with run_lock(Path(config.out)):
         result = train(config, resume=args.resume, progress=not args.quiet, model_axis=args.model_axis)
         artifact = save_artifact(
-            result.run.model.absolute(), config.model_architecture, result.weights, result.provenance,
+            result.run.model.absolute(), config.architecture, result.weights, result.provenance,
             result.corpus.tokenizer, overwrite=True,
         )  # fmt: skip
     summary = {
@@ -107,7 +107,7 @@ def train_command(prog: str, argv: list[str]) -> int:
 def training_config(args: argparse.Namespace):
     """The TrainingConfig of `jgpt train`: the --config file's fields, overridden by the flags given."""
     from jgpt.json_input import read_json
-    from training.config import from_json
+    from training.config import architecture_settings, from_json
 
     # The file's own fields, not a completed config: a field it leaves out (the warm-up) follows the flags.
     document = read_json(args.config, "config") if args.config else {}
@@ -117,7 +117,7 @@ def training_config(args: argparse.Namespace):
     if args.precision is not None:
         architecture["precision"] = PRECISION_NAMES[args.precision]
     if architecture:
-        changes["architecture"] = {**base.architecture, **architecture}
+        changes["architecture"] = {**architecture_settings(base.architecture), **architecture}
     return from_json({**document, **changes})
 
 

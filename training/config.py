@@ -1,9 +1,12 @@
 """TrainingConfig: everything a training run depends on, as one frozen, validated value.
 
 A config is read from JSON (unknown keys are an error, never ignored) and then
-overridden field by field from the command line. `preparation_run_sha256` is
-the SHA-256 of its canonical JSON without the output location, so two runs
-with the same hash prepare the same checkpoint.
+overridden field by field from the command line. Its `architecture` is read from
+the settings a file gives (without the vocabulary, which the tokenizer decides)
+into a frozen Architecture. `preparation_run_sha256` is the SHA-256 of its
+canonical JSON without the output location, so two runs with the same hash
+prepare the same checkpoint; the architecture is written there as its settings
+(`architecture_settings`), one spelling per architecture.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jgpt.architecture import Architecture, architecture_from_json
+from jgpt.architecture import Architecture, LlamaArchitecture, ModelArchitecture, architecture_from_json
 from jgpt.errors import ApiError
 from jgpt.identity import sha256_json
 from jgpt.json_input import read_json
@@ -52,7 +55,8 @@ class TrainingConfig:
     train_conversations: int = 40000
     development_conversations: int = 500
     development_fraction: float = 0.1
-    architecture: Mapping[str, Any] = dataclasses.field(default_factory=default_architecture)
+    # Settings (a mapping without the vocabulary) are read into the Architecture at construction.
+    architecture: Architecture = dataclasses.field(default_factory=default_architecture)  # type: ignore[assignment]
     # Training window in tokens; at most architecture.context. None means architecture.context.
     context: int | None = None
     seed: int = 0
@@ -106,7 +110,8 @@ class TrainingConfig:
             raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
         from jgpt.weights import parameter_count  # jax: `jgpt train --help` reads this module's defaults
 
-        architecture = self.model_architecture  # validates the architecture's own fields
+        architecture = self._read_architecture()
+        object.__setattr__(self, "architecture", architecture)
         if parameter_count(architecture) > PARAMETER_LIMIT:
             raise ApiError("architecture", f"{parameter_count(architecture):,} parameters exceed the limit of "
                                            f"{PARAMETER_LIMIT:,} (jgpt.limits)")
@@ -119,22 +124,26 @@ class TrainingConfig:
     def vocabulary(self) -> int:
         return BYTE_VOCABULARY if self.tokenizer == "bytes" else self.vocab_size
 
-    @property
-    def model_architecture(self) -> Architecture:
-        if not isinstance(self.architecture, Mapping):
-            raise ApiError("architecture", f"must be a JSON object, got {type(self.architecture).__name__}")
-        vocabulary = self.architecture.get("vocabulary", self.vocabulary)
+    def _read_architecture(self) -> Architecture:
+        """The Architecture of the settings given (or the one given), its vocabulary the tokenizer's."""
+        given = self.architecture
+        if isinstance(given, (ModelArchitecture, LlamaArchitecture)):
+            given = given.to_json()
+        if not isinstance(given, Mapping):
+            raise ApiError("architecture", f"must be a JSON object, got {type(given).__name__}")
+        vocabulary = given.get("vocabulary", self.vocabulary)
         if vocabulary != self.vocabulary:
             raise ApiError("vocabulary", f"{vocabulary} differs from the tokenizer's vocabulary ({self.vocabulary})")
-        return architecture_from_json({**self.architecture, "vocabulary": vocabulary})
+        return architecture_from_json({**given, "vocabulary": vocabulary})
 
     @property
     def window(self) -> int:
         """Tokens per training example (inputs; targets are the same window shifted by one)."""
-        return self.context or self.model_architecture.context
+        return self.context or self.architecture.context
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        document = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return document | {"architecture": architecture_settings(self.architecture)}
 
     @property
     def preparation_run_sha256(self) -> str:
@@ -149,8 +158,16 @@ def default_warmup_steps(steps: int) -> int:
     return min(WARMUP_STEPS, steps // 10)
 
 
-def _plain(value: Any) -> Any:
-    return dict(value) if isinstance(value, Mapping) else value
+def architecture_settings(architecture: Architecture) -> dict[str, Any]:
+    """The architecture as a config states it: its required fields, its position unless the default learned
+    one, and every other field whose value differs from what those alone give; never the vocabulary (the
+    tokenizer's). Two spellings of one architecture (a default written out or left out) have one."""
+    written = architecture.to_json()
+    required = [f.name for f in dataclasses.fields(architecture) if f.default is dataclasses.MISSING]
+    minimal = {name: written[name] for name in required} | {"position": written["position"]}
+    base = architecture_from_json(minimal).to_json()
+    stated = set(required) | ({"position"} if written["position"] != "learned" else set())
+    return {k: v for k, v in written.items() if k != "vocabulary" and (k in stated or v != base[k])}
 
 
 

@@ -112,7 +112,7 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
     sharding.initialize_distributed()
     mesh = sharding.mesh(model_axis)
     sharding.check_batch_size(config.batch_size, mesh)
-    architecture = config.model_architecture
+    architecture = config.architecture
     corpus = corpora.prepare(config)
     run = RunDirectory(Path(config.out))
     _check_run_directory(run, config, resume)
