@@ -73,7 +73,8 @@ def write_report(record_path: Path, out: Path) -> Path:
     }
     plots = directory / "plots"
     with tempfile.TemporaryDirectory() as scratch:
-        if not all((plots / name).is_file() for name in _plot_names(record)):
+        # Confined: a plot that links out of the directory would embed that file in the page (a key, a password file).
+        if not all(confined(directory, f"plots/{name}", "plots").is_file() for name in _plot_names(record)):
             plots = Path(scratch) / "plots"  # a record run without plots: draw them for the page only
             for _, arm in simulated_arms(record):  # only the files the record names, verified by the replay above
                 shutil.copyfile(confined(directory, arm["cache_run"]["path"], "cache_run.path"),

@@ -116,3 +116,34 @@ def test_report_of_a_directory_with_a_symlink_loop_and_foreign_files_reads_only_
     page = write_report(directory / "record.json", tmp_path / "page.html")
     assert page.read_text().count("data:image/png;base64,") == 2 + len(lab_run.record["arms"])
     assert not (directory / "plots").exists()
+
+
+@pytest.mark.parametrize("link", ["each plot", "the plots directory"])
+def test_report_refuses_plots_that_link_out_of_the_record_directory(lab_run, tmp_path, link):
+    """A run directory whose plots/*.png linked to another file embedded that file in the page (base64)."""
+    import base64
+
+    from experiments.report_figures import simulated_arms
+    from tests.hostile import assert_refused
+
+    directory, secret = tmp_path / "run", tmp_path / "secret.txt"
+    shutil.copytree(lab_run.directory, directory)
+    secret.write_text("not for the page")
+    names = ["arms.png", "inference-map.png", *(f"arm-{i}-timeline.png" for i, _ in simulated_arms(lab_run.record))]
+    plots = tmp_path / "elsewhere" if link == "the plots directory" else directory / "plots"
+    plots.mkdir()
+    for name in names:
+        (plots / name).symlink_to(secret)
+    if link == "the plots directory":
+        (directory / "plots").symlink_to(plots)
+    out = tmp_path / "page.html"
+    line = assert_refused(["report", directory / "record.json", "--out", out], inputs=[secret], watch=[tmp_path])
+    assert ": plots: 'plots/arms.png' leads outside its directory through a symbolic link" in line, line
+    if link == "the plots directory":
+        return
+    inside = directory / "inside.png"  # a link that stays in the directory is a plot like any other
+    inside.write_bytes(b"\x89PNG inside")
+    for name in names:
+        (directory / "plots" / name).unlink()
+        (directory / "plots" / name).symlink_to(inside)
+    assert base64.b64encode(b"\x89PNG inside").decode() in write_report(directory / "record.json", out).read_text()
