@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import os
+import pkgutil
 import signal
 import sys
 import threading
@@ -84,12 +86,24 @@ def _dispatch(args: list[str]) -> int:
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 
 
+def _accelerator_backend() -> bool:
+    """Whether JAX will start on a GPU or TPU, where the huge-page restart buys nothing. Asked before jax
+    is imported: the first platform `JAX_PLATFORMS` names, else whether a GPU or TPU plugin is installed
+    (a module under JAX's `jax_plugins` namespace, or libtpu)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0].strip() != "cpu"
+    plugins = importlib.util.find_spec("jax_plugins")
+    installed = plugins is not None and any(pkgutil.iter_modules(plugins.submodule_search_locations))
+    return installed or importlib.util.find_spec("libtpu") is not None
+
+
 def entry() -> None:
-    """The console script: on Linux, restart once with huge-page mallocs, then run `main` with the
-    persistent compilation cache on (`jgpt.compilation_cache`)."""
+    """The console script: on Linux with XLA's CPU backend, restart once with huge-page mallocs, then run
+    `main` with the persistent compilation cache on (`jgpt.compilation_cache`)."""
     cache = compilation_cache.environment(os.environ)
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if sys.platform == "linux" and "glibc.malloc.hugetlb" not in tunables:
+    if sys.platform == "linux" and "glibc.malloc.hugetlb" not in tunables and not _accelerator_backend():
         environment = {**os.environ, **cache, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGE_PAGES)))}
         os.execve(sys.executable, [sys.executable, "-m", "jgpt.cli", *sys.argv[1:]], environment)
     os.environ.update(cache)  # before any command imports jax, which reads them once
