@@ -50,7 +50,8 @@ def _generate(argv: list[str]) -> int:
     parser.add_argument("--top-k", type=int, metavar="K", help="with --sample: draw among the K most probable ids (default: all)")
     parser.add_argument("--top-p", type=float, metavar="P", help="with --sample: draw among the most probable ids reaching P")
     parser.add_argument("--seed", type=int, metavar="S", help="with --sample: the seed the draws' keys derive from (default 0)")
-    parser.add_argument("--draft", metavar="MODEL", help="decode speculatively: this catalog id or artifact proposes ids")
+    parser.add_argument("--draft", metavar="MODEL", help="decode speculatively: this catalog id or artifact proposes ids "
+                        "('prompt-lookup': the row's own earlier ids and the last verify's guesses, no model)")
     parser.add_argument("--speculate", type=int, metavar="K", help="with --draft: ids drafted per round (default 4)")
     args = parser.parse_args(argv)
     if bool(args.prompt) == bool(args.ids):
@@ -75,9 +76,9 @@ def _generate(argv: list[str]) -> int:
     request = InferenceRequest("cli", prompt_ids, policy, text=text)
     stream = None if args.json else _TextStream(tokenizer, execution.turn_end_id)
     if args.draft is not None:
-        from inference.speculative import generate_speculative
+        from inference.speculative import PROMPT_LOOKUP, PromptLookup, generate_speculative
 
-        draft, _ = _load(args.draft, args.precision)
+        draft = PromptLookup() if args.draft == PROMPT_LOOKUP else _load(args.draft, args.precision)[0]
         k = 4 if args.speculate is None else args.speculate
         (response,) = generate_speculative(execution, draft, [request], k).responses
         for token in [] if stream is None else response.output_ids:  # the loop is one program: the text comes at its end

@@ -94,7 +94,7 @@ class SpeculationRound:
 class SpeculationEvidence:
     """A request's speculative decoding: the draft model, k, and every round."""
 
-    draft_checkpoint_sha256: str
+    draft_checkpoint_sha256: str | None  # None: drafted by prompt lookup, no model
     speculate: int  # k: ids drafted per round
     rounds: tuple[SpeculationRound, ...]
     draft_prefill_wall_time_us: float  # the draft's own prefill (the target's is a CacheComputation)

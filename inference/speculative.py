@@ -19,10 +19,15 @@ them yet, and its next round starts with a window of two ids.
 The whole loop (draft steps, verify, acceptance, next round) is one jitted
 `lax.while_loop` with fixed shapes, like greedy's decode loop: on small models a
 host round trip per round would cost more than the forwards it saves.
+
+The draft is a model with the target's tokenizer, or `PromptLookup`, which proposes
+without a forward: the ids that followed an earlier occurrence of the row's last
+ids, or the ids the previous verify computed past its first rejected draft.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -74,47 +79,95 @@ def _argmax(logits):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptLookup:
+    """The draft-free proposer: the k ids that followed the latest earlier occurrence of the row's last
+    `ngram` ids in its own sequence (prompt lookup) when at least two of them occur; else the guesses the
+    previous verify left, then the continuation of a one-id match.
+
+    A verify forward gives the target's id after every drafted one; past the first rejected draft those
+    ids were conditioned on a wrong prefix, but often still are the ids greedy decoding selects next
+    (Jacobi iteration). Neither source costs a forward: on a model whose step is bound by per-operation
+    overhead a round then costs about one target step.
+    """
+
+    ngram: int = 3
+    checkpoint_sha256 = None  # no model: SpeculationEvidence records no draft checkpoint
+
+
+PROMPT_LOOKUP = "prompt-lookup"  # the --draft name of the draft-free proposer
+
+
+def lookup(token_ids, lengths, last, k: int, ngram: int, filler: int):
+    """Per row, the k ids after the latest earlier occurrence of its last `ngram` ids (the longest suffix
+    that occurs, down to one id), where `last` sits at position `lengths`; `filler` where none occurs
+    or the continuation runs past `last`. token_ids [B, S], lengths and last [B] -> (ids [B, k], the
+    matched suffix's length [B], 0 where none occurs)."""
+    B, S = token_ids.shape
+    slots = jnp.arange(S + 1)
+    sequence = jnp.concatenate([token_ids, jnp.zeros((B, 1), jnp.int32)], 1)
+    sequence = jnp.where(slots == lengths[:, None], last[:, None], sequence)  # [B, S + 1]
+    matched = jnp.ones((B, S + 1), jnp.int32)
+    length = jnp.zeros((B, S + 1), jnp.int32)  # how many ids before the last the match at each end slot spans
+    for i in range(ngram):
+        tail = jnp.take_along_axis(sequence, jnp.maximum(lengths - i, 0)[:, None], 1)  # [B, 1]
+        shifted = jnp.pad(sequence, ((0, 0), (i, 0)), constant_values=-1)[:, : S + 1]
+        matched = matched * (shifted == tail) * (lengths[:, None] >= i)
+        length = length + matched
+    score = jnp.where(slots < lengths[:, None], length * (S + 1) + slots, 0)  # longest match, then latest
+    end = jnp.argmax(score, axis=1)
+    matched = jnp.max(score, axis=1) // (S + 1)
+    taken = end[:, None] + 1 + jnp.arange(k)
+    proposed = jnp.take_along_axis(sequence, jnp.minimum(taken, S), 1)
+    return jnp.where((matched[:, None] > 0) & (taken <= lengths[:, None]), proposed, filler), matched
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=("target_architecture", "draft_architecture", "k", "steps", "turn_end_id", "target_unroll", "draft_unroll"),
+    static_argnames=("target_architecture", "draft_architecture", "k", "steps", "turn_end_id", "target_unroll",
+                     "draft_unroll", "ngram"),
     donate_argnames="target_state",
-)
+)  # fmt: skip
 def _speculative_loop(
     target_weights, target_layers, draft_weights, draft_layers, target_state, draft_state, first_logits, budget,
-    *, target_architecture, draft_architecture, k, steps, turn_end_id, target_unroll, draft_unroll,
+    *, target_architecture, draft_architecture, k, steps, turn_end_id, target_unroll, draft_unroll, ngram,
 ):  # fmt: skip
-    """Rounds until every row stops. Returns (output ids [B, steps], selected [B], stop codes [B],
-    drafted ids [B, steps, k] and accepted counts [B, steps] per round, rounds [B], target state)."""
+    """Rounds until every row stops. Returns (output ids [B, steps + k + 1], selected [B], stop codes [B],
+    per round [B, steps, k + 1] the drafted ids and the accepted count, rounds [B], target state).
+
+    draft_architecture None: PromptLookup(ngram) proposes (draft_* are None).
+
+    Every round writes each row's k + 1 target ids at its next output column and its log at its round
+    column whether the row runs or has stopped: what lands past a row's selected ids (or its rounds) is
+    never read, and overwriting it costs one dynamic_update_slice instead of masked scatters.
+    """
     B = first_logits.shape[0]
     rows = jnp.arange(B)
     offsets = jnp.arange(k + 1, dtype=jnp.int32)
     prefix_length = target_state.lengths  # processed positions before the first selection
     context = target_architecture.context
-    draft_step = functools.partial(advance, draft_weights, draft_architecture, unroll=draft_unroll, layer_weights=draft_layers)
     first = _argmax(first_logits)
     one = jnp.ones((B,), jnp.int32)
-    outputs = jnp.zeros((B, steps), jnp.int32).at[:, 0].set(first)
-    stop = stop_codes(jnp, first, one, budget, prefix_length, context, turn_end_id)
-    drafted_log = jnp.zeros((B, steps, k), jnp.int32)
-    accepted_log = jnp.zeros((B, steps), jnp.int32)
     zero = jnp.zeros((B,), jnp.int32)
+    outputs = jnp.zeros((B, steps + k + 1), jnp.int32).at[:, 0].set(first)
+    log = jnp.zeros((B, steps, k + 1), jnp.int32)
+    stop = stop_codes(jnp, first, one, budget, prefix_length, context, turn_end_id)
+    put = jax.vmap(lambda buffer, update, at: jax.lax.dynamic_update_slice(buffer, update, (at,) + (0,) * (update.ndim - 1)))
+    if draft_architecture is None:
+        propose, roll_back = _lookup_proposer(k, ngram, turn_end_id)
+        drafting = (jnp.zeros((B, k), jnp.int32), zero)  # guesses the last verify left, and how many
+    else:
+        step = functools.partial(advance, draft_weights, draft_architecture, unroll=draft_unroll, layer_weights=draft_layers)
+        propose, roll_back = _model_proposer(step, k)
+        drafting = (draft_state, zero - 1)
 
     def running(carry):
-        return jnp.any(carry[5] == 0)
+        return jnp.any(carry[4] == 0)
 
     def round_(carry):
-        target_state, draft_state, last, pending, selected, stop, outputs, drafted_log, accepted_log, rounds = carry
+        target_state, drafting, last, selected, stop, outputs, log, rounds = carry
         active = (stop == 0).astype(jnp.int32)
-        # Propose: the draft first processes the id it still owes (when it drafted all k ids and all were
-        # accepted) and the last selected id, then selects k ids greedily.
-        owes = pending >= 0
-        window = jnp.where(owes[:, None], jnp.stack([pending, last], 1), jnp.stack([last, zero], 1))
-        logits, draft_state = draft_step(draft_state, window, (1 + owes) * active)
-        proposed = [_argmax(logits)]
-        for _ in range(k - 1):
-            logits, draft_state = draft_step(draft_state, proposed[-1][:, None], active)
-            proposed.append(_argmax(logits))
-        drafted = jnp.stack(proposed, 1)  # [B, k]
+        drafted, drafting = propose(drafting, target_state, last, active)  # [B, k]
         # Verify: the target's own id after the last id and after each drafted one, in one forward.
         logits, verified = verify_window(
             target_weights, target_layers, target_architecture, target_state,
@@ -127,32 +180,75 @@ def _speculative_loop(
             jnp, target_ids, selected[:, None] + offsets + 1, budget[:, None], prefix_length[:, None], context, turn_end_id
         )
         stops = (codes != 0) & (offsets <= accepted[:, None])
+        stopped = jnp.any(stops, axis=1)
         stops_at = jnp.argmax(stops, axis=1)
-        taken = jnp.where(jnp.any(stops, axis=1), stops_at + 1, accepted + 1) * active
-        columns = jnp.where(offsets < taken[:, None], selected[:, None] + offsets, steps)  # out of range: dropped
-        outputs = outputs.at[rows[:, None], columns].set(target_ids, mode="drop")
-        round_column = jnp.where(active == 1, rounds, steps)
-        drafted_log = drafted_log.at[rows, round_column].set(drafted, mode="drop")
-        accepted_log = accepted_log.at[rows, round_column].set(jnp.minimum(accepted, taken), mode="drop")
+        taken = jnp.where(stopped, stops_at + 1, accepted + 1) * active
+        outputs = put(outputs, target_ids, selected)
+        log = put(log, jnp.concatenate([drafted, jnp.minimum(accepted, taken)[:, None]], 1)[:, None], rounds)
         # Roll back: each state is the value the forwards returned, with the accepted positions as its length.
         processed = target_state.lengths
         target_state = verified.replace(lengths=processed + taken)
-        draft_lengths = jnp.where(active == 1, processed + jnp.minimum(accepted, k - 1) + 1, draft_state.lengths)
-        draft_state = draft_state.replace(lengths=draft_lengths)
-        pending = jnp.where((active == 1) & (accepted == k), drafted[:, k - 1], -1)
+        drafting = roll_back(drafting, processed, drafted, target_ids, accepted, active)
         last = jnp.where(active == 1, target_ids[rows, jnp.maximum(taken - 1, 0)], last)
-        stop = jnp.where(active == 1, jnp.where(jnp.any(stops, axis=1), codes[rows, stops_at], 0), stop)
-        return target_state, draft_state, last, pending, selected + taken, stop, outputs, drafted_log, accepted_log, rounds + active
+        stop = jnp.where(active == 1, jnp.where(stopped, codes[rows, stops_at], 0), stop)
+        return target_state, drafting, last, selected + taken, stop, outputs, log, rounds + active
 
-    carry = (target_state, draft_state, first, zero - 1, one, stop, outputs, drafted_log, accepted_log, zero)
-    target_state, _, _, _, selected, stop, outputs, drafted_log, accepted_log, rounds = jax.lax.while_loop(running, round_, carry)
-    return outputs, selected, stop, drafted_log, accepted_log, rounds, target_state
+    carry = (target_state, drafting, first, one, stop, outputs, log, zero)
+    target_state, _, _, selected, stop, outputs, log, rounds = jax.lax.while_loop(running, round_, carry)
+    return outputs, selected, stop, log, rounds, target_state
 
 
-def check_draft(target: ModelExecution, draft: ModelExecution, k: int) -> None:
-    """Refuse a draft that does not share the target's tokenizer and vocabulary, or a bad k."""
+def _model_proposer(step, k: int):
+    """A draft model's (propose, roll back) over (its KVState, the id it still owes or -1)."""
+
+    def propose(drafting, target_state, last, active):
+        # The draft first processes the id it still owes (when it drafted all k ids and all were accepted)
+        # and the last selected id, then selects k ids greedily.
+        draft_state, pending = drafting
+        owes = pending >= 0
+        window = jnp.where(owes[:, None], jnp.stack([pending, last], 1), jnp.stack([last, jnp.zeros_like(last)], 1))
+        logits, draft_state = step(draft_state, window, (1 + owes) * active)
+        proposed = [_argmax(logits)]
+        for _ in range(k - 1):
+            logits, draft_state = step(draft_state, proposed[-1][:, None], active)
+            proposed.append(_argmax(logits))
+        return jnp.stack(proposed, 1), (draft_state, pending)
+
+    def roll_back(drafting, processed, drafted, target_ids, accepted, active):
+        draft_state, _ = drafting
+        lengths = jnp.where(active == 1, processed + jnp.minimum(accepted, k - 1) + 1, draft_state.lengths)
+        pending = jnp.where((active == 1) & (accepted == k), drafted[:, k - 1], -1)
+        return draft_state.replace(lengths=lengths), pending
+
+    return propose, roll_back
+
+
+def _lookup_proposer(k: int, ngram: int, filler: int):
+    """PromptLookup's (propose, roll back) over (the guesses the last verify left [B, k], how many)."""
+
+    def propose(drafting, target_state, last, active):
+        guesses, count = drafting
+        found, matched = lookup(target_state.token_ids, target_state.lengths, last, k, ngram, filler)
+        column = jnp.arange(k)
+        pick = jnp.where(column < count[:, None], column, k + column - count[:, None])
+        guessed = jnp.take_along_axis(jnp.concatenate([guesses, found], 1), pick, 1)
+        return jnp.where(matched[:, None] >= 2, found, guessed), drafting
+
+    def roll_back(drafting, processed, drafted, target_ids, accepted, active):
+        # The target's ids after the first rejected draft: they follow the id it selected instead.
+        column = jnp.arange(k)
+        guesses = jnp.take_along_axis(target_ids, jnp.minimum(accepted[:, None] + 1 + column, k), 1)
+        return guesses, k - jnp.minimum(accepted, k)
+
+    return propose, roll_back
+
+
+def check_draft(target: ModelExecution, draft: ModelExecution | PromptLookup, k: int) -> None:
+    """Refuse a draft model that does not share the target's tokenizer and vocabulary, or a bad k."""
     if not is_integer(k) or not 1 <= k <= MAX_SPECULATE:
         raise ApiError("speculate", f"must be an integer in 1..{MAX_SPECULATE}, got {k!r}")
+    if isinstance(draft, PromptLookup):
+        return
     if draft.identity.tokenizer_sha256 != target.identity.tokenizer_sha256:
         raise ApiError("draft", "has another tokenizer than the target model; a draft must propose the target's ids")
     if draft.architecture.vocabulary != target.architecture.vocabulary:
@@ -164,9 +260,10 @@ def check_draft(target: ModelExecution, draft: ModelExecution, k: int) -> None:
 
 
 def generate_speculative(
-    target: ModelExecution, draft: ModelExecution, requests: Sequence[InferenceRequest], k: int
+    target: ModelExecution, draft: ModelExecution | PromptLookup, requests: Sequence[InferenceRequest], k: int
 ) -> Generation:
-    """Greedy generation of the target model, decoded speculatively with `draft` proposing k ids a round.
+    """Greedy generation of the target model, decoded speculatively with `draft` (a draft model, or
+    PromptLookup) proposing k ids a round.
 
     The output ids are plain greedy decoding's; each response's `speculation` records every round's
     drafted, accepted and rejected ids and the acceptance rate.
@@ -181,33 +278,35 @@ def generate_speculative(
     prompts = [r.prompt_ids for r in requests]
     budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
     capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
-    if draft.architecture.context < min(capacity, target.architecture.context):
-        raise ApiError("draft", f"has a context of {draft.architecture.context} positions; this run needs {capacity}")
+    model = None if isinstance(draft, PromptLookup) else draft
+    if model is not None and model.architecture.context < min(capacity, target.architecture.context):
+        raise ApiError("draft", f"has a context of {model.architecture.context} positions; this run needs {capacity}")
     target_start, window_ids, counts, _ = target.window(prompts, None, capacity)
-    draft_start, _, _, _ = draft.window(prompts, None, target_start.capacity)
     loop = functools.partial(
-        _speculative_loop, target.weights, target.layer_weights, draft.weights, draft.layer_weights,
-        target_architecture=target.architecture, draft_architecture=draft.architecture, k=k,
-        steps=bucket(int(budgets.max()), 1 << 30), turn_end_id=target.turn_end_id,
-        target_unroll=target.scan_unroll, draft_unroll=draft.scan_unroll,
+        _speculative_loop, target.weights, target.layer_weights, model and model.weights, model and model.layer_weights,
+        target_architecture=target.architecture, draft_architecture=model and model.architecture, k=k,
+        steps=bucket(int(budgets.max()), 1 << 30), turn_end_id=target.turn_end_id, target_unroll=target.scan_unroll,
+        draft_unroll=model and model.scan_unroll, ngram=draft.ngram if model is None else 0,
     )  # fmt: skip
+
+    def draft_prefill():
+        draft_start, _, _, _ = model.window(prompts, None, target_start.capacity)
+        return model.advance(draft_start, window_ids, counts)[1]
 
     # Compile every program first, so times exclude compilation: a budget of two runs one round, because
     # XLA on CPU also prepares a loop body's kernels the first time they run (a first timed loop of the
     # chat model took 20-50x its later runs after a warm-up whose loop ran no round).
     warm_logits, warm_target = target.advance(target_start, window_ids, counts)
-    warm_draft = draft.advance(draft_start, window_ids, counts)[1]
-    jax.block_until_ready(loop(warm_target, warm_draft, warm_logits, jnp.minimum(jnp.asarray(budgets), 2)))
+    jax.block_until_ready(loop(warm_target, model and draft_prefill(), warm_logits, jnp.minimum(jnp.asarray(budgets), 2)))
     (first_logits, target_state), prefill_seconds = _timed(target.advance, target_start, window_ids, counts)
-    (_, draft_state), draft_prefill_seconds = _timed(draft.advance, draft_start, window_ids, counts)
+    draft_state, draft_prefill_seconds = _timed(draft_prefill) if model else (None, 0.0)
     ran, loop_seconds = _timed(loop, target_state, draft_state, first_logits, jnp.asarray(budgets))
-    outputs, selected, stop, drafted, accepted, rounds = jax.device_get(ran[:6])
+    outputs, selected, stop, log, rounds = jax.device_get(ran[:5])
     per_round = loop_seconds / max(1, int(rounds.max()))
     responses = []
     for b, request in enumerate(requests):
         output_ids = tuple(int(t) for t in outputs[b, : selected[b]])
-        speculation = _speculation(draft, k, output_ids, drafted[b, : rounds[b]], accepted[b, : rounds[b]],
-                                   draft_prefill_seconds)  # fmt: skip
+        speculation = _speculation(draft, k, output_ids, log[b, : rounds[b]], draft_prefill_seconds)
         computations = _computations(target, request, output_ids, speculation, prefill_seconds, per_round)
         responses.append(
             InferenceResponse(
@@ -218,7 +317,7 @@ def generate_speculative(
                 computations=computations, work=GenerationWork.total(computations), speculation=speculation,
             )
         )  # fmt: skip
-    return Generation(tuple(responses), ran[6])
+    return Generation(tuple(responses), ran[5])
 
 
 def _timed(program, *args):
@@ -228,16 +327,17 @@ def _timed(program, *args):
     return result, time.perf_counter() - started
 
 
-def _speculation(draft: ModelExecution, k: int, output_ids, drafted, accepted, draft_prefill_seconds) -> SpeculationEvidence:
-    """Each round's drafted ids split at the first the target rejected; the round's first id is output
-    id `step` (id 0 comes from the prefill)."""
+def _speculation(draft, k: int, output_ids, log, draft_prefill_seconds) -> SpeculationEvidence:
+    """Each round's drafted ids (log[:, :k]) split at the first the target rejected (log[:, k] accepted);
+    the round's first id is output id `step` (id 0 comes from the prefill)."""
     rounds, step = [], 1
-    for ids, n in zip(drafted, accepted):
-        ids, n = tuple(int(t) for t in ids), int(n)
+    for row in log:
+        ids, n = tuple(int(t) for t in row[:k]), int(row[k])
         own = output_ids[step + n] if step + n < len(output_ids) else None
         rounds.append(SpeculationRound(step, ids, ids[:n], ids[n:], own))
         step += n + (own is not None)
-    return SpeculationEvidence(draft.identity.checkpoint_sha256, k, tuple(rounds), draft_prefill_seconds * 1e6)
+    checkpoint = None if isinstance(draft, PromptLookup) else draft.identity.checkpoint_sha256
+    return SpeculationEvidence(checkpoint, k, tuple(rounds), draft_prefill_seconds * 1e6)
 
 
 def _computations(target: ModelExecution, request, output_ids, speculation, prefill_seconds, per_round):

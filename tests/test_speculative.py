@@ -12,7 +12,7 @@ import pytest
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from inference.speculative import generate_speculative, verify_window
+from inference.speculative import PromptLookup, generate_speculative, lookup, verify_window
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.errors import ApiError
 from jgpt.kv_state import StateIdentity
@@ -74,6 +74,26 @@ def test_speculative_ids_equal_greedy_batched_rows_with_different_acceptance():
     assert max(rates["unrelated", 4]) < 0.5
     perturbed = rates["perturbed", 4]
     assert 0 < min(perturbed) < 1 and len(set(perturbed)) > 1, perturbed  # rows accept differently in one batch
+
+
+def test_prompt_lookup_ids_equal_greedy_and_it_accepts_a_repeating_reply():
+    """The random target's greedy replies cycle (period 6): once a cycle has passed, two-id matches draft it."""
+    run = assert_same_as_greedy(execution(3), PromptLookup(), requests([30, 9, 25]), 3)
+    rates = [r.speculation.acceptance_rate for r in run.responses]
+    assert rates[0] > 0.3 and rates[2] > 0.2, rates
+    assert all(r.speculation.draft_checkpoint_sha256 is None and r.speculation.draft_prefill_wall_time_us == 0
+               for r in run.responses)  # fmt: skip
+    assert_same_as_greedy(execution(3), PromptLookup(ngram=1), requests([20, 3, 40]), 1)
+
+
+def test_lookup_drafts_what_followed_the_latest_longest_match():
+    ids = jnp.asarray([[1, 2, 3, 9, 1, 2, 0, 0], [5, 6, 5, 7, 0, 0, 0, 0]], jnp.int32)
+    found, matched = lookup(ids, jnp.asarray([6, 4]), jnp.asarray([3, 5]), 3, 3, 99)
+    # Row 0 is 1 2 3 9 1 2 [3]: [1 2 3] ended at slot 2. Row 1 is 5 6 5 7 [5]: 5 last occurred at slot 2,
+    # and what follows it runs into the row's last id and then past it (filler).
+    assert found.tolist() == [[9, 1, 2], [7, 5, 99]] and matched.tolist() == [3, 1]
+    found, matched = lookup(ids, jnp.asarray([6, 4]), jnp.asarray([8, 8]), 2, 3, 99)
+    assert found.tolist() == [[99, 99], [99, 99]] and matched.tolist() == [0, 0]
 
 
 def test_speculative_ids_equal_greedy_with_a_stop_inside_an_accepted_round():
