@@ -22,6 +22,7 @@ sandbox, never as code, and nothing is ever loaded with `trust_remote_code`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -397,18 +398,89 @@ def _text_file(data: bytes, name: str) -> str:
         raise ApiError(name, f"is not valid UTF-8 at byte {error.start}") from None
 
 
+# The largest number a chat template may pass to an operation that sizes its result (a repetition, a
+# width, a power's exponent): far past any conversation's framing, far below what exhausts a machine.
+TEMPLATE_SIZE_LIMIT = 1 << 16
+# A width or precision of six digits, or `%*d` (one taken from the arguments), in a %-format or a {}-format.
+_WIDE_FORMAT = re.compile(r"%[-#0 +]*(\*|\d{6,}|\d*\.(\*|\d{6,}))|\{[^{}]*:[^{}]*\d{6,}")
+
+
 def _render(template: str, messages: list[dict[str, str]], generation_prompt: bool, eos: str, bos: str) -> str:
-    """A chat template rendered in jinja2's immutable sandbox: it reads the messages, calls nothing of ours."""
+    """A chat template rendered in jinja2's immutable sandbox: it reads the messages, calls nothing of ours,
+    and cannot make a result sized by a number (`"a" * 10**10`, `9 ** 10**9`, `"a".ljust(10**10)`): those
+    would exhaust the memory, or the CPU in a big-integer power that no signal interrupts."""
     from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
         raise ApiError("chat_template", f"refuses the turns: {message}")
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment = _sandbox()(trim_blocks=True, lstrip_blocks=True)
     environment.globals["raise_exception"] = raise_exception
     try:
         return environment.from_string(template).render(
             messages=messages, add_generation_prompt=generation_prompt, eos_token=eos, bos_token=bos)
+    except ApiError:
+        raise
     except TemplateError as error:
         raise ApiError("chat_template", f"cannot be rendered: {error}") from None
+    except Exception as error:  # the template's own arithmetic (1/0, "%d" % "x"), or memory it asked for
+        raise ApiError("chat_template", f"cannot be rendered: {type(error).__name__}: {error}") from None
+
+
+@functools.cache
+def _sandbox() -> type:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "%"})
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.filters = {name: _bounded_call(f) for name, f in self.filters.items()}
+            self.tests = {name: _bounded_call(f) for name, f in self.tests.items()}
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, int) and abs(right) > 64:
+                raise ApiError("chat_template", f"raises to the power {right}, more than 64")
+            sequence = next((a for a in (left, right) if isinstance(a, (str, list, tuple))), None)
+            if operator == "*" and sequence is not None and isinstance(count := right if sequence is left else left, int):
+                _check_size(len(sequence) * abs(count))
+            if operator == "%" and isinstance(left, str):
+                _check_format(left)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # jinja2's own names: any keyword is an argument
+            _check_arguments(args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value):  # `"{:>99999999}".format`, as it is looked up
+            owner = getattr(value, "__self__", None)
+            if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map"):
+                _check_format(owner)
+            return super().wrap_str_format(value)
+
+    return BoundedSandbox
+
+
+def _bounded_call(function):
+    @functools.wraps(function)  # keeps jinja2's pass_context / pass_environment marks
+    def bounded(*args, **kwargs):
+        _check_arguments(args, kwargs)
+        return function(*args, **kwargs)
+    return bounded
+
+
+def _check_arguments(args: tuple, kwargs: dict) -> None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and not isinstance(value, bool):
+            _check_size(abs(value))
+
+
+def _check_format(text: str) -> None:
+    if _WIDE_FORMAT.search(text):
+        raise ApiError("chat_template", "formats with a width of six digits or one taken from the arguments")
+
+
+def _check_size(number: int) -> None:
+    if number > TEMPLATE_SIZE_LIMIT:
+        raise ApiError("chat_template", f"sizes a result by {number}, more than {TEMPLATE_SIZE_LIMIT}")
