@@ -126,7 +126,10 @@ def _save_weights(directory: Path, weights: ModelWeights) -> None:
     import orbax.checkpoint as ocp
 
     tensors = {name: np.asarray(tensor) for name, tensor in weights.as_dict().items()}
-    with ocp.StandardCheckpointer() as checkpointer:
+    # One process's write: of a run over several processes (jax.distributed) process 0 alone saves the
+    # artifact, and orbax would wait at its barriers for the others.
+    alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(), active_processes={jax.process_index()})
+    with ocp.StandardCheckpointer(multiprocessing_options=alone) as checkpointer:
         checkpointer.save(directory, tensors)
         checkpointer.wait_until_finished()
 

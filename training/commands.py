@@ -84,10 +84,13 @@ def train_command(prog: str, argv: list[str]) -> int:
 
     from jgpt.artifact import save_artifact
     from training.run_lock import run_lock
+    from training.sharding import main_process
     from training.trainer import train
 
     with run_lock(Path(config.out)):
         result = train(config, resume=args.resume, progress=not args.quiet, model_axis=args.model_axis)
+        if not main_process():  # one of several processes: process 0 writes the artifact and the summary
+            return 0
         artifact = save_artifact(
             result.run.model.absolute(), config.architecture, result.weights, result.provenance,
             result.corpus.tokenizer, overwrite=True,

@@ -3,7 +3,8 @@
 Two `jgpt train` processes on the same `--out` once interleaved `metrics.jsonl` and the
 second died in an orbax traceback. The run takes `fcntl.flock` on `train.lock` in the
 run directory (the kernel releases it when the process ends, however it ends) and writes
-its pid there, so a second process is refused at once, naming the holder.
+its pid there, so a second process is refused at once, naming the holder. In a run over
+several processes (`jax.distributed`) process 0 alone takes it: the others are the same run.
 """
 
 from __future__ import annotations
@@ -16,12 +17,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from jgpt.errors import ApiError
+from training.sharding import main_process
 
 LOCK = "train.lock"
 
 
 @contextlib.contextmanager
 def run_lock(root: Path) -> Iterator[None]:
+    """Hold `root/train.lock` for the block (process 0 of a multi-process run; the others hold nothing)."""
+    if main_process():
+        with _exclusive(root):
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def _exclusive(root: Path) -> Iterator[None]:
     """Hold `root/train.lock` for the block; a directory this call created and the run left empty goes again."""
     created = [path for path in (root, *root.parents) if not path.exists()]  # the run creates these
     try:

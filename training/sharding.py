@@ -21,8 +21,8 @@ from jax.sharding import Mesh
 from jgpt.errors import ApiError
 from jgpt.mesh import DATA_AXIS, batch_sharding, mesh, replicated, tree_shardings
 
-__all__ = ["batch_sharding", "check_batch_size", "data_mesh", "initialize_distributed", "mesh", "replicated",
-           "state_shardings", "to_host"]  # fmt: skip
+__all__ = ["batch_sharding", "check_batch_size", "data_mesh", "initialize_distributed", "main_process", "mesh",
+           "replicated", "state_shardings", "to_host"]  # fmt: skip
 
 # Set by multi-host launchers; when present, the run joins the distributed system.
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
@@ -48,6 +48,12 @@ def _environment_integer(name: str, value: str, minimum: int) -> int:
     if not value.isascii() or not value.isdigit() or not minimum <= int(value) < 1 << 20:  # 2^20: no cluster is larger
         raise ApiError(name, f"must be an integer in [{minimum}, 2^20), got {value!r}")
     return int(value)
+
+
+def main_process() -> bool:
+    """Whether this is process 0 (joining the distributed system first): the one that writes a run's files."""
+    initialize_distributed()
+    return jax.process_index() == 0
 
 
 def data_mesh() -> Mesh:

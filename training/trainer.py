@@ -4,6 +4,11 @@ A run directory holds `run.json` (the config), `checkpoints/` (orbax, periodic a
 final, written atomically), `metrics.jsonl`, `loss.png` and `model/` (the final
 ModelArtifact). Everything that can reject the input runs before the directory
 is touched, so a rejected run leaves nothing `--resume` could pick up.
+
+Over several processes (`jax.distributed`) every process runs the same steps;
+process 0 alone writes run.json, the metrics, the plot and the artifact, and
+every process writes its own shards of each checkpoint into `checkpoints/`,
+which all of them must see (a shared file system across hosts).
 """
 
 from __future__ import annotations
@@ -109,7 +114,7 @@ def _best_record(weights, loss: float, step: int) -> dict:
 
 def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True, model_axis: int = 1) -> TrainingResult:
     """`model_axis` devices split each weight's heads and hidden units (`training.sharding`); the rest split the batch."""
-    sharding.initialize_distributed()
+    main = sharding.main_process()
     mesh = sharding.mesh(model_axis)
     sharding.check_batch_size(config.batch_size, mesh)
     architecture = config.architecture
@@ -117,9 +122,10 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
     run = RunDirectory(Path(config.out))
     _check_run_directory(run, config, resume)
 
-    run.root.mkdir(parents=True, exist_ok=True)
-    _sweep_staging(run)
-    _write_json(run.config, config.to_json())
+    if main:
+        run.root.mkdir(parents=True, exist_ok=True)
+        _sweep_staging(run)
+        _write_json(run.config, config.to_json())
     optimizer_ = optimizer.adamw(config)
     key = jax.random.key(config.seed)
     batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
@@ -147,8 +153,9 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
                     ),
                 )
             state, best = jax.device_put(restored.state, state_sharding), restored.best
-            metrics.truncate_after(run.metrics, int(state.step))
-        elif run.metrics.exists():
+            if main:
+                metrics.truncate_after(run.metrics, int(state.step))
+        elif main and run.metrics.exists():
             run.metrics.unlink()
         data = jax.device_put(corpus.train, replicated)
 
@@ -156,7 +163,8 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
             return development_loss(development_step, weights, corpus.development, corpus.development_bytes, development_batch)
 
         tokens_per_step = config.batch_size * config.window
-        bar = tqdm(total=config.steps, initial=int(state.step), disable=not progress, unit="step", dynamic_ncols=True)
+        bar = tqdm(total=config.steps, initial=int(state.step), disable=not (progress and main), unit="step",
+                   dynamic_ncols=True)  # fmt: skip
         clock, clock_step = time.perf_counter(), int(state.step)
         while (step := int(state.step)) < config.steps:
             state, step_metrics = train_step(state, data)
@@ -179,7 +187,7 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
                 record |= {"development_loss": loss, "development_bits_per_byte": bits}
                 if loss < best["development_loss"]:
                     best = _best_record(state.weights, loss, step)
-            if len(record) > 1:
+            if main and len(record) > 1:
                 metrics.append(run.metrics, record)
             if step % config.checkpoint_every == 0 or step == config.steps:
                 with termination_deferred():  # a checkpoint is written whole: SIGTERM waits for the save
@@ -206,5 +214,6 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
         preparation_run_sha256=config.preparation_run_sha256,
     )
     weights = sharding.to_host(selected)
-    metrics.plot(run.metrics, run.loss_curve)
+    if main:
+        metrics.plot(run.metrics, run.loss_curve)
     return TrainingResult(weights, provenance, corpus, run, mesh.size)
