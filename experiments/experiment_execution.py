@@ -54,6 +54,7 @@ from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
 from jgpt.json_input import parse_json
 from jgpt.paths import confined
+from jgpt.validation import is_integer
 from jgpt.walkthrough import walkthrough
 from kvsim import compare, merge_service, parse_document, parse_system, record_json, simulate
 
@@ -264,7 +265,7 @@ def replay(record_path: Path) -> dict[str, Any]:
         field = f"record.arms[{i}]"
         if any(execution.assignments.get(k) != v for k, v in declared[i].execution.assignments.items()):
             raise ApiError(f"{field}.execution", "does not hold the settings of its lab's arm")
-        if arm.get("recording") not in range(len(documents)) or isinstance(arm.get("recording"), bool):
+        if not is_integer(arm.get("recording")) or arm["recording"] not in range(len(documents)):
             raise ApiError(f"{field}.recording", f"must be the index of one of the {len(documents)} recordings")
         if chosen(execution.assignments, "execution.runner") == "engine":
             replay_engine_arm(record_path.parent, arm, field, execution, documents[arm["recording"]], workload)
@@ -442,8 +443,8 @@ def _file_entry(name: str, data: bytes) -> dict[str, Any]:
 
 def verified_file(directory: Path, entry: Any, field: str) -> bytes:
     """The bytes of the file a record's entry names, checked before use."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or isinstance(entry.get("bytes"), bool) \
-            or not isinstance(entry.get("bytes"), int) or not 0 <= entry["bytes"] <= RECORD_FILE_LIMIT:
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or not is_integer(entry.get("bytes")) \
+            or not 0 <= entry["bytes"] <= RECORD_FILE_LIMIT:
         raise ApiError(field, f"must be a file entry {{path, sha256, bytes}} of at most {RECORD_FILE_LIMIT} bytes")
     path = confined(directory, entry.get("path"), f"{field}.path")
     if path.is_file() and path.stat().st_size != entry["bytes"]:  # refused before a byte is read

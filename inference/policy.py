@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jgpt.errors import ApiError
+from jgpt.validation import is_integer, is_number
 
 GREEDY = "greedy"
 SAMPLE = "sample"  # seeded sampling (inference/sampling.py); the spec names greedy selection only
@@ -70,14 +71,14 @@ _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
 
 
 def _check_number(field: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and low <= value <= high
+    ok = is_number(value) and low <= value <= high
     if not ok or (low_open and value == low):
         bound = f"{'>' if low_open else '>='} {low:g} and <= {high:g}"
         raise ApiError(field, f"must be a number {bound}, got {value!r}")
 
 
 def _check_integer(field: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_integer(value) or not low <= value <= high:
         raise ApiError(field, f"must be an integer in {low}..{high}, got {value!r}")
 
 
@@ -102,7 +103,7 @@ def check_prompt(prompt_ids: Sequence[int], vocabulary: int, context: int, field
     if len(prompt_ids) > context:
         raise ApiError(field, f"has {len(prompt_ids)} ids, more than the model's context of {context}")
     for i, t in enumerate(prompt_ids):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocabulary:
+        if not is_integer(t) or not 0 <= t < vocabulary:
             raise ApiError(f"{field}[{i}]", f"{t!r} is not a token id of this model (0..{vocabulary - 1})")
 
 

@@ -35,6 +35,7 @@ from jgpt.json_input import read_json
 from jgpt.limits import PARAMETER_LIMIT
 from jgpt.output_paths import output_directory
 from jgpt.paths import confined
+from jgpt.validation import is_integer, is_number
 from jgpt.weights import InitializationProvenance, ModelWeights, parameter_count
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -53,14 +54,14 @@ def _setting(config: Mapping[str, Any], name: str, default: Any = None) -> Any:
 
 def _size(config: Mapping[str, Any], name: str, default: Any = None) -> int:
     value = _setting(config, name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= DIMENSION_LIMIT:
+    if not is_integer(value) or not 0 < value <= DIMENSION_LIMIT:
         raise ApiError(f"config.json:{name}", f"must be an integer from 1 to {DIMENSION_LIMIT}, got {value!r}")
     return value
 
 
 def _positive(config: Mapping[str, Any], name: str, default: Any = None) -> float:
     value = _setting(config, name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not is_number(value) or not value > 0:
         raise ApiError(f"config.json:{name}", f"must be a positive finite number, got {value!r}")
     return value
 

@@ -41,7 +41,7 @@ from jgpt.encoding import Encoding, Span, control_span, text_spans
 from jgpt.errors import ApiError, library_failure
 from jgpt.identity import read_bytes, sha256_json, write_atomically
 from jgpt.json_input import parse_json
-from jgpt.validation import LIMIT
+from jgpt.validation import LIMIT, is_integer
 
 ROLES = ("system", "user", "assistant")
 BYTE_COUNT = 256
@@ -162,7 +162,7 @@ class Tokenizer:
         if not isinstance(vocab_size, int) or vocab_size < FIRST_MERGE_ID:
             raise ApiError("vocab_size", f"must be an integer >= {FIRST_MERGE_ID} (bytes plus control tokens), "
                                          f"got {vocab_size!r}")
-        if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or not 1 <= min_frequency <= LIMIT:
+        if not is_integer(min_frequency) or not 1 <= min_frequency <= LIMIT:
             raise ApiError("min_frequency", f"must be an integer in [1, 2^53], got {min_frequency!r}")
         learner = tokenizers.Tokenizer(tokenizers.models.BPE())
         learner.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -387,12 +387,11 @@ def _is_jgpt_layout(spec: Any) -> bool:
     added = spec.get("added_tokens") if isinstance(spec, dict) else None
     return isinstance(added, list) and any(
         CONTROL_MARKERS.get(token["id"]) == token.get("content") for token in added
-        if isinstance(token, dict) and isinstance(token.get("id"), int) and not isinstance(token["id"], bool))
+        if isinstance(token, dict) and is_integer(token.get("id")))
 
 
 def _check_context_limit(context_limit: Any) -> None:
-    if context_limit is not None and (isinstance(context_limit, bool) or not isinstance(context_limit, int)
-                                      or context_limit < 1):
+    if context_limit is not None and (not is_integer(context_limit) or context_limit < 1):
         raise ApiError("context_limit", f"must be a positive integer or None, got {context_limit!r}")
 
 
@@ -541,8 +540,7 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
         raise reject(f"added_tokens and vocab must hold exactly the control tokens {CONTROL_MARKERS}")
     by_id: dict[int, bytes] = {}
     for piece, token_id in model["vocab"].items():
-        if not piece or isinstance(token_id, bool) or not isinstance(token_id, int) \
-                or not all(char in _BYTE_OF_CHAR for char in piece):
+        if not piece or not is_integer(token_id) or not all(char in _BYTE_OF_CHAR for char in piece):
             raise reject(f"vocab entry {piece!r} is not a byte-level piece with an integer id")
         if token_id in by_id:
             raise reject(f"vocab id {token_id} is given to more than one piece")
