@@ -44,9 +44,9 @@ def _table(catalog) -> str:
         a = m.architecture
         shape = f"{a.get('position')}/{a.get('normalization')} L{a.get('layers')} C{a.get('width')} V{a.get('vocabulary')}"
         rows.append((m.id, m.role or "", f"{m.parameters:,}", shape, m.weights["sha256"][:12], m.label))
-    rows = [tuple(map(one_line, row)) for row in rows]  # a crafted label must not send escapes to the terminal
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    shown = [[one_line(cell) for cell in row] for row in rows]  # a crafted label must not send escapes to the terminal
+    widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in shown]
     return "\n".join([one_line(f"{catalog.path} (storage {catalog.base_url})"), *lines])
 
 
