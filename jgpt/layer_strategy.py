@@ -21,6 +21,7 @@ scan is the compact program with no second layout of the weights.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -63,22 +64,74 @@ class LayerStrategy:
         return "unrolled layers" if self.per_layer else f"scan (unroll={self.unroll})"
 
 
-def per_layer_view(weights: ModelWeights) -> tuple[dict[str, jax.Array], ...]:
-    """The block tensors as one dict of arrays per layer, for `forward(layer_weights=...)`. Call it outside jit.
+def per_layer_view(weights: ModelWeights) -> tuple[LayerWeights, ...]:
+    """The block tensors as one mapping per layer, for `forward(layer_weights=...)`. Call it outside jit.
 
-    On a CPU device each layer's array is a view into the stacked tensor, so the weights are
-    held once: a layer whose bytes start off XLA's 64-byte alignment (a bias of odd width) is
-    copied. On other devices each layer is a copy of its slice.
+    The weights stay held once. A layer's array is a view into the stacked tensor where the
+    device lets it be one: on CPU, shard by shard when the tensor is split over devices along
+    another axis, if the layer's bytes start on XLA's 64-byte alignment. Any other layer (a
+    bias of odd width, a tensor on a GPU or TPU) is read from the stacked tensor where the
+    program uses it, which costs that slice's copy at every call instead of a second copy held.
     """
     block = weights.block()
     layers = next(iter(block.values())).shape[0]
-    return tuple({name: _layer(tensor, i) for name, tensor in block.items()} for i in range(layers))
+    views = {name: [_view(tensor, index) for index in range(layers)] for name, tensor in block.items()}
+    return tuple(
+        LayerWeights({name: views[name][index] for name in block if views[name][index] is not None},
+                     {name: tensor for name, tensor in block.items() if views[name][index] is None}, index)
+        for index in range(layers)
+    )  # fmt: skip
 
 
-def _layer(tensor: jax.Array, index: int) -> jax.Array:
-    devices = tensor.sharding.device_set
-    if len(devices) == 1 and next(iter(devices)).platform == "cpu":
-        # A CPU array reads back as a numpy view of its own buffer, and device_put may alias an aligned
-        # slice of that view instead of copying it.
-        return jax.device_put(np.asarray(tensor)[index], tensor.sharding, may_alias=True)
-    return tensor[index]
+@jax.tree_util.register_pytree_with_keys_class
+class LayerWeights(Mapping):
+    """One layer's block tensors by name: its own arrays (views into the stacked tensors), and the stacked
+    tensors of the rest, sliced at `index` where a name is read."""
+
+    def __init__(self, own: dict[str, jax.Array], stacked: dict[str, jax.Array], index: int):
+        self.own, self.stacked, self.index = own, stacked, index
+
+    def __getitem__(self, name: str) -> jax.Array:
+        return self.own[name] if name in self.own else self.stacked[name][self.index]
+
+    def __iter__(self):
+        return iter([*self.own, *self.stacked])
+
+    def __len__(self) -> int:
+        return len(self.own) + len(self.stacked)
+
+    def tree_flatten_with_keys(self):
+        children = [(jax.tree_util.DictKey(name), array) for part in (self.own, self.stacked) for name, array in part.items()]
+        return children, (tuple(self.own), tuple(self.stacked), self.index)
+
+    @classmethod
+    def tree_unflatten(cls, names, arrays):
+        own, stacked, index = names
+        return cls(dict(zip(own, arrays[: len(own)])), dict(zip(stacked, arrays[len(own) :])), index)
+
+
+def _view(tensor: jax.Array, index: int) -> jax.Array | None:
+    """Layer `index` of `tensor` sharing its memory, or None where it cannot."""
+    sharding = _layer_sharding(tensor.sharding)
+    shards = tensor.addressable_shards
+    if sharding is None or not tensor.is_fully_addressable or any(s.device.platform != "cpu" for s in shards):
+        return None
+    parts = []
+    for shard in shards:
+        # A CPU buffer reads back as a numpy view of itself, and device_put may alias an aligned slice
+        # of that view instead of copying it; where it copied, the layer has no view.
+        part = jax.device_put(np.asarray(shard.data)[index], shard.device, may_alias=True)
+        if part.unsafe_buffer_pointer() != shard.data.unsafe_buffer_pointer() + index * part.nbytes:
+            return None
+        parts.append(part)
+    return jax.make_array_from_single_device_arrays(tensor.shape[1:], sharding, parts)
+
+
+def _layer_sharding(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding | None:
+    """How one layer of a stacked tensor lies over the devices: as the tensor does, less its layer axis
+    (None where the layer axis itself is split, or the sharding is of another kind)."""
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return sharding
+    if isinstance(sharding, jax.sharding.NamedSharding) and (not sharding.spec or sharding.spec[0] is None):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec[1:]))
+    return None
