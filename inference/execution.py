@@ -30,6 +30,7 @@ from jgpt.kv_state import KVState, StateIdentity
 from jgpt.layer_strategy import LayerStrategy
 from jgpt.model import forward
 from jgpt.tokenizer import TURN_END_ID
+from jgpt.validation import is_integer
 from jgpt.weights import ModelWeights
 
 MIN_BUCKET = 16
@@ -187,7 +188,7 @@ class ModelExecution:
         if len(token_ids) != state.batch:
             raise ApiError("token_id", f"needs one id per state row ({state.batch}), got {len(token_ids)}")
         for t in token_ids:
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < a.vocabulary:
+            if not (is_integer(t) or isinstance(t, np.integer)) or not 0 <= t < a.vocabulary:
                 raise ApiError("token_id", f"{t!r} is not a token id of this model (0..{a.vocabulary - 1})")
         longest = int(jnp.max(state.lengths))
         if longest >= a.context:
