@@ -21,7 +21,7 @@ from jgpt.errors import ApiError
 from jgpt.identity import sha256_json
 from jgpt.json_input import read_json
 from jgpt.limits import CONVERSATION_LIMIT, PARAMETER_LIMIT, VOCABULARY_LIMIT, bounded
-from jgpt.validation import Number, integer, number, string
+from jgpt.validation import Number, integer, is_integer, number, string
 
 SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
@@ -106,7 +106,7 @@ class TrainingConfig:
             raise ApiError("development_fraction", f"must be in (0, 1), got {self.development_fraction!r}")
         string(self.tokenizer, "tokenizer", TOKENIZERS)
         string(self.selection, "selection", SELECTIONS)
-        if not isinstance(self.unroll, (bool, int)) or (not isinstance(self.unroll, bool) and self.unroll <= 0):
+        if not (isinstance(self.unroll, bool) or is_integer(self.unroll) and self.unroll > 0):  # True: fully
             raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
         from jgpt.weights import parameter_count  # jax: `jgpt train --help` reads this module's defaults
 
