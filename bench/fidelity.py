@@ -7,9 +7,10 @@ clock runs) under serialized service and under continuous batching,
 machine's speed hits them all alike). `jgpt kvsim calibrate`'s fit runs on the
 calibration workloads' runs of this bench run only; kvsim then predicts each
 other workload's runs from their systems, arrivals and recorded computations
-(`kvsim.fidelity.predict`), with the calibrated service, with the same service
-fitted without its optional terms (the model before them), and with the
-hypothetical default rates of docs/experiments.md. Printed per workload, policy
+(`kvsim.fidelity.simulated_totals`), with the calibrated service (its spread:
+the median over simulated repeats of every measured repeat), with the same service fitted without its
+spread (every work its mean time), without finish either (the model before
+both), and with the hypothetical default rates of docs/experiments.md. Printed per workload, policy
 and field: the measured median over repeats with its noise band (the repeats'
 minimum and maximum), each prediction and its error; then how many latencies
 each model predicts within 10% and the worst.
@@ -56,8 +57,8 @@ from inference.execution import ModelExecution  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from jgpt.catalog import load_model, read_catalog  # noqa: E402
 from jgpt.identity import write_atomically  # noqa: E402
-from kvsim.calibration import OPTIONAL_TERMS, fit, fit_table, load_measured_run, read_measured_run  # noqa: E402
-from kvsim.fidelity import compare, predict, replay  # noqa: E402
+from kvsim.calibration import FINISH, OPTIONAL_TERMS, fit, fit_table, load_measured_run, read_measured_run  # noqa: E402
+from kvsim.fidelity import SPREAD_REPEATS, compare, median_totals, replay, simulated_totals  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 POLICIES = ("serialized", "continuous_batching")
@@ -65,9 +66,10 @@ GOAL = 0.10
 CALIBRATION = "calibration"  # workloads whose names start with it are fitted, the others predicted
 DOCS, PLOT = _ROOT / "docs" / "kvsim.md", _ROOT / "docs" / "kvsim-fidelity.png"
 BEGIN, END = "<!-- fidelity-bench:begin (bench/fidelity.py --write-docs) -->", "<!-- fidelity-bench:end -->"
-# The models compared: the calibrated service as `jgpt kvsim calibrate` fits it, and fitted without its
-# optional terms (the model before them).
-MODELS = {"calibrated": OPTIONAL_TERMS, "without finish": ()}
+# The models compared: the calibrated service as `jgpt kvsim calibrate` fits it (with its spread: the median
+# over simulated repeats), without the spread (every work its mean time), and without finish either (the
+# model before both).
+MODELS = {"calibrated": OPTIONAL_TERMS, "deterministic": (FINISH,), "without finish": ()}
 SHOWN = (*MODELS, "hypothetical")  # the predictions each row shows
 
 
@@ -251,11 +253,14 @@ def fidelity(runs: dict, fragments: dict[str, dict]) -> list[dict]:
     for (name, policy), measured in runs.items():
         if name.startswith(CALIBRATION):
             continue
-        per_repeat = [
-            {model: compare(r.document["totals"], predict(r, fragment).outcomes["totals"])
-             for model, fragment in [*fragments.items(), ("hypothetical", None)]}
-            for r in measured
-        ]  # fmt: skip
+        simulated = {model: [simulated_totals(r, fragment, SPREAD_REPEATS, n * SPREAD_REPEATS) for n, r in enumerate(measured)]
+                     for model, fragment in [*fragments.items(), ("hypothetical", None)]}  # fmt: skip
+        per_repeat = [{model: compare(r.document["totals"], median_totals(sims[n])) for model, sims in simulated.items()}
+                      for n, r in enumerate(measured)]  # fmt: skip
+        # A latency's prediction: the median over every simulated run of every measured repeat (one each
+        # without a spread), as the measured figure is the median over the repeats.
+        pooled = {model: compare(measured[0].document["totals"], median_totals([t for s in sims for t in s]))
+                  for model, sims in simulated.items()}  # fmt: skip
         for index, first in enumerate(per_repeat[0]["calibrated"]):
             values = [repeat["calibrated"][index].measured for repeat in per_repeat]
             head = {"workload": name, "policy": policy, "field": first.field.removesuffix("_us")}
@@ -270,8 +275,8 @@ def fidelity(runs: dict, fragments: dict[str, dict]) -> list[dict]:
             row = head | {"kind": "busy" if first.field == "compute_busy_us" else "latency", "measured": median,
                           "low": min(values), "high": max(values)}  # fmt: skip
             for model in per_repeat[0]:
-                predicted = statistics.median(repeat[model][index].predicted for repeat in per_repeat)
-                row |= {model: predicted, f"{model} error": (predicted - median) / median}
+                value = pooled[model][index].predicted
+                row |= {model: value, f"{model} error": (value - median) / median}
             rows.append(row)
     return rows
 

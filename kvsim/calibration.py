@@ -5,7 +5,9 @@ documents (docs/measured-run.md), fits each kind of work's latency terms by
 non-negative least squares (numpy only; kvsim stays jax-free), and writes a
 system fragment: `{"compute_service", "transfer", "calibration"}`, whose keys
 replace the same keys of a system (`merge_service`). The terms and what they
-stand for are in docs/kvsim.md ("Calibrated service").
+stand for are in docs/kvsim.md ("Calibrated service"). The fragment's `spread`
+holds, per kind of compute work, quantiles of the works' measured / fitted
+times, which a simulation draws each work's multiplier from.
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ VERSION = 1
 WORK_KINDS = (PREFILL, DECODE, "offload", "reload")
 DIRECTIONS = {"offload": DEVICE_TO_HOST, "reload": HOST_TO_DEVICE}
 HOST = "host"  # the fit of the host time before compute works (step overhead) and after a finish
-FINISH = "finish"
+FINISH, SPREAD = "finish", "spread"
 # The terms a fit may leave out (bench/fidelity.py compares the model with and without each).
-OPTIONAL_TERMS = (FINISH,)
+OPTIONAL_TERMS = (FINISH, SPREAD)
+# A spread's quantiles: at this many evenly spaced probabilities from SPREAD_TAIL to 1 - SPREAD_TAIL (the
+# most extreme works, single stalls, are left out; the distribution's mean is then scaled back to 1).
+SPREAD_POINTS, SPREAD_TAIL = 41, 0.005
 POSITION_BIN = 32  # decode residuals are reported per this many context positions a row held
 SIGNIFICANT_DIGITS = 6  # fitted parameters are written with this many, and read back as those exact decimals
 
@@ -71,6 +76,7 @@ class KindFit:
     mean_error_us: float  # mean |predicted - measured|
     mean_relative_error: float
     p90_relative_error: float
+    spread: tuple[float, ...]  # quantiles of measured / fitted per work, of mean 1 (see `spread_quantiles`)
     # per shape (prefill window; decode rows, and the context positions a row held; the engine's slot capacity
     # and slot rows; finishes before a work): (count, (fitted - measured) / measured of the works' total time)
     residuals: dict[str, tuple[int, float]]
@@ -199,7 +205,7 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
     windows = tuple(sorted({b for run in runs for b in run.prefill_window_buckets}))
     batches = tuple(sorted({b for run in runs for b in run.decode_batch_buckets}))
     fits, notes = [], []
-    compute = {"model": CALIBRATED}
+    compute, spread = {"model": CALIBRATED}, {"seed": 0}
     compute_works = {kind: [(w, run.slot_capacity, idle) for run in runs
                             for w, idle in zip(run.works, idle_us(run), strict=True) if w["kind"] == kind]
                      for kind in (PREFILL, DECODE)}  # fmt: skip
@@ -216,6 +222,7 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
         kind_fit = _fit_kind(kind, _column_names(kind, kind_works), columns, works, shapes[kind])
         fits.append(kind_fit)
         compute[kind] = _nested(kind, kind_fit.terms)
+        spread[kind] = list(kind_fit.spread)
     finish = host = None
     if FINISH in optional:
         host = host_fit(runs)
@@ -228,6 +235,8 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
     compute["prefill_window_buckets"], compute["decode_batch_buckets"] = list(windows), list(batches)
     if finish is not None:
         compute[FINISH] = finish
+    if SPREAD in optional:
+        compute[SPREAD] = spread
     fragment = {"compute_service": compute}
     transfer = {}
     for kind, direction in DIRECTIONS.items():
@@ -369,8 +378,20 @@ def _fit_kind(
         mean_error_us=float(np.abs(predicted - wall).mean()),
         mean_relative_error=float(relative.mean()),
         p90_relative_error=float(np.percentile(relative, 90)),
+        spread=spread_quantiles(wall / np.maximum(predicted, 1.0)),
         residuals=residuals,
     )
+
+
+def spread_quantiles(ratios: np.ndarray) -> tuple[float, ...]:
+    """The quantiles a spread draws a work's multiplier from: of the measured / fitted ratios, at SPREAD_POINTS
+    evenly spaced probabilities from SPREAD_TAIL to 1 - SPREAD_TAIL, scaled so the piecewise-linear
+    distribution they give has mean 1 (a spread adds no time on average: the fit's terms are the means)."""
+    quantiles = np.percentile(ratios, 100 * np.linspace(SPREAD_TAIL, 1 - SPREAD_TAIL, SPREAD_POINTS))
+    mean = float(np.mean((quantiles[:-1] + quantiles[1:]) / 2))
+    if mean <= 0:  # every work measured 0 us: nothing to spread
+        return (1, 1)
+    return tuple(_round(q / mean) for q in quantiles)
 
 
 def _shape_order(shape: str) -> tuple[str, int]:
@@ -498,6 +519,10 @@ def fit_table(fits: list[KindFit], notes: list[str]) -> str:
             f"  {f.kind:<9}{f.count:>7}{f.mean_wall_us:>14.1f}{f.mean_error_us:>13.1f}"
             f"{100 * f.mean_relative_error:>9.1f}%{100 * f.p90_relative_error:>9.1f}%  {terms}"
         )
+    lines.append("  spread, measured / fitted per work (p5 p25 p50 p75 p95 of the quantiles a spread draws from):")
+    for f in (f for f in fits if f.kind in (PREFILL, DECODE)):
+        lines.append(f"  {f.kind:<9}" + "  ".join(f"{np.interp(p, np.linspace(0, 1, len(f.spread)), f.spread):.3f}"
+                                                  for p in (0.05, 0.25, 0.5, 0.75, 0.95)))  # fmt: skip
     lines.append("  residuals per shape, (fitted - measured) / measured of the works' total time:")
     for f in (f for f in fits if f.residuals):
         shapes = "  ".join(f"{shape}: {100 * mean:+.1f}% (n={count})" for shape, (count, mean) in f.residuals.items())

@@ -9,14 +9,19 @@ size (decode), per slot of the engine's KV slot capacity, per FLOP and per byte,
 a penalty for a work that starts after the engine was idle at least a fitted
 time, a host step overhead before every work, optionally host time after a
 request ends (`finish`), and per-direction transfer latency plus time per byte
-(docs/kvsim.md, "Calibrated service"). A fragment without `finish` behaves, and
-is written, exactly as before it existed.
+(docs/kvsim.md, "Calibrated service"). Optionally (`spread`) each work's time
+is that mean time times a multiplier drawn per work from the calibration's
+own distribution of measured / fitted times, so simulated runs have the
+engine's per-work spread (and its tails); the draw is a hash of a seed and the
+work, so a record still replays byte for byte. A fragment without `finish` or
+`spread` behaves, and is written, exactly as before they existed.
 Every parameter is the exact rational of its JSON lexeme and every duration is
 rounded up to a whole microsecond, so records stay deterministic.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -29,6 +34,7 @@ PREFILL, DECODE = "prefill", "decode"
 DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
 # Each kind of work's size term: per executed (bucketed) prefill position; per executed decode batch size.
 SIZE_TERMS = {PREFILL: "per_position_us", DECODE: "per_batch_us"}
+SPREAD_QUANTILES_MAX = 1001  # quantiles per kind of work a spread may give (a bound on what a system holds)
 
 
 def ceil_us(value: Fraction) -> int:
@@ -48,7 +54,7 @@ class ComputeServiceConfig:
         return max(flops_us, bytes_us)
 
     def work_us(
-        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, idle_us: int
+        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, idle_us: int, work: int = 0
     ) -> tuple[int, int]:
         """(time before the work, the work's time): the roofline has no step overhead and ignores shapes."""
         return 0, self.duration_us(matmul_flops, memory_bytes)
@@ -118,6 +124,28 @@ class FinishTerms:
 
 
 @dataclass(frozen=True)
+class Spread:
+    """The per-work spread around the model's mean time: a work takes its mean time times a multiplier drawn
+    from a distribution given, per kind of work, by its quantiles at evenly spaced probabilities (the first at
+    0, the last at 1, linear between: the inverse of a piecewise-linear distribution function). The draw for
+    a work is a hash of the seed, its kind and the work's name in the run (kvsim's engine passes the id of its first
+    compute_start event), an exact rational, so a record
+    replays byte for byte and another seed is another simulated repeat (a deterministic model predicts
+    every work's mean, so tails made of slow works were short: docs/kvsim.md, "Fidelity")."""
+
+    seed: int
+    prefill: tuple[Fraction, ...]  # ascending, at least two
+    decode: tuple[Fraction, ...]
+
+    def multiplier(self, phase: str, work: int) -> Fraction:
+        quantiles = self.prefill if phase == PREFILL else self.decode
+        digest = hashlib.blake2b(f"{self.seed}/{phase == PREFILL}/{work}".encode(), digest_size=8).digest()
+        at = Fraction(int.from_bytes(digest, "big") * (len(quantiles) - 1), 1 << 64)  # in [0, len - 1)
+        below = at.numerator // at.denominator
+        return quantiles[below] + (quantiles[below + 1] - quantiles[below]) * (at - below)
+
+
+@dataclass(frozen=True)
 class CalibratedComputeService:
     prefill: WorkTerms
     decode: WorkTerms
@@ -127,16 +155,18 @@ class CalibratedComputeService:
     prefill_window_buckets: tuple[int, ...]  # the engine's compiled prefill windows, ascending
     decode_batch_buckets: tuple[int, ...]  # the engine's compiled decode batch sizes, ascending
     finish: FinishTerms | None = None  # None: a fragment without it (no host time after a request ends)
+    spread: Spread | None = None  # None: every work takes its mean time
 
     def work_us(
-        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, idle_us: int
+        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, idle_us: int, work: int = 0
     ) -> tuple[int, int]:
         """(step overhead, the work's time), each rounded up to a whole microsecond.
 
         The engine runs compiled shapes: a prefill of `positions` new ids executes the
         smallest window bucket that holds them, a decode step of `rows` requests the
         smallest batch bucket; beyond the largest bucket the size itself. `idle_us` is how
-        long the engine had been idle when the work started (0: it was busy).
+        long the engine had been idle when the work started (0: it was busy); `work` names
+        the work, uniquely in the run (what a spread draws its multiplier from).
         """
         after_idle = idle_us > 0 and idle_us >= self.after_idle_min_us
         if phase == PREFILL:
@@ -144,6 +174,8 @@ class CalibratedComputeService:
         else:
             size, terms = executed(self.decode_batch_buckets, rows), self.decode
         time = terms.time(size, self.slot_capacity, matmul_flops, memory_bytes, after_idle)
+        if self.spread is not None:
+            time *= self.spread.multiplier(phase, work)
         return ceil_us(self.step_overhead_us), ceil_us(time)
 
     def finish_us(self, retained_bytes: int) -> int:
@@ -190,7 +222,7 @@ def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | Cali
         field,
         {"model", "prefill", "decode", "step_overhead_us", "after_idle_min_us", "slot_capacity",
          "prefill_window_buckets", "decode_batch_buckets"},
-        {"finish"},
+        {"finish", "spread"},
     )  # fmt: skip
     return CalibratedComputeService(
         prefill=_work_terms(top["prefill"], f"{field}.prefill", PREFILL),
@@ -201,6 +233,7 @@ def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | Cali
         prefill_window_buckets=_buckets(top["prefill_window_buckets"], f"{field}.prefill_window_buckets"),
         decode_batch_buckets=_buckets(top["decode_batch_buckets"], f"{field}.decode_batch_buckets"),
         finish=_finish_terms(top["finish"], f"{field}.finish") if "finish" in top else None,
+        spread=_spread(top["spread"], f"{field}.spread") if "spread" in top else None,
     )
 
 
@@ -238,6 +271,12 @@ def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService
     if config.finish is not None:  # written only when given, so an older fragment's records keep their bytes
         finish = config.finish
         written["finish"] = {"fixed_us": validation.json_number(finish.fixed_us), "per_byte_us": validation.json_number(finish.per_byte_us)}
+    if config.spread is not None:  # likewise
+        spread = config.spread
+        written["spread"] = {"seed": spread.seed} | {
+            phase: [validation.json_number(q) for q in quantiles]
+            for phase, quantiles in ((PREFILL, spread.prefill), (DECODE, spread.decode))
+        }
     return written
 
 
@@ -286,6 +325,22 @@ def _work_terms_json(terms: WorkTerms, phase: str) -> dict:
 def _finish_terms(value: Any, field: str) -> FinishTerms:
     terms = validation.mapping(value, field, {"fixed_us", "per_byte_us"})
     return FinishTerms(*(validation.number(terms[name], f"{field}.{name}") for name in ("fixed_us", "per_byte_us")))
+
+
+def _spread(value: Any, field: str) -> Spread:
+    spread = validation.mapping(value, field, {"seed", PREFILL, DECODE})
+    return Spread(validation.integer(spread["seed"], f"{field}.seed"), *(_quantiles(spread[p], f"{field}.{p}") for p in (PREFILL, DECODE)))
+
+
+def _quantiles(value: Any, field: str) -> tuple[Fraction, ...]:
+    """Quantiles of a multiplier: numbers >= 0, ascending, at least two (the distribution's least and greatest)."""
+    items = validation.array(value, field)
+    if not 2 <= len(items) <= SPREAD_QUANTILES_MAX:
+        raise ApiError(field, f"expected 2 to {SPREAD_QUANTILES_MAX} quantiles, got {len(items)}")
+    quantiles = tuple(validation.number(q, f"{field}[{i}]") for i, q in enumerate(items))
+    if any(a > b for a, b in zip(quantiles, quantiles[1:])):
+        raise ApiError(field, "quantiles must be ascending")
+    return quantiles
 
 
 def _batch_times(value: Any, field: str) -> tuple[tuple[int, Fraction], ...]:

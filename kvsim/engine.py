@@ -308,8 +308,8 @@ class _Engine:
             flops, memory = flops + f, memory + b - min(request.spec.fixed_memory_bytes, b)
         # The step overhead (host time before the work) delays the work but does not busy the compute.
         phase, idle_us = ("prefill" if head.step == 0 else "decode"), max(0, self.now - self.last_end)
-        overhead, busy = self.compute.work_us(
-            phase, len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory, idle_us
+        overhead, busy = self.compute.work_us(  # the work named by its first compute_start's id (a spread's draw)
+            phase, len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory, idle_us, len(self.events)
         )
         duration = overhead + busy
         starts = []

@@ -3,7 +3,10 @@
 `predict` simulates exactly what the engine served: the measured run's system
 (with a calibrated service fragment in place of its compute service and
 transfer, or its own hypothetical rates), its recorded computations (the ids the
-engine selected), its arrivals and its customer interaction. `compare` lines
+engine selected), its arrivals and its customer interaction; `predicted_totals`
+takes, for a service with a spread, each field's median over simulated repeats
+with different seeds, as the measured figure is the median over repeated
+engine runs. `compare` lines
 the prediction's totals up against the measured totals, which carry kvsim's
 field names. `replay` is the check of kvsim's rules alone: every work and
 transfer takes the time the engine measured for it, so if kvsim takes the
@@ -12,6 +15,7 @@ engine's decisions in the engine's order, every outcome agrees exactly.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 
 from kvsim import engine
@@ -24,6 +28,7 @@ from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_wo
 
 LATENCIES = tuple((name, p) for name in ("ttft", "tpot", "e2e") for p in ("p50", "p90"))
 EXACT = ("hit_rate_device", "hit_rate_host", "token_hit_rate")
+SPREAD_REPEATS = 5  # simulated repeats of a service with a spread (seeds seed, seed + 1, ...): the bench's engine repeats
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,33 @@ def predict(run: MeasuredRun, fragment: dict | None) -> CacheRun:
     return simulate(parse_system(predicted_system(run, fragment), "system"), *_served(run))
 
 
+def predicted_totals(run: MeasuredRun, fragment: dict | None, repeats: int = SPREAD_REPEATS) -> dict:
+    """The totals `compare` reads, as kvsim predicts them for the measured run: one simulation's, or for a service
+    with a spread, each field's median over `repeats` simulations, the spread's seed counting up."""
+    return median_totals(simulated_totals(run, fragment, repeats))
+
+
+def simulated_totals(run: MeasuredRun, fragment: dict | None, repeats: int = SPREAD_REPEATS, first: int = 0) -> list[dict]:
+    """The totals of kvsim's simulations of the measured run: one, or `repeats` for a service with a spread
+    (seeds counting up from the spread's plus `first`: runs of the same workload simulate alike under the
+    same seeds, so repeats of one are given seeds of their own)."""
+    system = predicted_system(run, fragment)
+    service = system["compute_service"]
+    if "spread" not in service:
+        return [predict(run, fragment).outcomes["totals"]]
+    seeded = [service | {"spread": service["spread"] | {"seed": service["spread"]["seed"] + first + n}} for n in range(repeats)]
+    return [simulate(parse_system(system | {"compute_service": s}, "system"), *_served(run)).outcomes["totals"] for s in seeded]
+
+
+def median_totals(runs: list[dict]) -> dict:
+    """Each field `compare` reads, the median over the runs' totals (None if a run has none)."""
+    median = lambda values: None if None in values else statistics.median(values)  # noqa: E731
+    totals: dict = {"latency_us": {}} | {name: median([t[name] for t in runs]) for name in (*EXACT, "compute_busy_us")}
+    for name, p in LATENCIES:
+        totals["latency_us"].setdefault(name, {})[p] = median([t["latency_us"][name][p] for t in runs])
+    return totals
+
+
 def replay(run: MeasuredRun) -> dict:
     """The outcomes' totals of kvsim with every work and transfer taking the engine's measured time for it."""
     durations = _MeasuredDurations(run)
@@ -97,7 +129,9 @@ class _MeasuredDurations:
         for times in self.transfers.values():
             times.reverse()
 
-    def work_us(self, phase: str, positions: int, rows: int, flops: int, memory: int, idle_us: int) -> tuple[int, int]:
+    def work_us(
+        self, phase: str, positions: int, rows: int, flops: int, memory: int, idle_us: int, work: int = 0
+    ) -> tuple[int, int]:
         return self.works.pop() if self.works else (0, 0)  # more works than the engine ran: the outcomes will say
 
     def finish_us(self, retained_bytes: int) -> int:

@@ -24,6 +24,8 @@ from kvsim import parse_document, parse_system, record_json, record_value, rerun
 from kvsim.analytic import AnalyticModel, analytic_computations
 from kvsim.calibration import (
     FORMAT,
+    SPREAD_POINTS,
+    SPREAD_TAIL,
     finishes,
     fit,
     fitted_terms,
@@ -42,7 +44,7 @@ from kvsim.compute_service import (
     WorkTerms,
     compute_service_json,
 )
-from kvsim.fidelity import compare, predict
+from kvsim.fidelity import compare, predict, predicted_totals
 from kvsim.recorded import document_json
 from kvsim.synthetic import conversations
 from kvsim.system import system_json
@@ -246,6 +248,15 @@ def test_a_roofline_system_is_written_as_before_and_calibrated_records_replay(do
         (lambda s: s["compute_service"].update(finish={"fixed_us": 1, "per_byte_us": 0, "per_us": 0}), "system.compute_service.finish.per_us"),
         (lambda s: s["compute_service"].update(finish=[1, 0]), "system.compute_service.finish"),
         (lambda s: s["compute_service"].update(finish={"fixed_us": True, "per_byte_us": 0}), "system.compute_service.finish.fixed_us"),
+        (lambda s: s["compute_service"].update(spread=SPREAD | {"seed": -1}), "system.compute_service.spread.seed"),
+        (lambda s: s["compute_service"].update(spread=SPREAD | {"seed": 0.5}), "system.compute_service.spread.seed"),
+        (lambda s: s["compute_service"].update(spread={"seed": 0, "prefill": [1, 1]}), "system.compute_service.spread.decode"),
+        (lambda s: s["compute_service"].update(spread=SPREAD | {"prefill": [1]}), "system.compute_service.spread.prefill"),
+        (lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1.2, 0.9]}), "system.compute_service.spread.decode"),
+        (lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [-1, 1]}), "system.compute_service.spread.decode[0]"),
+        (lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1, "2"]}), "system.compute_service.spread.decode[1]"),
+        (lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1] * 1002}), "system.compute_service.spread.decode"),
+        (lambda s: s["compute_service"].update(spread=SPREAD | {"transfer": [1, 1]}), "system.compute_service.spread.transfer"),
     ],
 )
 def test_bad_calibrated_systems_are_refused_naming_the_field(change, field):
@@ -361,10 +372,70 @@ def test_calibration_recovers_the_finish_term(document, policy):
     before, _, _ = fit([measured, smaller], optional=())
     assert "finish" not in before["compute_service"]
     # A replay refits with the terms the recorded fragment holds, and gets it back.
-    assert fitted_terms(fragment) == ("finish",) and fitted_terms(before) == ()
+    assert fitted_terms(fragment) == ("finish", "spread") and fitted_terms(before) == ()
     assert fit([measured, smaller], fitted_terms(before))[0] == before
     worse = compare(measured.document["totals"], predict(measured, before).outcomes["totals"])
     assert max(abs(r.error) for r in worse if r.error is not None) > max(abs(r.error) for r in rows if r.error is not None)
+
+
+# A per-work spread with a known distribution: each work's mean time times a multiplier uniform on [0.8, 1.2].
+SPREAD = {"seed": 7, "prefill": [0.8, 1.2], "decode": [0.8, 1.2]}
+WITH_SPREAD = TRUTH | {"compute_service": TRUTH["compute_service"] | {"spread": SPREAD}}
+
+
+def test_a_spread_draws_each_work_from_its_quantiles_and_replays_byte_for_byte(document):
+    system = merge_service(conversation_system("continuous_batching"), WITH_SPREAD)
+    compute = parse_system(system).compute_service
+    # A 32-position prefill's mean time is 400 + 12*32 + 3*256 = 1552 us; the multipliers of many works are
+    # uniform on [0.8, 1.2]: mean 1, a tenth of them within each tenth of the range.
+    times = np.asarray([compute.work_us("prefill", 17, 1, 0, 0, 0, work)[1] for work in range(4000)]) / 1552
+    assert 0.8 <= times.min() and times.max() <= 1.2 + 1 / 1552 and abs(times.mean() - 1) < 0.01
+    assert np.all(np.abs(np.histogram(times, bins=10, range=(0.8, 1.2 + 1 / 1552))[0] / 4000 - 0.1) < 0.025)
+    # One seed is one run: the record replays byte for byte; another seed draws other times.
+    run = record_json(simulate(parse_system(system), parse_document(document)))
+    declared = json.loads(run)["declaration"]["system"]["compute_service"]
+    assert declared["spread"] == SPREAD and record_json(rerun(json.loads(run))) == run
+    reseeded = merge_service(system, {"compute_service": WITH_SPREAD["compute_service"] | {"spread": SPREAD | {"seed": 8}}})
+    assert json.loads(record_json(simulate(parse_system(reseeded), parse_document(document))))["events"] != json.loads(run)["events"]
+    # A spread of a single point, 1, is no spread: the same events and outcomes as the mean times alone.
+    ones = {"compute_service": TRUTH["compute_service"] | {"spread": {"seed": 7, "prefill": [1, 1], "decode": [1, 1]}}}
+    same, base = (record_value(simulate(parse_system(merge_service(system, service)), parse_document(document)))
+                  for service in (ones, TRUTH))  # fmt: skip
+    assert same["events"] == base["events"] and same["outcomes"] == base["outcomes"]
+
+
+@pytest.mark.parametrize("policy", ["serialized", "continuous_batching"])
+def test_calibration_recovers_a_known_spread(document, policy):
+    """Works made with the uniform spread: the fit's terms are the means, its spread the uniform quantiles."""
+    runs = [read_measured_run(measured_run(conversation_system(policy), document, WITH_SPREAD, slots), f"{slots:064d}")
+            for slots in (256, 160)]  # fmt: skip
+    fragment, fits, _ = fit(runs)
+    compute = fragment["compute_service"]
+    probabilities = np.linspace(SPREAD_TAIL, 1 - SPREAD_TAIL, SPREAD_POINTS)
+    for kind in ("prefill", "decode"):
+        quantiles = np.asarray(compute["spread"][kind], dtype=float)
+        assert len(quantiles) == SPREAD_POINTS and np.all(np.diff(quantiles) >= 0)
+        assert np.max(np.abs(quantiles - (0.8 + 0.4 * probabilities))) < 0.05, (kind, quantiles)
+        assert np.mean((quantiles[1:] + quantiles[:-1]) / 2) == pytest.approx(1, abs=1e-5)  # mean 1 by construction
+    assert compute["spread"]["seed"] == 0
+    # Without the spread every work takes its mean: the works' spread shows as the fit's error, which the
+    # uniform multiplier puts at about a tenth of a work's time on average.
+    prefill = next(f for f in fits if f.kind == "prefill")
+    assert 0.07 < prefill.mean_relative_error < 0.13
+
+
+def test_a_prediction_with_a_spread_is_the_median_over_seeds(document):
+    system = conversation_system("serialized") | {"kv_cache": {"device_kv_bytes": 10**9, "host_kv_bytes": 0}}
+    run = read_measured_run(measured_run(system, document, WITH_SPREAD), "0" * 64)
+    totals = [predict(run, WITH_SPREAD | {"compute_service": WITH_SPREAD["compute_service"] | {"spread": SPREAD | {"seed": seed}}})
+              .outcomes["totals"] for seed in range(7, 10)]  # fmt: skip
+    predicted = predicted_totals(run, WITH_SPREAD, repeats=3)
+    for name in ("ttft", "tpot", "e2e"):
+        values = [t["latency_us"][name]["p90"] for t in totals]
+        assert len(set(values)) > 1 and predicted["latency_us"][name]["p90"] == sorted(values)[1]
+    assert predicted["token_hit_rate"] == totals[0]["token_hit_rate"]
+    measured = run.document["totals"]  # without a spread, one simulation: its own figures
+    assert compare(measured, predicted_totals(run, TRUTH)) == compare(measured, predict(run, TRUTH).outcomes["totals"])
 
 
 def _with_idle_minimum(service: dict, minimum: int) -> dict:
