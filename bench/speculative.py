@@ -2,10 +2,10 @@
 
 Two pairs:
 
-* the shipped chat model (catalog `chat`) with its draft (catalog `chat-draft`), on
-  held-out exercises of the built-in skills (development conversations, seed 0), each
-  generating its reply up to TURN_END (budget 16): one request at a time (batch 1)
-  and all of them as one batch;
+* the shipped chat model (catalog `chat`) with its draft (catalog `chat-draft`) and
+  with the draft-free PromptLookup, on held-out exercises of the built-in skills
+  (development conversations, seed 0), each generating its reply up to TURN_END
+  (budget 16): one request at a time (batch 1) and all of them as one batch;
 * a GPT-2-small-sized random target (L12 C768 V50257) with a 2-layer random draft of
   the same width, on random prompts, 32 ids each (no end id): random weights agree
   on little, so this shows what a round costs when almost nothing is accepted.
@@ -18,6 +18,11 @@ beforehand; times are summed over the batches run, the median of `--repeats` run
 the whole set. Every speculative run's ids are checked equal to greedy's. The machine
 may be shared: expect +-15% run to run, more under load.
 
+"Bound" prices the best any draft could do on the chat workload: the target's forward
+over a window of W = K + 1 ids (a verify) against one over 1 id (a greedy step), timed
+alternately, and an oracle draft that is always right and costs nothing, which needs
+ceil(n / (K + 1)) verifies for a reply that decodes n ids where greedy needs n steps.
+
     .venv/bin/python bench/speculative.py [--quick] [--repeats N]
 """
 
@@ -25,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import os
 import statistics
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +45,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from inference.speculative import generate_speculative
+from inference.speculative import PromptLookup, generate_speculative, verify_window
 from jgpt.catalog import load_model
 from jgpt.hf_import import convert
 from jgpt.kv_state import StateIdentity
@@ -105,16 +112,17 @@ def measured(run, groups, repeats: int):
     return statistics.median(decode_rates), statistics.median(total_rates), results
 
 
-def table(title: str, target, draft, requests, repeats: int, batched: bool) -> None:
+def table(title: str, target, drafts, requests, repeats: int, batched: bool) -> list:
+    """Greedy, then every (name, draft) at K = 1..8; returns greedy's responses per group."""
     groups = [requests] if batched else [[r] for r in requests]
     greedy_decode, greedy_total, greedy = measured(functools.partial(generate, target), groups, repeats)
     greedy_ids = [[r.output_ids for r in responses] for responses in greedy]
     ids = sum(len(i) for group in greedy_ids for i in group)
     print(f"\n{title}: {len(requests)} requests, {'one batch' if batched else 'one at a time'}, {ids} output ids")
-    print(f"  {'decoding':<9} {'accept':>7} {'ids/round':>9} {'decode tok/s':>12} {'vs greedy':>9} "
+    print(f"  {'decoding':<16} {'accept':>7} {'ids/round':>9} {'decode tok/s':>12} {'vs greedy':>9} "
           f"{'with prefill':>12} {'vs greedy':>9}  ids")  # fmt: skip
-    print(f"  {'greedy':<9} {'':>7} {'':>9} {greedy_decode:12.1f} {1.0:8.2f}x {greedy_total:12.1f} {1.0:8.2f}x")
-    for k in KS:
+    print(f"  {'greedy':<16} {'':>7} {'':>9} {greedy_decode:12.1f} {1.0:8.2f}x {greedy_total:12.1f} {1.0:8.2f}x")
+    for (name, draft), k in itertools.product(drafts, KS):
         decode, total, runs = measured(functools.partial(generate_speculative, target, draft, k=k), groups, repeats)
         same = [[r.output_ids for r in responses] for responses in runs] == greedy_ids
         evidence = [r.speculation for responses in runs for r in responses]
@@ -122,8 +130,36 @@ def table(title: str, target, draft, requests, repeats: int, batched: bool) -> N
         rounds = sum(len(e.rounds) for e in evidence)
         acceptance = accepted / drafted if drafted else float("nan")
         per_round = (ids - len(requests)) / rounds if rounds else float("nan")
-        print(f"  {f'K={k}':<9} {acceptance:7.1%} {per_round:9.2f} {decode:12.1f} {decode / greedy_decode:8.2f}x "
+        print(f"  {f'{name} K={k}':<16} {acceptance:7.1%} {per_round:9.2f} {decode:12.1f} {decode / greedy_decode:8.2f}x "
               f"{total:12.1f} {total / greedy_total:8.2f}x  {'same as greedy' if same else 'DIFFER FROM GREEDY'}")  # fmt: skip
+    return greedy
+
+
+def bound(target: ModelExecution, prompt, greedy, repeats: int) -> None:
+    """The oracle's speed-up at each K: verify(K + 1) against step(1) times, priced over the replies' decode ids."""
+    verify = jax.jit(verify_window, static_argnames=("architecture", "unroll"))
+    start = target.prefill([prompt], capacity=target.architecture.context)[1]
+    calls = {
+        w: functools.partial(verify, target.weights, target.layer_weights, target.architecture, start,
+                             jnp.ones((1, w), jnp.int32), target.scan_unroll)
+        for w in (1, *(k + 1 for k in KS))
+    }  # fmt: skip
+    for call in calls.values():
+        jax.block_until_ready(call())
+    times: dict[int, list[float]] = {w: [] for w in calls}
+    for _ in range(20 * repeats):  # alternating, so load changes hit every window alike
+        for w, call in calls.items():
+            started = time.perf_counter()
+            jax.block_until_ready(call())
+            times[w].append(time.perf_counter() - started)
+    step = statistics.median(times[1])
+    decoded = [len(r.output_ids) - 1 for responses in greedy for r in responses]
+    print(f"\nBound: {len(decoded)} replies decoding {sum(decoded)} ids; one target forward over 1 id {step * 1e6:.0f} us")
+    print(f"  {'K':>2} {'verify us':>9} {'vs step':>7} {'oracle rounds':>13} {'oracle speed-up':>15}")
+    for k in KS:
+        ratio = statistics.median(times[k + 1]) / step
+        rounds = sum(-(-n // (k + 1)) for n in decoded)
+        print(f"  {k:>2} {ratio * step * 1e6:9.0f} {ratio:6.2f}x {rounds:13d} {sum(decoded) / (rounds * ratio):14.2f}x")
 
 
 def main() -> None:
@@ -137,16 +173,18 @@ def main() -> None:
     requests = [InferenceRequest(f"skill-{i}", p, GenerationPolicy(CHAT_BUDGET)) for i, p in enumerate(skill_prompts(target, count))]
     a, d = target.architecture, draft.architecture
     pair = f"chat (L{a.layers} C{a.width}) with chat-draft (L{d.layers} C{d.width})"
-    table(pair, target, draft, requests, args.repeats, batched=False)
-    table(pair, target, draft, requests, args.repeats, batched=True)
+    drafts = [("draft", draft), ("lookup", PromptLookup())]
+    greedy = table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=False)
+    table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=True)
+    bound(target, requests[0].prompt_ids, greedy, args.repeats)
     if args.quick:
         return
     target, draft = random_pair()
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 50257, size=16).tolist() for _ in range(2)]
     requests = [InferenceRequest(f"random-{i}", p, GenerationPolicy(RANDOM_BUDGET)) for i, p in enumerate(prompts)]
-    table("GPT-2-small-sized random target (L12 C768) with a 2-layer random draft", target, draft, requests, args.repeats,
-          batched=False)  # fmt: skip
+    table("GPT-2-small-sized random target (L12 C768) with a 2-layer random draft", target, [("draft", draft)], requests,
+          args.repeats, batched=False)  # fmt: skip
 
 
 if __name__ == "__main__":
