@@ -1,4 +1,5 @@
-"""kvsim speed: wall time and simulated events per second for 1,000 / 10,000 / 100,000 requests.
+"""kvsim speed: wall time and simulated events per second for 1,000 / 10,000 / 100,000 requests, and a
+streamed record (JSON Lines) of 1,000,000 requests with its time and peak memory.
 
 The workload is multi-turn conversations with shared system prompts
 (`kvsim.synthetic`), costs from analytic GPT counts, and a system whose device
@@ -6,17 +7,23 @@ budget is small enough that states are offloaded, reloaded and dropped. The
 target is 100,000 requests in under 30 s on one CPU core, with cost growing no
 worse than n log n. Generating the workload and writing the record are timed
 separately from the simulation (the record is serialized up to 10,000 requests;
-at 100,000 it is over a gigabyte of JSON).
+at 100,000 it is over a gigabyte of JSON). The streamed sizes run in a process each, so that each
+peak RSS (`resource.getrusage`, workload generation included) is its own; their record is written to a
+temporary directory and removed. Targets there: under 5 minutes and 2 GiB for 1,000,000 requests.
 
-    python bench/kvsim.py [--sizes 1000 10000 100000] [--policy serialized|continuous_batching]
+    python bench/kvsim.py [--sizes 1000 10000 100000] [--streamed 1000000] [--policy serialized|continuous_batching]
     python bench/kvsim.py --why-batch    # both policies on a workload that saturates serialized service
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,13 +31,16 @@ from pathlib import Path
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
+from jgpt.identity import write_atomically  # noqa: E402
 from kvsim import parse_system, record_chunks, simulate  # noqa: E402
 from kvsim.analytic import AnalyticModel, analytic_computations  # noqa: E402
+from kvsim.record_lines import pulled, write_lines  # noqa: E402
 from kvsim.synthetic import ConversationMix, conversations  # noqa: E402
 
 MODEL = AnalyticModel(layers=4, width=128, ffn=512, vocabulary=260, precision_bytes=4)
 TARGET_S = 30.0
 RECORD_LIMIT = 10_000
+STREAMED_TARGET_S, STREAMED_TARGET_BYTES = 300.0, 2 * 2**30
 
 
 def system(policy: str) -> dict:
@@ -66,22 +76,68 @@ def why_batch() -> None:
         )
 
 
+def streamed_one(size: int, policy: str) -> None:
+    """One streamed run in this process: prints its figures as JSON for `streamed` to tabulate."""
+    start, cpu = time.perf_counter(), time.process_time()
+    computations = analytic_computations(MODEL, conversations(size, seed=0), "bench")
+    generated, generated_cpu = time.perf_counter(), time.process_time()
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "record.jsonl"
+        done = []
+        write_atomically(path, pulled(lambda write: done.append(write_lines(write, parse_system(system(policy)), computations))))
+        written, written_cpu = time.perf_counter(), time.process_time()
+        size_bytes = path.stat().st_size
+    totals = done[0].outcomes["totals"]
+    print(json.dumps({
+        "generate_s": generated - start, "generate_cpu_s": generated_cpu - cpu, "run_s": written - generated,
+        "run_cpu_s": written_cpu - generated_cpu, "events": totals["events"], "lines": done[0].lines,
+        "bytes": size_bytes, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }))  # fmt: skip
+
+
+def streamed(sizes: list[int], policy: str) -> None:
+    print(f"\nstreamed record (JSON Lines), one process per size; targets {STREAMED_TARGET_S:.0f} s and "
+          f"{STREAMED_TARGET_BYTES / 2**30:.0f} GiB at 1,000,000 requests")
+    print(f"{'requests':>9} {'events':>11} {'generate s':>11} {'run+write s':>12} {'cpu s':>8} {'record MB':>10} "
+          f"{'peak RSS MiB':>13}")  # fmt: skip
+    for size in sizes:
+        command = [sys.executable, __file__, "--streamed-one", str(size), "--policy", policy]
+        figures = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        print(f"{size:>9} {figures['events']:>11} {figures['generate_s']:>11.1f} {figures['run_s']:>12.1f} "
+              f"{figures['run_cpu_s']:>8.1f} {figures['bytes'] / 1e6:>10.0f} {figures['peak_rss_bytes'] / 2**20:>13.0f}")
+        met = figures["run_s"] < STREAMED_TARGET_S and figures["peak_rss_bytes"] < STREAMED_TARGET_BYTES
+        print(f"{'':>9} {'meets' if met else 'misses'} the targets (run and write {figures['run_s']:.0f} s, "
+              f"peak {figures['peak_rss_bytes'] / 2**30:.2f} GiB)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--streamed", type=int, nargs="*", default=[1_000_000], metavar="N",
+                        help="requests of the streamed-record runs (none: skip them)")
+    parser.add_argument("--streamed-one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--policy", default="serialized", choices=["serialized", "continuous_batching"])
     parser.add_argument("--why-batch", action="store_true", help="instead: both policies on a saturating workload")
     args = parser.parse_args()
     if args.why_batch:
         return why_batch()
-    config = parse_system(system(args.policy))
-    print(f"kvsim bench: policy {args.policy}, model {MODEL}")
+    if args.streamed_one:
+        return streamed_one(args.streamed_one, args.policy)
+    if args.sizes:
+        in_memory(args.sizes, args.policy)
+    if args.streamed:
+        streamed(args.streamed, args.policy)
+
+
+def in_memory(sizes: list[int], policy: str) -> None:
+    config = parse_system(system(policy))
+    print(f"kvsim bench: policy {policy}, model {MODEL}")
     print(
         f"{'requests':>9} {'events':>10} {'generate s':>11} {'simulate s':>11} {'cpu s':>7} {'events/s':>10} "
         f"{'record s':>9} {'record MB':>10}  hits dev/host, offloads, reloads, drops"
     )
     timings = []
-    for size in args.sizes:
+    for size in sizes:
         start = time.perf_counter()
         computations = analytic_computations(MODEL, conversations(size, seed=0), "bench")
         generated, cpu = time.perf_counter(), time.process_time()

@@ -21,6 +21,7 @@ from jgpt.json_input import parse_json
 from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
 from jgpt.validation import LIMIT, Integer, ListOf, MapOf, Nullable, Object, String
 from kvsim import engine
+from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, event_json, measurement_json
 from kvsim.outcomes import TOTALS, totals
 from kvsim.record_view import EVENT, OUTCOME
 from kvsim.recorded import MODEL_REFERENCE, REQUEST, RecordedComputations, parse_document, request_json
@@ -71,8 +72,8 @@ class CacheRun:
     declaration: dict  # KVRunBinding (+ customer_interaction, resource_graph)
     computations: RecordedComputations
     result: engine.EngineResult
-    outcomes: dict  # {"requests": {request_id: outcome}, "totals": {...}}
-    measurements: list[tuple]
+    outcomes: dict  # the record's outcomes: {"requests": {request_id: RequestOutcome JSON}, "totals": {...}}
+    measurements: list[Measurement]
 
 
 def simulate(
@@ -84,13 +85,26 @@ def simulate(
     ontology_binding: OntologyBinding | dict | None = None,
 ) -> CacheRun:
     """Run the residency and service model once; pure in its inputs."""
+    declaration, workload = declare(system, computations, workload, interaction, resource_graph, ontology_binding)
+    result = checked(engine.run(system, computations, workload, interaction))
+    tally = Tally()
+    tally.add(result.events)
+    measurements = result.measurements + tally.consume_waits(result.publish_logs)
+    return CacheRun(declaration, computations, result, _outcomes(result, computations, workload, tally), measurements)
+
+
+def declare(
+    system: KVResidencySystemConfig,
+    computations: RecordedComputations,
+    workload: Workload | None,
+    interaction: CustomerInteraction | None,
+    resource_graph: ResourceGraph | None,
+    ontology_binding: OntologyBinding | dict | None,
+) -> tuple[dict, Workload]:
+    """The record's declaration (KVRunBinding plus the optional parts) and the arrivals the run uses."""
     if not isinstance(ontology_binding, OntologyBinding):
         ontology_binding = OntologyBinding.from_json(DEFAULT_BINDING if ontology_binding is None else ontology_binding)
     workload = resolve_workload(computations, workload, interaction)
-    result = engine.run(system, computations, workload, interaction)
-    if result.end_us > LIMIT:  # every input is within the limit, but a tiny rate stretches time past it
-        raise ApiError("system", f"the run's virtual time reaches 10^{len(str(result.end_us)) - 1} us, past 2^53 (285 years): "
-                                 f"a rate is too small for the work")
     declaration = {
         "model": computations.model,
         "system": system_json(system),
@@ -99,49 +113,71 @@ def simulate(
         "customer_interaction": None if interaction is None else interaction_json(interaction),
         "resource_graph": None if resource_graph is None else resource_graph_json(resource_graph),
     }
-    measurements = result.measurements + _consumption(result, interaction)
-    return CacheRun(declaration, computations, result, _outcomes(result, computations, workload), measurements)
+    return declaration, workload
 
 
-def _consumption(result: engine.EngineResult, interaction: CustomerInteraction | None) -> list[tuple]:
-    """How long each consume action waited until the published output covered it."""
-    if interaction is None:
-        return []
-    logs = {o["request_id"]: o["publish_log"] for o in result.outcomes}
-    measurements = []
-    for event in result.events:
-        if event[3] != "consume":
-            continue
-        wanted, log = event[5], logs[event[1]]
-        met = next((time for time, total in log if total >= wanted), None)
-        if met is not None:
-            measurements.append((event[0], "consume_wait", max(0, met - event[2]), wanted))
-    return measurements
+def checked(result: engine.EngineResult) -> engine.EngineResult:
+    if result.end_us > LIMIT:  # every input is within the limit, but a tiny rate stretches time past it
+        raise ApiError("system", f"the run's virtual time reaches 10^{len(str(result.end_us)) - 1} us, past 2^53 "
+                                 f"(285 years): a rate is too small for the work")  # fmt: skip
+    return result
 
 
-def _outcomes(result: engine.EngineResult, computations: RecordedComputations, workload: Workload) -> dict:
+class Tally:
+    """What a run's totals and consume waits read from its events, folded one batch at a time (a streamed
+    run keeps no event log). It lives for one run, like the engine's state."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.moved = {engine.DEVICE_TO_HOST: 0, engine.HOST_TO_DEVICE: 0}
+        self.counts = {EventKind.OFFLOAD: 0, EventKind.RELOAD: 0, EventKind.DROP: 0}
+        self.consumes: list[CacheEvent] = []  # a customer's consume actions (few: one per action)
+
+    def add(self, events: list[CacheEvent]) -> None:
+        self.events += len(events)
+        moved, counts, transfer_end, consume = self.moved, self.counts, EventKind.TRANSFER_END, EventKind.CONSUME
+        for event in events:
+            kind = event.kind
+            if kind == transfer_end:
+                moved[event.transfer_direction] += event.bytes  # type: ignore[index]
+            elif kind in counts:
+                counts[kind] += 1
+            elif kind == consume:
+                self.consumes.append(event)
+
+    def consume_waits(self, publish_logs: dict[str, list[tuple[int, int]]]) -> list[Measurement]:
+        """How long each consume action waited until the published output covered it."""
+        measurements = []
+        for event in self.consumes:
+            wanted = event.bytes
+            met = next((time for time, total in publish_logs[event.request_id] if total >= wanted), None)
+            if met is not None:
+                waited = max(0, met - event.time_us)
+                measurements.append(Measurement(event.event_id, MeasurementKind.CONSUME_WAIT, waited, wanted))
+        return measurements
+
+
+def _outcomes(
+    result: engine.EngineResult, computations: RecordedComputations, workload: Workload, tally: Tally | None = None
+) -> dict:
+    if tally is None:
+        tally = Tally()
+        tally.add(result.events)
+    requests = {arrival.request_id: o.to_json() for arrival, o in zip(workload.requests, result.outcomes, strict=True)}
+    return {"requests": requests, "totals": run_totals(result, computations, workload, tally)}
+
+
+def run_totals(result: engine.EngineResult, computations: RecordedComputations, workload: Workload, tally: Tally) -> dict:
     specs = {r.request_id: r for r in computations.requests}
-    requests, saved_flops = {}, 0
+    saved_flops = 0
     for arrival, outcome in zip(workload.requests, result.outcomes, strict=True):
-        item = {k: v for k, v in outcome.items() if k not in ("publish_log", "request_id")}
-        item["end_event"] = f"e{outcome['end_event']}"
-        requests[arrival.request_id] = item
-        if outcome["admitted_us"] is not None and outcome["selected_tokens"] > 0 and outcome["reuse_positions"] > 0:
+        if outcome.admitted_us is not None and outcome.selected_tokens > 0 and outcome.reuse_positions > 0:
             spec = specs[arrival.request_id]
-            saved_flops += spec.prefill_cost(0)[0] - spec.prefill_cost(outcome["reuse_positions"])[0]
-    moved = {engine.DEVICE_TO_HOST: 0, engine.HOST_TO_DEVICE: 0}
-    counts = {"offload": 0, "reload": 0, "drop": 0}
-    for event in result.events:
-        kind = event[3]
-        if kind == "transfer_end":
-            moved[event[11]] += event[5]
-        elif kind in counts:
-            counts[kind] += 1
-    summary = totals(
-        result.outcomes, saved_matmul_flops=saved_flops, moved=moved, counts=counts,
-        busy_us=result.busy_us, end_us=result.end_us, events=len(result.events),
+            saved_flops += spec.prefill_cost(0)[0] - spec.prefill_cost(outcome.reuse_positions)[0]
+    return totals(
+        result.outcomes, saved_matmul_flops=saved_flops, moved=tally.moved, counts=tally.counts,
+        busy_us=result.busy_us, end_us=result.end_us, events=tally.events,
     )  # fmt: skip
-    return {"requests": requests, "totals": summary}
 
 
 @dataclass(frozen=True)
@@ -151,45 +187,46 @@ class _Array:
     items: Callable[[], Iterable[Any]]
 
 
-def _inputs(run: CacheRun) -> dict:
-    """The parts of a record that a replay reads, in record order."""
-    computations = run.computations
+def record_inputs(declaration: dict, computations: RecordedComputations) -> dict:
+    """The parts of a record that a replay reads besides the computations, in record order."""
     provenance = dict(computations.execution["provenance"])
     provenance.setdefault("backend", computations.execution["backend"])
     return {
-        "declaration": run.declaration,
+        "declaration": declaration,
         "checkpoint": {**computations.model, "kv_bytes_per_position": computations.kv_bytes_per_position},
         "provenance": provenance,
-        "computations": _Array(lambda: map(request_json, computations.requests)),
     }
+
+
+def input_digest(inputs: dict, requests: Iterable[bytes]) -> str:
+    """run_id from the record's inputs and its computations' requests, each given as its JSON bytes: the hash
+    of the canonical JSON of {declaration, checkpoint, provenance, computations}."""
+    digest = hashlib.sha256(b"".join(_object(inputs))[:-1] + b',"computations":[')
+    separator = b""
+    for request in requests:
+        digest.update(separator + request)
+        separator = b","
+    digest.update(b"]}")
+    return f"kv-{digest.hexdigest()[:16]}"
 
 
 def run_id(run: CacheRun) -> str:
     """Names the simulated question: a hash of everything a replay reads, nothing it produces."""
-    digest = hashlib.sha256()
-    for chunk in _object(_inputs(run)):
-        digest.update(chunk)
-    return f"kv-{digest.hexdigest()[:16]}"
+    requests = (dumps(request_json(r)) for r in run.computations.requests)
+    return input_digest(record_inputs(run.declaration, run.computations), requests)
 
 
 def record_chunks(run: CacheRun) -> Iterator[bytes]:
     """The record's canonical JSON bytes, in pieces, fields in the ontology's CacheRun order."""
-    inputs = _inputs(run)
-    events, measurements = run.result.events, run.measurements
+    inputs = record_inputs(run.declaration, run.computations)
+    events, measurements, requests = run.result.events, run.measurements, run.computations.requests
     yield from _object(
         {
             "id": run_id(run),
-            "declaration": inputs["declaration"],
-            "checkpoint": inputs["checkpoint"],
-            "provenance": inputs["provenance"],
-            "events": _Array(lambda: _events_json(events)),
-            "computations": inputs["computations"],
-            "measurements": _Array(
-                lambda: (
-                    {"event_id": f"e{e}", "kind": kind, "elapsed_us": elapsed, "bytes": size}
-                    for e, kind, elapsed, size in measurements
-                )
-            ),
+            **inputs,
+            "events": _Array(lambda: map(event_json, events)),
+            "computations": _Array(lambda: map(request_json, requests)),
+            "measurements": _Array(lambda: map(measurement_json, measurements)),
             "outcomes": run.outcomes,
             "states": dict(run.result.states),
             "evidence": EVIDENCE,
@@ -207,34 +244,16 @@ def record_value(run: CacheRun) -> dict:
     return json.loads(record_json(run))
 
 
-def _events_json(events: list[tuple]) -> Iterator[dict]:
-    for event_id, request_id, time_us, kind, state_id, size, device, host, detail, causes, phase, direction in events:
-        yield {
-            "event_id": f"e{event_id}",
-            "request_id": request_id,
-            "time_us": time_us,
-            "kind": kind,
-            "state_id": state_id,
-            "bytes": size,
-            "device_reserved_bytes": device,
-            "host_retained_bytes": host,
-            "detail": detail,
-            "causes": [f"e{c}" for c in causes],
-            "phase": phase,
-            "transfer_direction": direction,
-        }
-
-
 def _object(fields: dict[str, Any]) -> Iterator[bytes]:
-    """Exactly the bytes `_dumps(fields)` would give, with _Array values streamed."""
+    """Exactly the bytes `dumps(fields)` would give, with _Array values streamed."""
     separator = b"{"
     for key, value in fields.items():
-        yield separator + _dumps(key) + b":"
+        yield separator + dumps(key) + b":"
         separator = b","
         if isinstance(value, _Array):
             yield from _array(value.items())
         else:
-            yield _dumps(value)
+            yield dumps(value)
     yield b"}" if separator == b"," else b"{}"
 
 
@@ -242,12 +261,12 @@ def _array(items: Iterable[Any], batch: int = 4096) -> Iterator[bytes]:
     yield b"["
     items, separator = iter(items), b""
     while chunk := list(islice(items, batch)):
-        yield separator + _dumps(chunk)[1:-1]
+        yield separator + dumps(chunk)[1:-1]
         separator = b","
     yield b"]"
 
 
-def _dumps(value: Any) -> bytes:
+def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
@@ -264,6 +283,11 @@ def read_record(data: bytes) -> dict:
 
 def rerun(record: dict) -> CacheRun:
     """Simulate the declaration a record carries."""
+    return simulate(**rerun_inputs(record))
+
+
+def rerun_inputs(record: dict) -> dict:
+    """`simulate`'s arguments from a record's declaration, checkpoint, provenance and computations."""
     declaration = DECLARATION.keys(record["declaration"], "record.declaration")
     checkpoint = dict(RECORD.required["checkpoint"].keys(record["checkpoint"], "record.checkpoint"))
     provenance = RECORD.required["provenance"].keys(record["provenance"], "record.provenance")
@@ -281,14 +305,14 @@ def rerun(record: dict) -> CacheRun:
     )
     submitted = interaction is not None and any(a.kind == "submit" for a in interaction.actions)
     graph = declaration["resource_graph"]
-    return simulate(
-        parse_system(declaration["system"], "record.declaration.system"),
-        parse_document(document, "record.computations"),
-        None if submitted else parse_workload(declaration["workload"], "record.declaration.workload"),
-        interaction,
-        None if graph is None else parse_resource_graph(graph, "record.declaration.resource_graph"),
-        declaration["ontology_binding"],
-    )
+    return {
+        "system": parse_system(declaration["system"], "record.declaration.system"),
+        "computations": parse_document(document, "record.computations"),
+        "workload": None if submitted else parse_workload(declaration["workload"], "record.declaration.workload"),
+        "interaction": interaction,
+        "resource_graph": None if graph is None else parse_resource_graph(graph, "record.declaration.resource_graph"),
+        "ontology_binding": declaration["ontology_binding"],
+    }
 
 
 def first_difference(old: dict, new: dict) -> str:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from jgpt import progress
 from jgpt.command_line import ArgumentParser
@@ -25,6 +27,8 @@ from kvsim.cache_run import (
     simulate,
 )
 from kvsim.inputs import load_input
+from kvsim.perfetto import trace_chunks
+from kvsim.record_lines import StreamedRun, is_streamed, pulled, replay_lines, streamed_view, whole_view, write_lines
 from kvsim.record_view import check_viewable
 from kvsim.recorded import document_json
 from kvsim.summary import summary_table
@@ -41,18 +45,21 @@ def _parser(command: str) -> argparse.ArgumentParser:
                          description="Simulate INPUT.json and print a summary (times and sizes in human units; "
                                      "--json and the record keep the exact numbers).")
     run.add_argument("input", type=Path, metavar="INPUT.json", help="a kvsim input: system, computations, workload")
-    run.add_argument("--out", type=Path, metavar="RECORD.json", help="where to write the CacheRun record (JSON)")
+    run.add_argument("--out", type=Path, metavar="RECORD.json",
+                     help="where to write the CacheRun record: whole JSON, or streamed JSON Lines (written while the "
+                          "run goes, for large runs) if the name ends in .jsonl")
     run.add_argument("--json", action="store_true", help="print the run's id and outcomes as JSON instead of the summary")
     run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     replay = sub.add_parser("replay", help="re-run a record's declaration; exit 0 only if the bytes are identical")
-    replay.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out`")
+    replay.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)")
     replay.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout (the exit code is the same)")
     plot = sub.add_parser("plot", help="write occupancy, timeline and latency-CDF PNGs")
-    plot.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out`")
+    plot.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)")
     plot.add_argument("--out-dir", type=Path, metavar="DIR",
                       help="directory for the PNGs (default: RECORD's name without .json, plus _plots)")
-    perfetto = sub.add_parser("perfetto", help="write Chrome/Perfetto trace JSON with flow arrows for causes")
-    perfetto.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out`")
+    perfetto = sub.add_parser("perfetto", help="write Chrome/Perfetto trace JSON: KV occupancy counters, compute and "
+                                               "link slices, every event an instant")
+    perfetto.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)")
     perfetto.add_argument("--out", type=Path, metavar="TRACE.json",
                           help="where to write the trace (default: RECORD's name with .perfetto.json)")
     trace = sub.add_parser(
@@ -113,19 +120,24 @@ def main(command: str, argv: list[str]) -> int:
         if args.out:
             output_file(args.out, "--out", [args.input])
         with progress.shown(args.quiet):
-            with progress.stage("simulating"):
-                run = simulate(**load_input(args.input, out=args.out))
-            if args.out:
-                with progress.stage(f"writing {args.out}"):
-                    write_atomically(args.out, record_chunks(run))
+            if args.out and args.out.suffix == ".jsonl":
+                summary = _streamed(load_input(args.input, out=args.out), args.out)
+            else:
+                with progress.stage("simulating"):
+                    run = simulate(**load_input(args.input, out=args.out))
+                if args.out:
+                    with progress.stage(f"writing {args.out}"):
+                        write_atomically(args.out, record_chunks(run))
+                summary = {"id": run_id(run), "outcomes": run.outcomes}
         if args.json:
-            document = {"id": run_id(run), "outcomes": run.outcomes, "record": None if args.out is None else str(args.out)}
-            print(json.dumps(document, indent=1))
+            print(json.dumps(summary | {"record": None if args.out is None else str(args.out)}, indent=1))
             return 0
-        print(summary_table({"id": run_id(run), "outcomes": run.outcomes}))
+        print(summary_table(summary))
         if args.out:
             print(f"record written to {args.out}")
         return 0
+    if args.action == "replay" and is_streamed(args.record, "RECORD"):
+        return _replay_lines(args)
     if args.action == "replay":
         data = read_bytes(args.record, "RECORD")
         recorded = read_record(data)
@@ -141,18 +153,14 @@ def main(command: str, argv: list[str]) -> int:
         return 0 if difference is None else 1
     if args.action == "plot":
         directory = output_directory(args.out_dir or args.record.with_name(args.record.stem + "_plots"), "--out-dir")
-        record = check_viewable(read_record(read_bytes(args.record, "RECORD")))
-        from kvsim.plots import write_plots
+        from kvsim.cache_run_plots import write_plots
 
-        for path in write_plots(record, directory):
+        for path in write_plots(_view(args.record), directory):
             print(path)
         return 0
     if args.action == "perfetto":
         out = output_file(args.out or args.record.with_name(args.record.stem + ".perfetto.json"), "--out", [args.record])
-        record = check_viewable(read_record(read_bytes(args.record, "RECORD")))
-        from kvsim.perfetto import trace_events
-
-        write_atomically(out, _json_bytes(trace_events(record)))
+        write_atomically(out, trace_chunks(_view(args.record)))
         print(f"{out} (open in https://ui.perfetto.dev)")
         return 0
     if args.action in ("calibrate", "predict"):
@@ -178,6 +186,33 @@ def main(command: str, argv: list[str]) -> int:
     write_atomically(args.out, _json_bytes(document_json(analytic.analytic_computations(model, items, source))))
     print(f"{len(items)} requests written to {args.out}")
     return 0
+
+
+def _streamed(inputs: dict, out: Path) -> dict:
+    """Simulate while the streamed record is written (kvsim.record_lines); the summary's id and totals."""
+    done: list[StreamedRun] = []
+    with progress.stage(f"simulating, writing {out}"):
+        write_atomically(out, pulled(lambda write: done.append(write_lines(write, **inputs))))
+    return {"id": done[0].id, "outcomes": done[0].outcomes}
+
+
+def _replay_lines(args: argparse.Namespace) -> int:
+    replay = replay_lines(args.record)
+    if args.json:
+        print(json.dumps({"id": replay.id, "identical": replay.identical, "bytes": replay.bytes, "lines": replay.lines,
+                          "difference": replay.difference}, indent=1))  # fmt: skip
+    elif replay.identical:
+        print(f"replay of {replay.id}: byte-identical ({replay.bytes} bytes, {replay.lines} lines)")
+    else:
+        print(f"replay of {args.record} differs: {replay.difference}", file=sys.stderr)
+    return 0 if replay.identical else 1
+
+
+def _view(path: Path) -> Iterator[tuple[str, Any]]:
+    """The entries plot and perfetto draw: a streamed record read line by line, or a whole one read and checked."""
+    if is_streamed(path, "RECORD"):
+        return streamed_view(path)
+    return whole_view(check_viewable(read_record(read_bytes(path, "RECORD"))))
 
 
 def _fidelity(args: argparse.Namespace) -> int:

@@ -7,34 +7,52 @@ transfers in the order they started. Every recorded event names the events
 that made it happen (`causes`); nothing is inferred from adjacency.
 
 The mutable state below lives only for one call of `run`; what leaves it is
-plain tuples and dicts.
+typed values: CacheEvents, Measurements and RequestOutcomes.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, Phase, TransferDirection
 from kvsim.kv_cache import DEVICE, HOST, Residency, RetainedState
+from kvsim.outcomes import RequestOutcome, Status
 from kvsim.recorded import RecordedComputations, RecordedRequest, token_key
 from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
 from kvsim.workload import CustomerInteraction, Workload
 
 # Happening kinds, in the heap as small ints.
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
-DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
-_MEASURED = {"prefill": "compute_prefill", "decode": "compute_decode"}
-
-# An event is a tuple (event_id, request_id, time_us, kind, state_id, bytes, device_reserved_bytes,
-# host_retained_bytes, detail, causes, phase, transfer_direction) with int ids; cache_run writes CacheEvents.
+# Enum members bound once as globals: Python 3.11 finds an Enum class's attributes through a Python-level
+# __getattr__, ten times slower than a global, and the engine names a kind for every event.
+DEVICE_TO_HOST, HOST_TO_DEVICE = TransferDirection.DEVICE_TO_HOST, TransferDirection.HOST_TO_DEVICE
+PREFILL, DECODE = Phase.PREFILL, Phase.DECODE
+_MEASURED = {PREFILL: MeasurementKind.COMPUTE_PREFILL, DECODE: MeasurementKind.COMPUTE_DECODE,
+             DEVICE_TO_HOST: MeasurementKind.TRANSFER_DEVICE_TO_HOST,
+             HOST_TO_DEVICE: MeasurementKind.TRANSFER_HOST_TO_DEVICE}  # fmt: skip
+ARRIVAL, REJECT, ADMIT, LOOKUP_MISS, LOOKUP_HIT = (
+    EventKind.ARRIVAL, EventKind.REJECT, EventKind.ADMIT, EventKind.LOOKUP_MISS, EventKind.LOOKUP_HIT)  # fmt: skip
+RESERVE, OFFLOAD, RELOAD, DROP = EventKind.RESERVE, EventKind.OFFLOAD, EventKind.RELOAD, EventKind.DROP
+TRANSFER_START, TRANSFER_END = EventKind.TRANSFER_START, EventKind.TRANSFER_END
+COMPUTE_START, COMPUTE_END, PUBLISH = EventKind.COMPUTE_START, EventKind.COMPUTE_END, EventKind.PUBLISH
+COMPLETE, STOP, CANCEL = EventKind.COMPLETE, EventKind.STOP, EventKind.CANCEL
+RELEASE, RETAIN, RETAIN_SKIP = EventKind.RELEASE, EventKind.RETAIN, EventKind.RETAIN_SKIP
+_STATUS = {COMPLETE: Status.COMPLETED, STOP: Status.STOPPED, CANCEL: Status.CANCELLED}
+_new = tuple.__new__  # a CacheEvent or Measurement from a tuple in one C call (a NamedTuple's own __new__ is Python)
+# A streamed run hands its events and measurements over once this many events have accumulated.
+HAND_OVER_EVENTS = 1 << 16
+HandOver = Callable[[list[CacheEvent], list[Measurement]], None]
 
 
 @dataclass(frozen=True)
 class EngineResult:
-    events: list[tuple]  # see the event tuple above
-    measurements: list[tuple]  # (event_id, kind, elapsed_us, bytes)
-    outcomes: list[dict]  # one per arrival, in workload order
+    events: list[CacheEvent]  # empty when a hand-over streamed them
+    measurements: list[Measurement]
+    outcomes: list[RequestOutcome]  # one per arrival, in workload order
+    publish_logs: dict[str, list[tuple[int, int]]]  # (time, cumulative published bytes) of consumed requests
     states: list[tuple[str, dict]]  # (state_id, what became of it), in creation order
     busy_us: int  # compute busy time
     end_us: int  # time of the last event
@@ -68,7 +86,13 @@ class _Request:
 
 
 class _Engine:
-    def __init__(self, system: KVResidencySystemConfig, computations: RecordedComputations, requests: list[_Request]):
+    def __init__(
+        self,
+        system: KVResidencySystemConfig,
+        computations: RecordedComputations,
+        requests: list[_Request],
+        hand_over: HandOver | None,
+    ):
         self.system = system
         self.compute = system.compute_service
         self.transfer = system.transfer
@@ -77,8 +101,10 @@ class _Engine:
         self.kv_bytes = computations.kv_bytes_per_position
         self.cache = Residency(system.kv_cache, self.kv_bytes)
         self.requests = {r.spec.request_id: r for r in requests}
-        self.events: list[tuple] = []
-        self.measurements: list[tuple] = []
+        self.events: list[CacheEvent] = []
+        self.measurements: list[Measurement] = []
+        self.hand_over = hand_over  # takes the events and measurements so far, which then leave the engine
+        self.handed_over = 0  # events handed over
         self.heap: list[tuple] = []
         self.sequence = 0
         self.now = 0
@@ -97,18 +123,17 @@ class _Engine:
         self.one_thread = system.transfer.blocks_compute
         self.thread_free = 0
         self.last_end = -1  # when the last work or transfer started so far ends: later, the engine is idle
-        self.outcomes: dict[str, dict] = {}
+        self.outcomes: dict[str, RequestOutcome] = {}
         self.state_fate: dict[str, dict] = {}
 
     # -- recording -------------------------------------------------------
 
     def emit(self, request_id, kind, causes=(), state_id=None, size=0, detail="", phase=None, direction=None) -> int:
-        event_id = len(self.events)
+        event_id = self.handed_over + len(self.events)
         cache = self.cache
-        self.events.append(
-            (event_id, request_id, self.now, kind, state_id, size, cache.reserved + cache.device_retained,
-             cache.host_retained, detail, causes, phase, direction)
-        )  # fmt: skip
+        self.events.append(_new(CacheEvent, (
+            event_id, request_id, self.now, kind, state_id, size, cache.reserved + cache.device_retained,
+            cache.host_retained, detail, causes, phase, direction)))  # fmt: skip
         return event_id
 
     def schedule(self, time: int, what: int, payload) -> None:
@@ -139,10 +164,19 @@ class _Engine:
                 self.on_transfer_end(payload)
             else:
                 self.on_action(payload)
+            if len(self.events) >= HAND_OVER_EVENTS and self.hand_over is not None:
+                self.pass_on()
+        if self.hand_over is not None:
+            self.pass_on()
+
+    def pass_on(self) -> None:
+        self.hand_over(self.events, self.measurements)
+        self.handed_over += len(self.events)
+        self.events, self.measurements = [], []
 
     def on_arrival(self, request: _Request) -> None:
         spec, system = request.spec, self.system
-        request.arrival_event = event = self.emit(spec.request_id, "arrival", detail=f"prompt={len(spec.prompt_ids)}")
+        request.arrival_event = event = self.emit(spec.request_id, ARRIVAL, detail=f"prompt={len(spec.prompt_ids)}")
         request.reservation = (len(spec.prompt_ids) + spec.max_new_tokens - 1) * self.kv_bytes
         reason = None
         if spec.max_new_tokens > system.max_new_tokens_cap:
@@ -153,8 +187,8 @@ class _Engine:
             reason = f"reservation {request.reservation} bytes > device_kv_bytes {system.kv_cache.device_kv_bytes}"
         if reason is not None:
             request.ended = True
-            end = self.emit(spec.request_id, "reject", (event,), detail=reason)
-            self.outcomes[spec.request_id] = self.outcome(request, "rejected", reason, end)
+            end = self.emit(spec.request_id, REJECT, (event,), detail=reason)
+            self.outcomes[spec.request_id] = self.outcome(request, Status.REJECTED, reason, end)
             return
         self.in_system += 1
         self.waiting.append(request)
@@ -165,18 +199,18 @@ class _Engine:
         request = self.requests[action.request_id]
         if action.kind == "consume":
             detail = f"published_bytes={request.publish_log[-1][1] if request.publish_log else 0}"
-            self.emit(action.request_id, "consume", (), size=action.output_bytes, detail=detail)
+            self.emit(action.request_id, EventKind.CONSUME, (), size=action.output_bytes, detail=detail)
             return
-        event = self.emit(action.request_id, "cancel_request", ())
+        event = self.emit(action.request_id, EventKind.CANCEL_REQUEST, ())
         if request.ended or request.cancel >= 0 or request.arrival > self.now:
             return  # already over, already cancelling, or not yet arrived: intent without effect
         if request.admitted_us is None:
             self.in_system -= 1
-            self.finish(request, "cancel", "cancelled while waiting", (event, request.arrival_event), admitted=False)
+            self.finish(request, CANCEL, "cancelled while waiting", (event, request.arrival_event), admitted=False)
             self.admit(event)
         elif request in self.ready:
             self.ready.remove(request)
-            self.finish(request, "cancel", "cancelled between steps", (event, request.boundary))
+            self.finish(request, CANCEL, "cancelled between steps", (event, request.boundary))
         else:
             request.cancel = event  # running or reloading: honoured at the next step boundary
         self.dispatch()
@@ -206,21 +240,21 @@ class _Engine:
             self.active += 1
             request.admitted_us = self.now
             causes = (request.arrival_event,) if trigger == request.arrival_event else (request.arrival_event, trigger)
-            admitted = self.emit(spec.request_id, "admit", causes)
+            admitted = self.emit(spec.request_id, ADMIT, causes)
             if state is None:
-                self.emit(spec.request_id, "lookup_miss", (admitted,))
+                self.emit(spec.request_id, LOOKUP_MISS, (admitted,))
             else:
                 tier = HOST if state.tier != DEVICE else DEVICE
                 request.reused, request.reuse_tier = state.positions, tier
-                hit = self.emit(spec.request_id, "lookup_hit", (admitted,), state.state_id, state.size, tier)
+                hit = self.emit(spec.request_id, LOOKUP_HIT, (admitted,), state.state_id, state.size, tier)
                 cache.take(state)
                 self.state_fate[state.state_id]["fate"] = f"reused by {spec.request_id}"
             cache.reserved += request.reservation
-            reserved = self.emit(spec.request_id, "reserve", (admitted,), size=request.reservation)
+            reserved = self.emit(spec.request_id, RESERVE, (admitted,), size=request.reservation)
             if request.reuse_tier == HOST:
                 request.boundary = -1
                 reload = self.emit(
-                    spec.request_id, "reload", (hit,), state.state_id, state.size, direction=HOST_TO_DEVICE
+                    spec.request_id, RELOAD, (hit,), state.state_id, state.size, direction=HOST_TO_DEVICE
                 )
                 self.enqueue_transfer(HOST_TO_DEVICE, state, spec.request_id, reload)
             else:
@@ -242,14 +276,14 @@ class _Engine:
                     victim = next(s for s in cache.host_lru.values() if s is not keep)
                     cache.drop_from_host(victim)
                     self.state_fate[victim.state_id]["fate"] = "dropped from host"
-                    self.emit(request_id, "drop", causes, victim.state_id, victim.size, HOST)
+                    self.emit(request_id, DROP, causes, victim.state_id, victim.size, HOST)
                 cache.begin_offload(state)
-                offload = self.emit(request_id, "offload", causes, state.state_id, state.size, direction=DEVICE_TO_HOST)
+                offload = self.emit(request_id, OFFLOAD, causes, state.state_id, state.size, direction=DEVICE_TO_HOST)
                 self.enqueue_transfer(DEVICE_TO_HOST, state, request_id, offload)
             else:
                 cache.drop_from_device(state)
                 self.state_fate[state.state_id]["fate"] = "dropped from device"
-                self.emit(request_id, "drop", causes, state.state_id, state.size, DEVICE)
+                self.emit(request_id, DROP, causes, state.state_id, state.size, DEVICE)
 
     def enqueue_transfer(self, direction: str, state: RetainedState, request_id: str, decision: int) -> None:
         self.link.append((direction, state, request_id, decision))
@@ -259,12 +293,13 @@ class _Engine:
     def start_transfer(self) -> None:
         direction, state, request_id, decision = transfer = self.link.popleft()
         causes = (decision,) if self.link_free_event < 0 else (decision, self.link_free_event)
-        start = self.emit(request_id, "transfer_start", causes, state.state_id, state.size, direction=direction)
+        start = self.emit(request_id, TRANSFER_START, causes, state.state_id, state.size, direction=direction)
         self.link_busy = True
-        self.schedule(self.occupy(self.transfer.transfer_us(direction, state.size), True), _TRANSFER_END, (*transfer, start))
+        duration = self.transfer.transfer_us(direction, state.size)
+        self.schedule(self.occupy(duration, True), _TRANSFER_END, (*transfer, start, self.now))
 
     def on_transfer_end(self, transfer: tuple) -> None:
-        direction, state, request_id, _, start = transfer
+        direction, state, request_id, _, start, started = transfer
         cache = self.cache
         if direction == DEVICE_TO_HOST:
             cache.end_offload(state)
@@ -272,8 +307,9 @@ class _Engine:
                 self.state_fate[state.state_id]["fate"] = "on host"
         else:
             cache.end_reload(state)
-        end = self.emit(request_id, "transfer_end", (start,), state.state_id, state.size, direction=direction)
-        self.measurements.append((end, f"transfer_{direction}", self.now - self.events[start][2], state.size))
+        end = self.emit(request_id, TRANSFER_END, (start,), state.state_id, state.size, direction=direction)
+        elapsed = self.now - started
+        self.measurements.append(_new(Measurement, (end, _MEASURED[direction], elapsed, state.size)))
         self.link_busy = False
         self.link_free_event = end
         if self.link:
@@ -282,7 +318,7 @@ class _Engine:
             request = self.requests[request_id]
             request.boundary = end
             if request.cancel >= 0:
-                self.finish(request, "cancel", "cancelled at reload end", (request.cancel, end))
+                self.finish(request, CANCEL, "cancelled at reload end", (request.cancel, end))
             else:
                 self.ready.append(request)
         else:
@@ -307,19 +343,20 @@ class _Engine:
             # A batch reads the fixed bytes of a work (the weights) once, not once per request.
             flops, memory = flops + f, memory + b - min(request.spec.fixed_memory_bytes, b)
         # The step overhead (host time before the work) delays the work but does not busy the compute.
-        phase, idle_us = ("prefill" if head.step == 0 else "decode"), max(0, self.now - self.last_end)
+        phase, idle_us = (PREFILL if head.step == 0 else DECODE), max(0, self.now - self.last_end)
         overhead, busy = self.compute.work_us(  # the work named by its first compute_start's id (a spread's draw)
-            phase, len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory, idle_us, len(self.events)
+            phase, len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory, idle_us,
+            self.handed_over + len(self.events),
         )
         duration = overhead + busy
         starts = []
         for request in batch:
             causes = (request.boundary,) if self.compute_free_event < 0 else (request.boundary, self.compute_free_event)
-            phase = "prefill" if request.step == 0 else "decode"
+            phase = PREFILL if request.step == 0 else DECODE
             starts.append(
                 self.emit(
                     request.spec.request_id,
-                    "compute_start",
+                    COMPUTE_START,
                     causes,
                     phase=phase,
                     detail=f"batch={len(batch)}" if self.batching else "",
@@ -327,7 +364,7 @@ class _Engine:
             )
         self.compute_busy = True
         self.busy_us += busy
-        self.schedule(self.occupy(duration), _COMPUTE_END, (batch, starts, memory))
+        self.schedule(self.occupy(duration), _COMPUTE_END, (batch, starts, memory, self.now))
 
     def occupy(self, duration: int, transfer: bool = False) -> int:
         """When something started now for `duration` ends: after what the serving thread runs first (a compute
@@ -346,16 +383,16 @@ class _Engine:
         return spec.decode_flops[request.step - 1], spec.decode_bytes[request.step - 1]
 
     def on_compute_end(self, work: tuple) -> None:
-        batch, starts, memory = work
-        elapsed = self.now - self.events[starts[0]][2]
+        batch, starts, memory, started = work
+        elapsed = self.now - started
         self.compute_busy = False
         ends = []
         for request, start in zip(batch, starts, strict=True):
             spec = request.spec
-            phase = "prefill" if request.step == 0 else "decode"
-            end = self.emit(spec.request_id, "compute_end", (start,), phase=phase)
+            phase = PREFILL if request.step == 0 else DECODE
+            end = self.emit(spec.request_id, COMPUTE_END, (start,), phase=phase)
             ends.append(end)
-            self.measurements.append((end, _MEASURED[phase], elapsed, memory))
+            self.measurements.append(_new(Measurement, (end, _MEASURED[phase], elapsed, memory)))
             selected = spec.output_ids[request.step]
             request.step += 1
             request.boundary = end
@@ -363,34 +400,32 @@ class _Engine:
                 request.first_token_us = self.now
             if request.step <= spec.outcome["published_tokens"]:  # a selected turn end is last, unpublished
                 request.published += 1
-                request.boundary = self.emit(spec.request_id, "publish", (end,), detail=f"token={selected}")
+                request.boundary = self.emit(spec.request_id, PUBLISH, (end,), detail=f"token={selected}")
                 if request.publish_log is not None:
                     total = request.publish_log[-1][1] + request.token_bytes[request.step - 1]
                     request.publish_log.append((self.now, total))
             if request.step == len(spec.output_ids):
-                kind = "complete" if spec.outcome["complete"] else "stop"
+                kind = COMPLETE if spec.outcome["complete"] else STOP
                 self.finish(request, kind, spec.outcome["stop_reason"], (request.boundary,))
             elif request.cancel >= 0:
-                self.finish(request, "cancel", "cancelled at step boundary", (request.cancel, request.boundary))
+                self.finish(request, CANCEL, "cancelled at step boundary", (request.cancel, request.boundary))
             else:
                 self.ready.append(request)
         self.compute_free_event = ends[-1]
         self.dispatch()
 
-    def finish(self, request: _Request, kind: str, reason: str, causes: tuple, admitted: bool = True) -> None:
+    def finish(self, request: _Request, kind: EventKind, reason: str, causes: tuple, admitted: bool = True) -> None:
         """The request ends exactly once: release its reservation and retain what it computed."""
         spec, cache = request.spec, self.cache
         request.ended = True
         end = self.emit(spec.request_id, kind, causes, detail=reason)
-        self.outcomes[spec.request_id] = self.outcome(
-            request, {"complete": "completed", "stop": "stopped"}.get(kind, "cancelled"), reason, end
-        )
+        self.outcomes[spec.request_id] = self.outcome(request, _STATUS[kind], reason, end)
         if not admitted:
             return
         self.active -= 1
         self.in_system -= 1
         cache.reserved -= request.reservation
-        released = self.emit(spec.request_id, "release", (end,), size=request.reservation)
+        released = self.emit(spec.request_id, RELEASE, (end,), size=request.reservation)
         computed = len(spec.prompt_ids) + request.step - 1 if request.step > 0 else request.reused
         retained = 0
         if self.retain_states and computed > 0:
@@ -398,7 +433,7 @@ class _Engine:
             if cache.has(key):
                 self.emit(
                     spec.request_id,
-                    "retain_skip",
+                    RETAIN_SKIP,
                     (released,),
                     size=computed * self.kv_bytes,
                     detail="already retained",
@@ -411,7 +446,7 @@ class _Engine:
                     "bytes": state.size,
                     "fate": "on device",
                 }
-                self.emit(spec.request_id, "retain", (released,), state.state_id, state.size)
+                self.emit(spec.request_id, RETAIN, (released,), state.state_id, state.size)
                 retained = state.size
         if request.step > 0:
             self.hold_thread(self.compute.finish_us(retained))
@@ -423,32 +458,30 @@ class _Engine:
         if duration:
             self.thread_free = max(self.now, self.thread_free) + duration
 
-    def outcome(self, request: _Request, status: str, reason: str, end_event: int) -> dict:
+    def outcome(self, request: _Request, status: Status, reason: str, end_event: int) -> RequestOutcome:
         spec, now = request.spec, self.now
         selected = request.step
         first = request.first_token_us
-        return {
-            "request_id": spec.request_id,
-            "status": status,
-            "stop_reason": reason,
-            "end_event": end_event,
-            "arrival_us": request.arrival,
-            "admitted_us": request.admitted_us,
-            "first_token_us": first,
-            "end_us": now,
-            "queueing_us": None if request.admitted_us is None else request.admitted_us - request.arrival,
-            "ttft_us": None if first is None else first - request.arrival,
-            "tpot_us": None if selected < 2 else round((now - first) / (selected - 1), 3),
-            "e2e_us": now - request.arrival,
-            "prompt_positions": len(spec.prompt_ids),
-            "reuse_positions": request.reused,
-            "reuse_tier": request.reuse_tier,
-            "selected_tokens": selected,
-            "published_tokens": request.published,
-            "unused_budget": spec.max_new_tokens - selected,
-            "complete": status == "completed",
-            "publish_log": request.publish_log,
-        }
+        return RequestOutcome(
+            status=status,
+            stop_reason=reason,
+            end_event=end_event,
+            arrival_us=request.arrival,
+            admitted_us=request.admitted_us,
+            first_token_us=first,
+            end_us=now,
+            queueing_us=None if request.admitted_us is None else request.admitted_us - request.arrival,
+            ttft_us=None if first is None else first - request.arrival,
+            tpot_us=None if selected < 2 else round((now - first) / (selected - 1), 3),
+            e2e_us=now - request.arrival,
+            prompt_positions=len(spec.prompt_ids),
+            reuse_positions=request.reused,
+            reuse_tier=request.reuse_tier,
+            selected_tokens=selected,
+            published_tokens=request.published,
+            unused_budget=spec.max_new_tokens - selected,
+            complete=status == Status.COMPLETED,
+        )
 
 
 def run(
@@ -456,17 +489,19 @@ def run(
     computations: RecordedComputations,
     workload: Workload,
     interaction: CustomerInteraction | None,
+    hand_over: HandOver | None = None,
 ) -> EngineResult:
     specs = {r.request_id: r for r in computations.requests}
     actions = interaction.actions if interaction else ()
     consumed = {a.request_id for a in actions if a.kind == "consume"}
     requests = [_Request(specs[a.request_id], a.arrival_us, a.request_id in consumed) for a in workload.requests]
-    engine = _Engine(system, computations, requests)
+    engine = _Engine(system, computations, requests, hand_over)
     engine.run(requests, [a for a in actions if a.kind != "submit"])
     return EngineResult(
         events=engine.events,
         measurements=engine.measurements,
         outcomes=[engine.outcomes[r.spec.request_id] for r in requests],
+        publish_logs={r.spec.request_id: r.publish_log for r in requests if r.publish_log is not None},
         states=list(engine.state_fate.items()),
         busy_us=engine.busy_us,
         end_us=engine.now,

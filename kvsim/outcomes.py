@@ -3,24 +3,68 @@
 kvsim predicts the InferenceEngine field by field, so both summarize their
 per-request outcomes (kvsim's outcome keys) with this one function: counts by
 status, lookups by tier and hit rates, reused positions, bytes moved, compute
-busy time and nearest-rank latency percentiles.
+busy time and nearest-rank latency percentiles. kvsim's own outcomes are
+RequestOutcomes; a measured run's are its document's JSON objects, read into
+RequestOutcomes here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from jgpt.validation import Integer, Nullable, Number, Object
 
-STATUSES = ("completed", "stopped", "cancelled", "rejected")
+
+class Status(StrEnum):
+    """How a request ended, in the order totals count them: completed at a turn end, stopped by its budget
+    or the context, cancelled by the customer, or rejected at arrival."""
+
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+class RequestOutcome(NamedTuple):
+    """One request's outcome, fields in record order; the times are virtual microseconds."""
+
+    status: Status
+    stop_reason: str
+    end_event: int | None  # the event that ended it (kvsim; a measured run keeps no event log)
+    arrival_us: int
+    admitted_us: int | None  # None: never admitted (rejected, or cancelled while waiting)
+    first_token_us: int | None
+    end_us: int
+    queueing_us: int | None
+    ttft_us: int | None
+    tpot_us: float | None
+    e2e_us: int
+    prompt_positions: int
+    reuse_positions: int
+    reuse_tier: str | None  # "device", "host", or None for a lookup miss
+    selected_tokens: int
+    published_tokens: int
+    unused_budget: int
+    complete: bool
+
+    @classmethod
+    def read(cls, outcome: Mapping[str, Any]) -> RequestOutcome:
+        """A measured run's outcome object (the same keys, without end_event)."""
+        return cls._make(outcome.get(name) for name in cls._fields)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self._asdict(), "end_event": None if self.end_event is None else f"e{self.end_event}"}
+
+
 LATENCIES = (("ttft", "ttft_us"), ("tpot", "tpot_us"), ("e2e", "e2e_us"), ("queueing", "queueing_us"))
 
 # What `totals` writes (its schema: records and measured runs are checked against it in tests).
 _COUNT, _FIGURE = Integer(), Nullable(Number(exact=False))
 PERCENTILES = Object({"count": _COUNT, "p50": _FIGURE, "p90": _FIGURE, "p99": _FIGURE})
 TOTALS = Object(
-    {**dict.fromkeys(("arrived", "admitted", *STATUSES, "lookups", "hits_device", "hits_host"), _COUNT),
+    {**dict.fromkeys(("arrived", "admitted", *(status.value for status in Status), "lookups", "hits_device", "hits_host"), _COUNT),
      **dict.fromkeys(("hit_rate_device", "hit_rate_host", "token_hit_rate"), _FIGURE),
      **dict.fromkeys(("reused_positions", "prompt_positions", "saved_matmul_flops", "bytes_device_to_host",
                       "bytes_host_to_device", "offloads", "reloads", "drops", "compute_busy_us", "end_us"), _COUNT),
@@ -44,7 +88,7 @@ def rate(part: int, whole: int) -> float | None:
 
 
 def totals(
-    outcomes: Sequence[Mapping[str, Any]],
+    outcomes: Sequence[RequestOutcome] | Sequence[Mapping[str, Any]],
     *,
     saved_matmul_flops: int,
     moved: Mapping[str, int],  # bytes per direction: device_to_host, host_to_device
@@ -54,13 +98,15 @@ def totals(
     events: int | None = None,  # kvsim's records count their events; a measured run keeps no event log
 ) -> dict[str, Any]:
     """The run's totals, in the key order records are written in."""
-    done = [o for o in outcomes if o["admitted_us"] is not None]
-    tiers = [o["reuse_tier"] for o in done]
-    reused, prompt = sum(o["reuse_positions"] for o in done), sum(o["prompt_positions"] for o in done)
-    summary = {
-        "arrived": len(outcomes),
+    typed = [o if isinstance(o, RequestOutcome) else RequestOutcome.read(o) for o in outcomes]
+    done = [o for o in typed if o.admitted_us is not None]
+    tiers = [o.reuse_tier for o in done]
+    reused, prompt = sum(o.reuse_positions for o in done), sum(o.prompt_positions for o in done)
+    statuses = [o.status for o in typed]
+    summary: dict[str, Any] = {
+        "arrived": len(typed),
         "admitted": len(done),
-        **{status: sum(o["status"] == status for o in outcomes) for status in STATUSES},
+        **{status.value: statuses.count(status) for status in Status},
         "lookups": len(done),
         "hits_device": tiers.count("device"),
         "hits_host": tiers.count("host"),
@@ -81,5 +127,7 @@ def totals(
     }
     if events is not None:
         summary["events"] = events
-    summary["latency_us"] = {name: percentiles([o[key] for o in done if o[key] is not None]) for name, key in LATENCIES}
+    summary["latency_us"] = {
+        name: percentiles([value for o in done if (value := getattr(o, key)) is not None]) for name, key in LATENCIES
+    }
     return summary

@@ -12,6 +12,7 @@ system also says where its parameters came from (`calibration`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from jgpt.validation import Integer, ListOf, Object, String
@@ -26,10 +27,19 @@ from kvsim.compute_service import (
     transfer_json,
 )
 
-SERIALIZED = "serialized"
-CONTINUOUS_BATCHING = "continuous_batching"
-SCHEDULING_POLICIES = (SERIALIZED, CONTINUOUS_BATCHING)
-RETENTION_POLICIES = ("lru", "none")
+
+class SchedulingPolicy(StrEnum):
+    SERIALIZED = "serialized"  # one request's work at a time, round-robin over ready requests
+    CONTINUOUS_BATCHING = "continuous_batching"  # kvsim extension: ready decode steps run as one batch
+
+
+class RetentionPolicy(StrEnum):
+    LRU = "lru"  # finished requests' states are retained and evicted least recently used first
+    NONE = "none"  # kvsim extension: the no-reuse baseline
+
+
+SERIALIZED, CONTINUOUS_BATCHING = SchedulingPolicy.SERIALIZED, SchedulingPolicy.CONTINUOUS_BATCHING
+SCHEDULING_POLICIES, RETENTION_POLICIES = tuple(SchedulingPolicy), tuple(RetentionPolicy)
 
 _OPEN = Object({}, open=True)
 SCHEDULING = Object({"max_active_requests": Integer(1)}, {"policy": String(SCHEDULING_POLICIES)})
@@ -50,14 +60,14 @@ SYSTEM = Object(
 @dataclass(frozen=True)
 class RequestSchedulingConfig:
     max_active_requests: int
-    policy: str = SERIALIZED  # kvsim extension: the serialized baseline or continuous batching
+    policy: SchedulingPolicy = SERIALIZED
 
 
 @dataclass(frozen=True)
 class KVCacheConfig:
     device_kv_bytes: int
     host_kv_bytes: int
-    retention_policy: str = "lru"
+    retention_policy: RetentionPolicy = RetentionPolicy.LRU
 
 
 @dataclass(frozen=True)
@@ -77,9 +87,11 @@ def parse_system(value: Any, field: str = "system") -> KVResidencySystemConfig:
     return KVResidencySystemConfig(
         max_requests=top["max_requests"],
         max_new_tokens_cap=top["max_new_tokens_cap"],
-        scheduling=RequestSchedulingConfig(scheduling["max_active_requests"], scheduling.get("policy", SERIALIZED)),
+        scheduling=RequestSchedulingConfig(
+            scheduling["max_active_requests"], SchedulingPolicy(scheduling.get("policy", SERIALIZED))
+        ),
         kv_cache=KVCacheConfig(
-            cache["device_kv_bytes"], cache["host_kv_bytes"], cache.get("retention_policy", "lru")
+            cache["device_kv_bytes"], cache["host_kv_bytes"], RetentionPolicy(cache.get("retention_policy", "lru"))
         ),
         transfer=parse_transfer(top["transfer"], f"{field}.transfer"),
         compute_service=parse_compute_service(top["compute_service"], f"{field}.compute_service"),

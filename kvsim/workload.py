@@ -9,6 +9,7 @@ too, so a scenario gives arrivals either as a workload or as submissions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from jgpt.errors import ApiError
@@ -16,7 +17,15 @@ from jgpt.validation import Integer, ListOf, Object, String, Tagged
 from kvsim.recorded import RecordedComputations
 
 CLOCK = "virtual_us"
-ACTION_KINDS = ("submit", "consume", "cancel")
+
+
+class ActionKind(StrEnum):
+    SUBMIT = "submit"  # the request arrives
+    CONSUME = "consume"  # the customer reads the output up to output_bytes
+    CANCEL = "cancel"
+
+
+ACTION_KINDS = tuple(ActionKind)
 
 ARRIVAL = Object({"request_id": String(), "arrival_us": Integer()})
 WORKLOAD = Object({"kind": String(), "requests": ListOf(ARRIVAL)}, about="Workload: ordered RequestArrivals.")
@@ -42,7 +51,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class CustomerAction:
-    kind: str  # submit | consume | cancel
+    kind: ActionKind
     at_us: int
     request_id: str
     output_bytes: int = 0  # consume: cumulative application-output bytes wanted
@@ -67,7 +76,10 @@ def parse_workload(value: Any, field: str = "workload") -> Workload:
 
 def parse_interaction(value: Any, field: str = "customer_interaction") -> CustomerInteraction:
     top = INTERACTION.read(value, field)
-    actions = (CustomerAction(a["kind"], a["at_us"], a["request_id"], a.get("output_bytes", 0)) for a in top["actions"])
+    actions = (
+        CustomerAction(ActionKind(a["kind"]), a["at_us"], a["request_id"], a.get("output_bytes", 0))
+        for a in top["actions"]
+    )
     return CustomerInteraction(top.get("clock", CLOCK), tuple(actions))
 
 

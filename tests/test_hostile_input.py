@@ -169,12 +169,13 @@ def test_deep_or_non_finite_json_is_refused_naming_the_input(tmp_path, name, dat
 def test_every_record_kvsim_run_writes_can_be_viewed(tmp_path, data):
     """What kvsim accepts it can also draw: 1e308 as a link latency once passed `run` and broke `plot`."""
     from kvsim.cache_run import read_record
-    from kvsim.perfetto import trace_events
+    from kvsim.perfetto import trace_chunks
+    from kvsim.record_lines import whole_view
     from kvsim.record_view import check_viewable
 
     source, out = _prepare(tmp_path, data)
     if assert_clean(["kvsim", "run", source, "--out", out], inputs=[source], watch=[tmp_path]) == 0:
-        assert trace_events(check_viewable(read_record(out.read_bytes())))["traceEvents"]
+        assert json.loads(b"".join(trace_chunks(whole_view(check_viewable(read_record(out.read_bytes()))))))["traceEvents"]
 
 
 WRITERS = {

@@ -128,8 +128,11 @@ def test_plot_and_perfetto_write_their_files(recorded, tmp_path, capsys):
     assert jgpt(["kvsim", "perfetto", str(recorded)]) == 0
     trace = json.loads(recorded.with_name("record.perfetto.json").read_text())["traceEvents"]
     record = json.loads(recorded.read_text())
-    flows = [e for e in trace if e["ph"] == "s"]
-    assert len(flows) == sum(len(e["causes"]) for e in record["events"])
+    instants = [e for e in trace if e["ph"] == "i"]  # every event, its causes among its arguments
+    assert [e.get("args", {}).get("causes", []) for e in instants] == [
+        [int(c[1:]) for c in e["causes"]] for e in record["events"]
+    ]
+    assert [e for e in trace if e["ph"] == "C"]  # the occupancy counter track
     steps = [e for e in trace if e["ph"] == "X" and e["tid"] == 1]  # the compute track
     assert sum(s["dur"] for s in steps) == record["outcomes"]["totals"]["compute_busy_us"]
 
@@ -153,7 +156,7 @@ def test_synthesize_then_run(tmp_path, capsys):
 
 def test_kvsim_imports_no_jax_numpy_or_matplotlib():
     code = (
-        "import sys, kvsim, kvsim.commands, kvsim.perfetto, kvsim.traces\n"
+        "import sys, kvsim, kvsim.commands, kvsim.perfetto, kvsim.record_lines, kvsim.traces\n"
         "print(sorted(m for m in ('jax', 'numpy', 'matplotlib', 'inference') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

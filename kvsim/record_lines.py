@@ -1,0 +1,443 @@
+"""The CacheRun record as JSON Lines: written while the simulation runs, read back one line at a time.
+
+A million requests make some 35 million events: the whole-JSON record (`record_json`) of such a run
+is gigabytes that a reader must load whole. The streamed record holds the same content, one entry a
+line, in an order a reader can use without looking ahead (docs/kvsim.md, "The streamed record"):
+
+    {"format": "jgpt-kvsim-record-lines", "version": 1, "declaration": ..., "checkpoint": ...,
+     "provenance": ..., "evidence": ..., "fields": {"event": [...], "measurement": [...]}}
+    {"computation": {...}}            one per request: what a replay simulates again
+    {"event": [0, "c0t0", 0, "arrival", null, ...]}   a CacheEvent's fields in order; ids are ints
+    {"measurement": [5, "compute_prefill", 120, 4096]}   after the event that ends what it measured
+    {"outcome": {"request_id": "c0t0", "status": ...}}   one per request, in workload order
+    {"totals": {...}}
+    {"state": {"state_id": "s0", ...}}                   what became of each retained state
+    {"end": {"id": "kv-...", "lines": N}}                the run's id, and how many lines the record has
+
+JSON Lines keeps every entry a JSON value a person can read and `jq` can filter, each error names a
+line, and a truncated file is told from a whole one by its end line. The id is written last: it
+hashes the computations, which are only encoded once, as they are written.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from jgpt.errors import ApiError
+from jgpt.identity import READ_LIMIT
+from jgpt.json_input import parse_json
+from jgpt.ontology import OntologyBinding
+from jgpt.validation import LIMIT, Const, Object, String
+from kvsim import engine
+from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, Phase, TransferDirection
+from kvsim.cache_run import (
+    DECLARATION,
+    EVIDENCE,
+    MODEL_VERSION,
+    RECORD,
+    Tally,
+    checked,
+    declare,
+    dumps,
+    input_digest,
+    record_inputs,
+    rerun_inputs,
+    run_totals,
+)
+from kvsim.outcomes import TOTALS
+from kvsim.record_view import OUTCOME
+from kvsim.recorded import RecordedComputations, request_json
+from kvsim.resource_graph import ResourceGraph
+from kvsim.system import KVResidencySystemConfig
+from kvsim.workload import CustomerInteraction, Workload
+
+FORMAT, VERSION = "jgpt-kvsim-record-lines", 1
+HEAD = Object(
+    {"format": Const(FORMAT), "version": Const(VERSION), "declaration": DECLARATION,
+     "checkpoint": RECORD.required["checkpoint"], "provenance": RECORD.required["provenance"],
+     "evidence": String(), "fields": Object({}, open=True)},
+    about="The first line of a streamed CacheRun record (docs/kvsim.md).",
+)  # fmt: skip
+# The order of a record's lines: each line's section is at or after the one before it.
+SECTIONS = {"computation": 1, "event": 2, "measurement": 2, "outcome": 3, "totals": 4, "state": 5, "end": 6}
+ONCE = ("totals", "end")
+Write = Callable[[bytes], object]
+
+
+@dataclass(frozen=True)
+class StreamedRun:
+    """What `write_lines` tells its caller once the record is written."""
+
+    id: str
+    outcomes: dict  # {"totals": ...}: what the summary table reads
+    lines: int
+
+
+def write_lines(
+    write: Write,
+    system: KVResidencySystemConfig,
+    computations: RecordedComputations,
+    workload: Workload | None = None,
+    interaction: CustomerInteraction | None = None,
+    resource_graph: ResourceGraph | None = None,
+    ontology_binding: OntologyBinding | dict | None = None,
+) -> StreamedRun:
+    """Simulate once, handing the streamed record to `write` as it is produced (chunks of about 65,536 events)."""
+    declaration, workload = declare(system, computations, workload, interaction, resource_graph, ontology_binding)
+    inputs = record_inputs(declaration, computations)
+    fields = {"event": CacheEvent._fields, "measurement": Measurement._fields}
+    write(dumps({"format": FORMAT, "version": VERSION, **inputs, "evidence": EVIDENCE, "fields": fields}) + b"\n")
+    run_id = input_digest(inputs, _written_requests(write, computations))
+    tally, lines = Tally(), [1 + len(computations.requests)]
+
+    def hand_over(events: list[CacheEvent], measurements: list[Measurement]) -> None:
+        tally.add(events)
+        lines[0] += len(events) + len(measurements)
+        write(_rows(b"event", events) + _rows(b"measurement", measurements))
+
+    result = checked(engine.run(system, computations, workload, interaction, hand_over))
+    waits = tally.consume_waits(result.publish_logs)
+    write(_rows(b"measurement", waits))
+    for start in range(0, len(result.outcomes), 4096):
+        pairs = zip(workload.requests[start : start + 4096], result.outcomes[start : start + 4096], strict=True)
+        write(b"".join(_line("outcome", {"request_id": a.request_id, **o._asdict()}) for a, o in pairs))
+    totals = run_totals(result, computations, workload, tally)
+    write(_line("totals", totals) + b"".join(_line("state", {"state_id": s, **fate}) for s, fate in result.states))
+    lines[0] += len(waits) + len(result.outcomes) + 1 + len(result.states) + 1
+    write(_line("end", {"id": run_id, "lines": lines[0]}))
+    return StreamedRun(run_id, {"totals": totals}, lines[0])
+
+
+def _written_requests(write: Write, computations: RecordedComputations) -> Iterator[bytes]:
+    """Each request's JSON, written as a computation line as it is handed on to the run's digest."""
+    pending = []
+    for request in computations.requests:
+        item = dumps(request_json(request))
+        pending.append(b'{"computation":%b}\n' % item)
+        if len(pending) == 4096:
+            write(b"".join(pending))
+            pending.clear()
+        yield item
+    write(b"".join(pending))
+
+
+def _line(section: str, value: Any) -> bytes:
+    return dumps({section: value}) + b"\n"
+
+
+def _rows(section: bytes, rows: list) -> bytes:
+    """`rows` (flat tuples but for a list that is never followed by another) as lines {"section":[...]}, encoded
+    with one json call: between rows, and only there, the encoding has "],[" unless a string holds it."""
+    if not rows:
+        return b""
+    parts = dumps(rows)[2:-2].split(b"],[")
+    if len(parts) != len(rows):  # some string holds "],[": encode row by row
+        parts = [dumps(row)[1:-1] for row in rows]
+    start = b'{"%b":[' % section
+    return start + (b"]}\n" + start).join(parts) + b"]}\n"
+
+
+def pulled(produce: Callable[[Write], object]) -> Iterator[bytes]:
+    """The chunks `produce` writes, as an iterator `write_atomically` can pull (the engine pushes its events
+    through a callback): `produce` runs on a thread, at most a few chunks ahead; its error is raised here."""
+    chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+    failure: list[BaseException] = []
+    stop = threading.Event()
+
+    def put(chunk: bytes) -> None:
+        while not stop.is_set():
+            try:
+                return chunks.put(chunk, timeout=0.1)
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def work() -> None:
+        try:
+            produce(put)
+        except _Stopped:
+            pass
+        except BaseException as error:  # handed to the reader, which raises it
+            failure.append(error)
+        finally:
+            chunks.put(None)
+
+    thread = threading.Thread(target=work, name="kvsim-record", daemon=True)
+    thread.start()
+    try:
+        while (chunk := chunks.get()) is not None:
+            yield chunk
+    finally:
+        stop.set()
+        while thread.is_alive():  # let a blocked put see the stop
+            try:
+                chunks.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        thread.join()
+    if failure:
+        raise failure[0]
+
+
+class _Stopped(Exception):
+    """The reader of `pulled` stopped early."""
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+
+def is_streamed(path: Path, field: str) -> bool:
+    """Whether the file at `path` is a streamed record (it opens with the head's format key)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(_OPENING)) == _OPENING
+    except OSError as error:
+        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
+
+
+_OPENING = b'{"format":"' + FORMAT.encode() + b'"'
+
+
+def read_lines(path: Path, field: str = "RECORD") -> Iterator[tuple[int, str, Any]]:
+    """(line number, section, value) for every line of a streamed record, each checked before it is yielded:
+    the head first (section "head"), the sections in order, every event and measurement typed, and the end
+    line last. Anything else is an ApiError naming the line."""
+    try:
+        file = open(path, "rb")  # noqa: SIM115 - closed below, after the generator's last line
+    except OSError as error:
+        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
+    with file:
+        yield from _checked_lines(file)
+
+
+def _checked_lines(file: BinaryIO) -> Iterator[tuple[int, str, Any]]:
+    number, rank, seen, events, value = 0, 0, set(), 0, None
+    for number, line in enumerate(_lines(file), 1):
+        at = f"record line {number}"
+        if number == 1:
+            yield number, "head", HEAD.keys(parse_json(line, at), at)
+            continue
+        if "end" in seen:
+            raise ApiError(at, "follows the end line")
+        entry = parse_json(line, at)
+        if not isinstance(entry, dict) or len(entry) != 1 or next(iter(entry)) not in SECTIONS:
+            raise ApiError(at, f"expected an object with one key of {', '.join(SECTIONS)}")
+        (section, value), = entry.items()
+        if SECTIONS[section] < rank or (section in ONCE and section in seen):
+            raise ApiError(at, f"a {section} line cannot come here (sections: {', '.join(SECTIONS)}, in that order)")
+        rank = SECTIONS[section]
+        seen.add(section)
+        if section == "event":
+            value = event_row(value, at, events)
+            events += 1
+        elif section == "measurement":
+            value = _measurement_row(value, at, events)
+        else:
+            value = _SECTION_CHECKS[section](value, at, number)
+        yield number, section, value
+    if number == 0:
+        raise ApiError("record line 1", "missing: the file is empty")
+    if "end" not in seen:
+        raise ApiError(f"record line {number + 1}", "missing: the record ends without its end line (truncated?)")
+
+
+def _lines(file: BinaryIO) -> Iterator[bytes]:
+    number = 0
+    while line := file.readline(READ_LIMIT + 1):
+        number += 1
+        if len(line) > READ_LIMIT:
+            raise ApiError(f"record line {number}", f"longer than {READ_LIMIT} bytes")
+        if not line.endswith(b"\n"):
+            raise ApiError(f"record line {number}", "is cut off (no newline at its end): the record is truncated")
+        yield line
+
+
+_KINDS = {k.value: k for k in EventKind}
+_PHASES = {p.value: p for p in Phase}
+_DIRECTIONS = {d.value: d for d in TransferDirection}
+_MEASURES = {m.value: m for m in MeasurementKind}
+
+
+def event_row(row: Any, at: str, index: int) -> CacheEvent:
+    """A CacheEvent from its line's array: the record's `index`th event, caused by earlier ones only."""
+    if not isinstance(row, list) or len(row) != len(CacheEvent._fields):
+        raise ApiError(at, f"an event is an array of {len(CacheEvent._fields)} values ({', '.join(CacheEvent._fields)})")
+    event_id, request_id, time_us, kind, state_id, size, device, host, detail, causes, phase, direction = row
+    if event_id != index or type(event_id) is not int:
+        raise ApiError(f"{at}.event_id", f"expected {index} (events are numbered in order), got {event_id!r}")
+    for name, value in (("time_us", time_us), ("bytes", size), ("device_reserved_bytes", device),
+                        ("host_retained_bytes", host)):  # fmt: skip
+        if type(value) is not int or not -LIMIT <= value <= LIMIT:
+            raise ApiError(f"{at}.{name}", f"expected an integer of at most 2^53, got {value!r}")
+    if not isinstance(request_id, str) or not isinstance(detail, str) or not isinstance(state_id, str | None):
+        raise ApiError(at, "request_id and detail are strings, state_id a string or null")
+    if not isinstance(causes, list) or not all(type(c) is int and 0 <= c < index for c in causes):
+        raise ApiError(f"{at}.causes", "expected the ids of earlier events")
+    checked_kind = _member(_KINDS, kind, f"{at}.kind")
+    return CacheEvent(
+        index, request_id, time_us, checked_kind, state_id, size, device, host, detail, tuple(causes),
+        None if phase is None else _member(_PHASES, phase, f"{at}.phase"),
+        None if direction is None else _member(_DIRECTIONS, direction, f"{at}.transfer_direction"),
+    )  # fmt: skip
+
+
+def _measurement_row(row: Any, at: str, events: int) -> Measurement:
+    if not isinstance(row, list) or len(row) != len(Measurement._fields):
+        raise ApiError(at, f"a measurement is an array of {', '.join(Measurement._fields)}")
+    event_id, kind, elapsed, size = row
+    if type(event_id) is not int or not 0 <= event_id < events:
+        raise ApiError(f"{at}.event_id", f"expected the id of an earlier event, got {event_id!r}")
+    if type(elapsed) is not int or type(size) is not int:
+        raise ApiError(at, "elapsed_us and bytes are integers")
+    return Measurement(event_id, _member(_MEASURES, kind, f"{at}.kind"), elapsed, size)
+
+
+def _member(members: dict[str, Any], value: Any, at: str) -> Any:
+    if not isinstance(value, str) or value not in members:
+        raise ApiError(at, f"expected one of {', '.join(members)}, got {value!r}")
+    return members[value]
+
+
+def _outcome(value: Any, at: str, _: int) -> dict:
+    outcome = OUTCOME.read(value, at)
+    if not isinstance(outcome.get("request_id"), str):
+        raise ApiError(f"{at}.request_id", "expected the request's id")
+    return outcome
+
+
+def _end(value: Any, at: str, number: int) -> dict:
+    end = Object({"id": String(), "lines": Const(number)}).read(value, at)
+    return end
+
+
+def _state(value: Any, at: str, _: int) -> dict:
+    state = Object({"state_id": String()}, open=True).read(value, at)
+    return state
+
+
+_SECTION_CHECKS: dict[str, Callable[[Any, str, int], Any]] = {
+    "computation": lambda value, at, _: Object({}, open=True).read(value, at),
+    "outcome": _outcome,
+    "totals": lambda value, at, _: TOTALS.read(value, at),
+    "state": _state,
+    "end": _end,
+}
+
+
+# -- replay -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replay:
+    id: str
+    identical: bool
+    lines: int
+    bytes: int
+    difference: str | None
+
+
+def replay_lines(path: Path, field: str = "RECORD") -> Replay:
+    """Simulate a streamed record's declaration again, comparing each produced chunk with the file as it
+    goes (neither is ever held whole); the first differing line is named."""
+    record: dict[str, Any] = {"computations": []}
+    for _, section, value in read_lines(path, field):
+        if section == "head":
+            record |= value
+        elif section == "computation":
+            record["computations"].append(value)
+        else:
+            break
+    if not str(record["evidence"]).startswith(f"{MODEL_VERSION}:"):
+        raise ApiError("record line 1.evidence", f"not a {MODEL_VERSION} record")
+    try:
+        inputs = rerun_inputs(record)
+    except ApiError as error:
+        raise _on_its_line(error) from None
+    with open(path, "rb") as file:
+        comparison = _Comparison(file)
+        try:
+            run = write_lines(comparison.write, **inputs)
+        except _Differs:
+            return Replay("", False, comparison.lines, comparison.offset, comparison.difference)
+        except ApiError as error:
+            raise _on_its_line(error) from None
+        if file.read(1):
+            comparison.difference = f"the record goes on after its replayed {comparison.lines} lines"
+    return Replay(run.id, comparison.difference is None, comparison.lines, comparison.offset, comparison.difference)
+
+
+def _on_its_line(error: ApiError) -> ApiError:
+    """An error `rerun_inputs` names in the whole record's terms, named by the streamed record's line."""
+    request = re.match(r"record\.computations\.requests\[(\d+)\](.*)", error.field)
+    if request:  # request i is on line i + 2, after the head
+        return ApiError(f"record line {int(request[1]) + 2}.computation{request[2]}", error.reason)
+    if error.field.startswith("record."):  # the declaration, checkpoint and provenance are on the head line
+        return ApiError("record line 1" + error.field.removeprefix("record"), error.reason)
+    return ApiError(f"record line 1.declaration.{error.field}", error.reason)  # refused by the simulation
+
+
+class _Differs(Exception):
+    """Raised into the replaying simulation at the first difference: nothing after it is compared."""
+
+
+class _Comparison:
+    """Reads the recorded file alongside what a replay writes."""
+
+    def __init__(self, file: BinaryIO):
+        self.file, self.offset, self.lines = file, 0, 0
+        self.difference: str | None = None
+
+    def write(self, data: bytes) -> None:
+        recorded = self.file.read(len(data))
+        if recorded == data:
+            self.offset += len(data)
+            self.lines += data.count(b"\n")
+            return
+        at = next((i for i, (a, b) in enumerate(zip(recorded, data, strict=False)) if a != b), len(recorded))
+        start = data.rfind(b"\n", 0, at) + 1
+        line = self.lines + data.count(b"\n", 0, at) + 1
+        replayed = data[start : data.find(b"\n", start) if b"\n" in data[start:] else None]
+        written = (recorded[start:] + self.file.readline(200)).split(b"\n", 1)[0]
+        self.difference = (
+            f"first differing line {line}:\n  recorded: {_shown(written)}\n  replayed: {_shown(replayed)}"
+            if written else f"the record ends at line {line}, the replay goes on"
+        )  # fmt: skip
+        self.lines = line
+        raise _Differs
+
+
+def _shown(line: bytes) -> str:
+    text = line.decode("utf-8", errors="replace")
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+# -- viewing ------------------------------------------------------------------------------------------
+
+
+def streamed_view(path: Path, field: str = "RECORD") -> Iterator[tuple[str, Any]]:
+    """What `plot` and `perfetto` read, one pass in record order: ("head", {...}), ("event", CacheEvent)...,
+    ("outcome", {...})..., ("end", {"id": ...})."""
+    for _, section, value in read_lines(path, field):
+        if section in ("head", "event", "outcome", "end"):
+            yield section, value
+
+
+def whole_view(record: dict) -> Iterator[tuple[str, Any]]:
+    """The same entries from a whole-JSON record that `check_viewable` passed (event ids "e<index>")."""
+    yield "head", record
+    for index, event in enumerate(record["events"]):
+        at = f"record.events[{index}]"
+        if event["event_id"] != f"e{index}":
+            raise ApiError(f"{at}.event_id", f"expected 'e{index}' (events are numbered in order)")
+        row = [index, *(event[name] for name in CacheEvent._fields[1:])]
+        row[9] = [int(cause[1:]) for cause in event["causes"]]  # check_viewable: earlier events' ids
+        yield "event", event_row(row, at, index)
+    for request_id, outcome in record["outcomes"]["requests"].items():
+        yield "outcome", {"request_id": request_id, **outcome}
+    yield "end", {"id": record["id"]}
