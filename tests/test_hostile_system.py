@@ -265,3 +265,39 @@ def test_an_output_name_of_the_longest_length_is_written(tmp_path):
     code, _, stderr = run_jgpt(["kvsim", "run", DATA / "kvsim_worked_example.json", "--out", out])
     assert code == 0 and json.loads(out.read_bytes())["events"], stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+TINY_TRAINING = ["--steps", "1", "--layers", "1", "--width", "32", "--ffn", "64", "--heads", "2", "--batch-size", "2",
+                 "--train-conversations", "20", "--quiet"]
+
+
+@pytest.mark.parametrize("held", [
+    {"notes.txt": b"mine"}, {"run.json": b"my own run.json"}, {"holiday.tmp.png": b"png"},
+    {".model.backup/f": b"x"}, {"run.json": b"{}", "notes.txt": b"mine"},
+])  # fmt: skip
+def test_train_never_writes_into_a_directory_holding_other_files(tmp_path, held):
+    """`train --out DIR` replaced DIR/run.json and metrics.jsonl and swept DIR/*.tmp.png and DIR/.model.*
+    of any directory; a refused run also left DIR/train.lock behind."""
+    out = tmp_path / "mine"
+    for name, data in held.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    line = assert_refused(["train", "--out", out, *TINY_TRAINING], inputs=[out / name for name in held], watch=[out])
+    assert ": out: " in line and ("holds no earlier run's run.json" in line or "a training run does not write" in line)
+
+
+def test_train_may_start_again_over_an_earlier_runs_files(tmp_path):
+    from training.config import TrainingConfig
+    from training.trainer import RunDirectory, _check_only_a_run
+
+    run = RunDirectory(tmp_path / "run")
+    _check_only_a_run(run)  # missing
+    run.root.mkdir()
+    (run.root / "train.lock").write_text("1")
+    _check_only_a_run(run)  # empty but for the lock
+    run.config.write_text(json.dumps(TrainingConfig().to_json()))
+    for name in ("metrics.jsonl", "loss.png", ".run.json.x1.tmp", "loss.tmp.png"):
+        (run.root / name).write_text("")
+    (run.root / ".model.x1").mkdir()
+    (run.root / "checkpoints").mkdir()
+    _check_only_a_run(run)  # a run killed before its first checkpoint

@@ -38,6 +38,7 @@ def _exclusive(root: Path) -> Iterator[None]:
     created = [path for path in (root, *root.parents) if not path.exists()]  # the run creates these
     try:
         root.mkdir(parents=True, exist_ok=True)
+        before = set(os.listdir(root))
         descriptor = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
         raise ApiError("out", f"cannot use {root} as the run directory: {error.strerror}") from None
@@ -53,7 +54,10 @@ def _exclusive(root: Path) -> Iterator[None]:
         try:
             yield
         finally:
-            if created and os.listdir(root) == [LOCK]:  # refused before writing anything: leave no trace
-                shutil.rmtree(created[-1])
+            if LOCK not in before and set(os.listdir(root)) == before | {LOCK}:  # refused before writing: no trace
+                if created:
+                    shutil.rmtree(created[-1])
+                else:
+                    os.unlink(root / LOCK)
     finally:
         os.close(descriptor)

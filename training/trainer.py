@@ -33,6 +33,7 @@ from training import metrics, optimizer, sharding
 from training.config import TrainingConfig, from_json
 from training.evaluation import DEVELOPMENT_BATCH, development_loss
 from training.provenance import TrainingProvenance, source_sha256
+from training.run_lock import LOCK
 from training.step import make_development_step, make_train_step, start
 
 # Mixed into the run seed so the data stream and the initialization draw independent keys.
@@ -85,6 +86,25 @@ def _check_run_directory(run: RunDirectory, config: TrainingConfig, resume: bool
         raise ApiError("out", f"{run.root} already holds a run; pass --resume or choose another directory")
 
 
+def _check_only_a_run(run: RunDirectory) -> None:
+    """A new run replaces run.json, metrics.jsonl and loss.png and sweeps stale temporaries: the directory
+    may hold nothing else, and those only beside an earlier run's run.json, so that no file of a person's is
+    replaced or swept (`--out ~/notes` used to replace notes/run.json and delete every *.tmp.png there)."""
+    entries = {path.name for path in run.root.iterdir()} - {LOCK} if run.root.is_dir() else set()
+    if not entries:
+        return
+    try:
+        from_json(read_json(run.config, "out"))
+    except ApiError:
+        raise ApiError("out", f"{run.root} is not empty and holds no earlier run's run.json; "
+                              "choose another directory") from None
+    stale = {path.name for path in (*run.root.glob(".model.*"), *run.root.glob(".*.tmp"), *run.root.glob("*.tmp.png"))}
+    others = sorted(entries - stale - {run.config.name, run.metrics.name, run.loss_curve.name, run.checkpoints.name})
+    if others:
+        raise ApiError("out", f"{run.root} holds {others[0]!r}, which a training run does not write; "
+                              "choose another directory")
+
+
 def _sweep_staging(run: RunDirectory) -> None:
     """Remove what a killed run left half-written (SIGKILL runs no cleanup): the artifact's
     staging directories (`.model.*`) and temporaries (`.*.tmp`, the loss curve's `*.tmp.png`). Runs under the lock."""
@@ -121,6 +141,8 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
     corpus = corpora.prepare(config)
     run = RunDirectory(Path(config.out))
     _check_run_directory(run, config, resume)
+    if main and not resume:  # process 0 holds the lock: no other process has written here yet
+        _check_only_a_run(run)
 
     if main:
         run.root.mkdir(parents=True, exist_ok=True)
