@@ -1,16 +1,26 @@
 """Decode speed: jgpt's jitted loop against Hugging Face transformers `generate`, same weights, same work.
 
-For a tiny GPT (layers 4, width 128) and a GPT-2-small-sized one (layers 12, width
-768, vocabulary 50257), both built as random GPT2LMHeadModels and imported into
-jgpt, this prints greedy decode tokens/s with the KV cache on for jgpt and for HF
-(batch 1, same prompt, same number of new tokens), their ratio, jgpt's layers
-layer strategies (unrolled layers, the scan unrolled, the rolled scan), batched throughput at batch 16 with ragged prompts, and the
-GPT-2-small memory roofline (weight + KV bytes per token over measured bandwidth).
+First the machine's bounds: memory read bandwidth with 1 and 2 threads (a large
+sum in numpy, torch and a jitted sum, a jitted matrix-vector product) and the
+f32 dense-product speed of XLA (stored and output-major weights) and torch on
+the shapes of a batch-16 decode step and a prefill.
 
-Decode time excludes the prompt: jgpt reports its loop's wall time (dispatch to
-ready, compiled beforehand) per decode step; HF's is generate(N) - generate(1)
-over N - 1 tokens. Figures are medians of several runs; the machine is shared, so
-expect +-15% run to run.
+Then, for a tiny GPT (layers 4, width 128) and a GPT-2-sized one (layers 12,
+width 768, vocabulary 50257), both built as random GPT2LMHeadModels and imported
+into jgpt: batch 1 greedy decode tokens/s of HF and of jgpt under each layer
+strategy; and at batch 16, with equal-length prompts and with ragged ones, the
+prefill, the decode step and the whole generation (prefill plus every decode
+step) of both sides and their ratios. For the GPT-2-sized model, the floor of a
+step (the bytes it must read over the best measured bandwidth, and its
+arithmetic over the best measured product speed) and each side's fraction of it.
+
+jgpt's times are its own works' wall times (dispatch to ready, compiled
+beforehand): the prefill and the loop's time per decode step. HF's prefill is
+generate(1), its decode step (generate(N) - generate(1)) / (N - 1), its whole
+generation generate(N), at its better torch thread count (1 or all cores),
+prompts left-padded. The two sides alternate in every repeat and each figure is
+the best of its repeats: on a shared machine that is what each side can do, and
+the ratios compare runs made minutes apart at most.
 
     .venv/bin/python bench/decode.py [--quick]
 """
@@ -19,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 
@@ -35,6 +44,7 @@ from inference.policy import GenerationPolicy, InferenceRequest
 from jgpt.hf_import import convert
 from jgpt.kv_state import StateIdentity
 from jgpt.layer_strategy import LayerStrategy
+from jgpt.output_major import OutputMajor
 
 SIZES = {
     "tiny (L4 C128 V512)": dict(n_layer=4, n_embd=128, n_head=4, vocab_size=512, n_positions=256),
@@ -42,11 +52,14 @@ SIZES = {
 }
 NO_END = -1  # no id ends a bench run early: both sides decode exactly N tokens
 BATCH = 16
+EQUAL_PROMPT = 32
 STRATEGIES = (
+    (LayerStrategy.unrolled_layers(output_major=True), "unrolled, output-major"),
     (LayerStrategy.unrolled_layers(), "unrolled layers"),
-    (LayerStrategy.scan(unroll=True), "scan, unrolled"),
     (LayerStrategy.scan(), "scan"),
 )
+# Dense products of GPT-2 small: (inputs, outputs) of a query/key/value, feed-forward and output projection.
+PRODUCT_SHAPES = ((768, 768), (768, 3072), (3072, 768), (768, 50257))
 
 
 def hf_model(config: dict, seed: int = 0) -> GPT2LMHeadModel:
@@ -66,99 +79,189 @@ def jgpt_execution(model: GPT2LMHeadModel, strategy: LayerStrategy) -> ModelExec
     return ModelExecution(weights, architecture, StateIdentity("bench", "bench", "float32"), NO_END, strategy)
 
 
-def prompts(batch: int, vocabulary: int) -> list[list[int]]:
+def prompts(batch: int, vocabulary: int, equal: bool = False) -> list[list[int]]:
+    """`batch` random prompts: EQUAL_PROMPT ids each, or ragged (8, 11, ... ids)."""
     rng = np.random.default_rng(0)
-    return [rng.integers(0, vocabulary, size=8 + 3 * b).tolist() for b in range(batch)]
+    return [rng.integers(0, vocabulary, size=EQUAL_PROMPT if equal else 8 + 3 * b).tolist() for b in range(batch)]
 
 
-def jgpt_decode_seconds(execution: ModelExecution, batch_prompts, new_tokens: int, repeats: int) -> tuple[float, tuple]:
-    """Median seconds per decode step of the jitted loop over the batch, and the first row's ids."""
+def jgpt_run(execution: ModelExecution, batch_prompts, new_tokens: int) -> tuple[float, float, tuple]:
+    """One greedy generation: (prefill seconds, seconds per decode step, the first row's ids)."""
     requests = [InferenceRequest(f"r{b}", p, GenerationPolicy(new_tokens)) for b, p in enumerate(batch_prompts)]
-    runs = []
-    for _ in range(repeats):
-        (first, *_) = responses = generate(execution, requests).responses
-        runs.append(first.computations[1].wall_time_us * 1e-6)
-        assert all(r.outcome.selected_tokens == new_tokens for r in responses)
-    return statistics.median(runs), first.output_ids
+    (first, *_) = responses = generate(execution, requests).responses
+    assert all(r.outcome.selected_tokens == new_tokens for r in responses)
+    return first.computations[0].wall_time_us * 1e-6, first.computations[1].wall_time_us * 1e-6, first.output_ids
 
 
-def hf_decode_seconds(model, batch_prompts, new_tokens: int, repeats: int) -> tuple[float, tuple, int]:
-    """Median seconds per decode step, (generate(N) - generate(1)) / (N - 1), prompts left-padded;
-    with HF's better torch thread count (1 or all cores: a busy machine can punish either)."""
-    width = max(map(len, batch_prompts))
-    ids = torch.zeros((len(batch_prompts), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, p in enumerate(batch_prompts):
-        ids[b, width - len(p) :], mask[b, width - len(p) :] = torch.tensor(p), 1
+class HF:
+    """HF `generate` on left-padded prompts; each run at 1 and at all torch threads, the better one kept."""
 
-    def run(n: int) -> tuple[float, torch.Tensor]:
+    def __init__(self, model, batch_prompts):
+        width = max(map(len, batch_prompts))
+        self.model, self.width = model, width
+        self.ids = torch.zeros((len(batch_prompts), width), dtype=torch.long)
+        self.mask = torch.zeros_like(self.ids)
+        for b, p in enumerate(batch_prompts):
+            self.ids[b, width - len(p) :], self.mask[b, width - len(p) :] = torch.tensor(p), 1
+        self._generate(2)  # warm-up
+
+    def _generate(self, n: int) -> tuple[float, torch.Tensor]:
         started = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, use_cache=True)
+            out = self.model.generate(self.ids, attention_mask=self.mask, max_new_tokens=n, do_sample=False, use_cache=True)
         return time.perf_counter() - started, out
 
-    results = []
-    for threads in sorted({1, os.cpu_count()}):
-        torch.set_num_threads(threads)
-        run(2)  # warm-up
-        runs = []
-        for _ in range(repeats):
-            full, out = run(new_tokens)
-            first, _ = run(1)
-            runs.append((full - first) / (new_tokens - 1))
-        results.append((statistics.median(runs), tuple(out[0, width:].tolist()), threads))
-    return min(results)
+    def run(self, new_tokens: int) -> tuple[float, float, tuple]:
+        """(prefill seconds, seconds per decode step, the first row's ids) at the better thread count."""
+        results = []
+        for threads in sorted({1, os.cpu_count() or 1}):
+            torch.set_num_threads(threads)
+            full, out = self._generate(new_tokens)
+            prefill, _ = self._generate(1)
+            results.append((prefill, (full - prefill) / (new_tokens - 1), tuple(out[0, self.width :].tolist())))
+        return min(results, key=lambda r: r[0] + r[1] * (new_tokens - 1))
 
 
-def memory_bandwidth() -> float:
-    """Bytes/s of a jitted matrix-vector product over a 256 MB matrix (best of 5): what decode is bound by."""
-    w = jnp.ones((8192, 8192), jnp.float32)
-    x = jnp.ones((8192,), jnp.float32)
-    matvec = jax.jit(lambda w, x: w @ x)
-    matvec(w, x).block_until_ready()
-    best = min(_timed(lambda: matvec(w, x).block_until_ready()) for _ in range(5))
-    return w.nbytes / best
+def best_of(runs: list[tuple[float, float, tuple]]) -> tuple[float, float, tuple]:
+    return min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2]
 
 
-def _timed(fn) -> float:
+def _timed(fn, *args) -> float:
     started = time.perf_counter()
-    fn()
+    result = fn(*args)
+    if isinstance(result, jax.Array):
+        result.block_until_ready()
     return time.perf_counter() - started
+
+
+def _best_seconds(repeats: int, fn, *args) -> float:
+    """The fastest of `repeats` calls fn(*args), after one untimed call (compilation, first touch)."""
+    _timed(fn, *args)
+    return min(_timed(fn, *args) for _ in range(repeats))
+
+
+def bandwidths(repeats: int) -> dict[str, float]:
+    """Bytes/s of large reads: sums over 1 GiB (numpy: 1 thread; torch at 1 and 2 threads; XLA's own pool)
+    and a jitted matrix-vector product over a 256 MiB matrix (what a batch-1 decode step does)."""
+    a = np.ones(1 << 28, np.float32)
+    t = torch.from_numpy(a)
+    found = {"numpy sum, 1 thread": a.nbytes / _best_seconds(repeats, a.sum)}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        found[f"torch sum, {threads} threads"] = a.nbytes / _best_seconds(repeats, t.sum)
+    found["jitted sum (XLA threads)"] = a.nbytes / _best_seconds(repeats, jax.jit(jnp.sum), jnp.asarray(a))
+    w, x = jnp.ones((8192, 8192), jnp.float32), jnp.ones((8192,), jnp.float32)
+    found["jitted matrix-vector"] = w.nbytes / _best_seconds(repeats, jax.jit(jnp.matmul), w, x)
+    return found
+
+
+def product_speeds(rows: int, repeats: int) -> list[tuple[tuple[int, int], float, float, float]]:
+    """FLOP/s of [rows, I] @ [I, O] for each PRODUCT_SHAPES: XLA stored [I, O], XLA OutputMajor, torch linear."""
+    highest = jax.lax.Precision.HIGHEST
+    stored = jax.jit(lambda x, w: jnp.dot(x, w, precision=highest))
+    transposed = jax.jit(lambda x, w: w.product(x, highest))
+    torch.set_num_threads(os.cpu_count() or 1)
+    speeds = []
+    for inputs, outputs in PRODUCT_SHAPES:
+        x, w = jnp.ones((rows, inputs), jnp.float32), jnp.ones((inputs, outputs), jnp.float32)
+        flops = 2 * rows * inputs * outputs
+        seconds = (
+            _best_seconds(repeats, stored, x, w),
+            _best_seconds(repeats, transposed, x, OutputMajor.of(w)),
+            _best_seconds(repeats, torch.nn.functional.linear, torch.ones(rows, inputs), torch.ones(outputs, inputs)),
+        )
+        speeds.append(((inputs, outputs), *(flops / s for s in seconds)))
+    return speeds
+
+
+def print_bounds(repeats: int) -> tuple[float, float]:
+    """Print the machine's measured bounds; return (best read bandwidth B/s, best product FLOP/s)."""
+    found = bandwidths(repeats)
+    print("\nmemory read bandwidth (best of runs):")
+    for name, value in found.items():
+        print(f"  {name:<26} {value / 1e9:6.1f} GB/s")
+    peak = 0.0
+    for rows in (BATCH, BATCH * EQUAL_PROMPT):
+        print(f"\nf32 dense products, {rows} rows, GFLOP/s:  XLA x@W  XLA output-major  torch linear")
+        for (inputs, outputs), *speeds in product_speeds(rows, repeats):
+            peak = max(peak, *speeds)
+            print(f"  [{rows}, {inputs}] @ [{inputs}, {outputs}]".ljust(34) + "".join(f"{s / 1e9:14.1f}" for s in speeds))
+    return max(found.values()), peak
+
+
+def compare_batch(model, execution, batch_prompts, new_tokens: int, repeats: int) -> dict[str, tuple]:
+    """Both sides' best (prefill s, step s, ids) on one batch, alternating runs."""
+    hf = HF(model, batch_prompts)
+    jgpt_run(execution, batch_prompts, new_tokens)  # compile
+    runs: dict[str, list] = {"hf": [], "jgpt": []}
+    for _ in range(repeats):
+        runs["hf"].append(hf.run(new_tokens))
+        runs["jgpt"].append(jgpt_run(execution, batch_prompts, new_tokens))
+    return {side: best_of(r) for side, r in runs.items()}
+
+
+def print_batch_table(name: str, both: dict[str, tuple], new_tokens: int) -> None:
+    (hp, hs, hids), (jp, js, jids) = both["hf"], both["jgpt"]
+    he, je = hp + hs * (new_tokens - 1), jp + js * (new_tokens - 1)
+    print(f"  {name:<22} {'HF':>10} {'jgpt':>10} {'jgpt vs HF':>11}")
+    for label, h, j in (("prefill ms", hp, jp), ("decode step ms", hs, js), ("end to end ms", he, je)):
+        print(f"    {label:<20} {h * 1e3:10.1f} {j * 1e3:10.1f} {h / j:10.2f}x")
+    print(f"    {'first row ids':<20} {'same' if hids == jids else 'DIFFER'}")
+
+
+def print_floor(execution: ModelExecution, rows: int, position: int, step: dict[str, float], bounds) -> None:
+    """The step's floor from its bytes and its arithmetic, and each side's fraction of it."""
+    bandwidth, peak = bounds
+    costs = execution.costs
+    data = costs.fixed_memory_bytes + rows * costs.position_memory_bytes(position)
+    arithmetic = rows * costs.position_matmul_flops(position)
+    floor = max(data / bandwidth, arithmetic / peak)
+    sides = ", ".join(f"{side} {floor / seconds:.0%} of it" for side, seconds in step.items())
+    print(f"    floor at batch {rows}: {data / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s = {data / bandwidth * 1e3:.1f} ms, "
+          f"{arithmetic / 1e9:.2f} GFLOP at {peak / 1e9:.0f} GFLOP/s = {arithmetic / peak * 1e3:.1f} ms; {sides}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats (a smoke run)")
     args = parser.parse_args()
-    repeats = 2 if args.quick else 5
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch {torch.__version__}, {os.cpu_count()} cores")
+    repeats = 2 if args.quick else 3
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch {torch.__version__}, {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    bounds = print_bounds(repeats + 2)
     for name, config in SIZES.items():
         small = config["n_layer"] == 4
         new_tokens = (32 if args.quick else 128) if small else (8 if args.quick else 32)
         model = hf_model(config)
+        executions = [(jgpt_execution(model, strategy), label) for strategy, label in STRATEGIES]
+        default = executions[0][0]
         print(f"\n{name}: {new_tokens} new tokens, greedy, KV cache on")
         single = prompts(1, config["vocab_size"])
-        hf_step, hf_ids, threads = hf_decode_seconds(model, single, new_tokens, repeats)
-        print(f"  HF transformers generate   {1 / hf_step:9.1f} tok/s  ({hf_step * 1e3:.2f} ms/token, {threads} torch threads)")
-        for strategy, label in STRATEGIES:
-            execution = jgpt_execution(model, strategy)
-            step, ids = jgpt_decode_seconds(execution, single, new_tokens, repeats)
+        hf = HF(model, single)
+        runs: dict[str, list] = {"hf": [], **{label: [] for _, label in executions}}
+        for execution, _ in executions:
+            jgpt_run(execution, single, new_tokens)  # compile
+        for _ in range(repeats):
+            runs["hf"].append(hf.run(new_tokens))
+            for execution, label in executions:
+                runs[label].append(jgpt_run(execution, single, new_tokens))
+        _, hf_step, hf_ids = best_of(runs["hf"])
+        print(f"  batch 1: HF generate {1 / hf_step:9.1f} tok/s ({hf_step * 1e3:.2f} ms/token)")
+        for _, label in executions:
+            _, step, ids = best_of(runs[label])
             same = "same ids as HF" if ids == hf_ids else "ids differ from HF"
-            print(f"  jgpt, {label:<19} {1 / step:9.1f} tok/s  ({step * 1e3:.2f} ms/token)  "
+            print(f"  jgpt, {label:<22} {1 / step:9.1f} tok/s ({step * 1e3:.2f} ms/token)  "
                   f"ratio {hf_step / step:5.2f}x  [{same}]")  # fmt: skip
-            if strategy == LayerStrategy.for_backend():
-                best, best_step = execution, step
-        batch = prompts(BATCH, config["vocab_size"])
-        hf_batch, _, _ = hf_decode_seconds(model, batch, new_tokens, max(2, repeats // 2))
-        jgpt_batch, _ = jgpt_decode_seconds(best, batch, new_tokens, max(2, repeats // 2))
-        print(f"  batch {BATCH} (prompts {len(batch[0])}..{len(batch[-1])} ids): HF {BATCH / hf_batch:9.1f} tok/s, "
-              f"jgpt {BATCH / jgpt_batch:9.1f} tok/s, ratio {hf_batch / jgpt_batch:5.2f}x")  # fmt: skip
         if not small:
-            bandwidth = memory_bandwidth()
             position = len(single[0]) + new_tokens // 2
-            per_token = best.costs.memory_bytes(position, position + 1)
-            print(f"  memory roofline: {per_token / 1e6:.1f} MB per token (weights + KV) at {bandwidth / 1e9:.1f} GB/s "
-                  f"measured = {bandwidth / per_token:.1f} tok/s; jgpt reaches {per_token / best_step / bandwidth:.0%} of it")  # fmt: skip
+            print_floor(default, 1, position, {"HF": hf_step, "jgpt": best_of(runs[executions[0][1]])[1]}, bounds)
+        for equal in (True, False):
+            batch = prompts(BATCH, config["vocab_size"], equal)
+            both = compare_batch(model, default, batch, new_tokens, max(2, repeats - 1))
+            print_batch_table(f"batch {BATCH}, prompts of " + (f"{EQUAL_PROMPT} ids" if equal else "8..53 ids"), both, new_tokens)
+            if not small:
+                position = max(map(len, batch)) + new_tokens // 2
+                print_floor(default, BATCH, position, {"HF": both["hf"][1], "jgpt": both["jgpt"][1]}, bounds)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from inference.policy import check_prompt
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState, StateIdentity
-from jgpt.layer_strategy import LayerStrategy
+from jgpt.layer_strategy import LayerStrategy, LayerView
 from jgpt.model import forward
 from jgpt.tokenizer import TURN_END_ID
 from jgpt.validation import is_integer
@@ -57,7 +57,7 @@ def advance(
     window_ids: jax.Array,  # int32 [B, W]: row b's new ids first, padding after
     counts: jax.Array,  # int32 [B]: new ids per row, 0 <= counts <= W
     unroll: int | bool,
-    layer_weights: tuple[dict[str, jax.Array], ...] | None = None,
+    layer_weights: LayerView | None = None,
 ) -> tuple[jax.Array, KVState]:
     """Logits [B, V] of each row's last new id, and the state extended by the new ids.
 
@@ -97,8 +97,9 @@ def _full_prefix_logits(weights, architecture, token_ids, unroll, layer_weights)
 class ModelExecution:
     """A model bound for execution: weights, architecture, the identity its states carry, and costs.
 
-    The weights are held once, stacked: the unrolled-layers strategy runs over a per-layer view of
-    them (`layer_weights`), which on CPU shares their memory.
+    The weights are held stacked: the unrolled-layers strategy runs over a per-layer view of them
+    (`layer_weights`), which on CPU shares their memory, or, output-major, over transposed copies of
+    the projections and the output projection (the model's matrices held a second time).
     """
 
     weights: ModelWeights
@@ -119,7 +120,7 @@ class ModelExecution:
         return cls(artifact.weights, artifact.architecture, identity, tokenizer.turn_end_id, strategy)
 
     @functools.cached_property
-    def layer_weights(self) -> tuple[dict[str, jax.Array], ...] | None:
+    def layer_weights(self) -> LayerView | None:
         """The per-layer view of the weights the strategy runs over, or None where it scans the stacked tensors."""
         return self.strategy.layer_weights(self.weights)
 

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from inference.execution import ModelExecution
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
+from jgpt.layer_strategy import LayerView
 from jgpt.mesh import DATA_AXIS, MODEL_AXIS, replicated, tree_shardings
 
 
@@ -35,10 +36,12 @@ class TensorParallelExecution(ModelExecution):
             raise ApiError("model_axis", f"{model} devices do not split {a.heads} heads ({a.kv_heads} key/value heads)")
         fields = {f.name: getattr(execution, f.name) for f in dataclasses.fields(ModelExecution)}
         weights = jax.device_put(execution.weights, tree_shardings(execution.weights, mesh, fsdp=False))
-        return cls(**fields | {"weights": weights}, mesh=mesh)
+        # The split follows the stored layout's axes (jgpt.mesh), so the blocks run over it, not output-major copies.
+        strategy = dataclasses.replace(execution.strategy, output_major=False)
+        return cls(**fields | {"weights": weights, "strategy": strategy}, mesh=mesh)
 
     @functools.cached_property
-    def layer_weights(self) -> tuple[dict[str, jax.Array], ...] | None:
+    def layer_weights(self) -> LayerView | None:
         layers = super().layer_weights
         return None if layers is None else jax.device_put(layers, tree_shardings(layers, self.mesh, fsdp=False))
 

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jgpt import pytree as struct
 from jgpt.architecture import Architecture
 from jgpt.kv_state import KVBuffers
+from jgpt.layer_strategy import LayerView, LayerWeights
 from jgpt.operations import (
     attention,
     embedding,
@@ -40,6 +41,7 @@ from jgpt.operations import (
     residual_addition,
     write_slots,
 )
+from jgpt.output_major import OutputMajor
 from jgpt.weights import ModelWeights
 
 
@@ -97,7 +99,7 @@ def forward(
     cache: KVBuffers | None = None,
     observe: bool = False,
     unroll: int | bool = 1,
-    layer_weights: tuple[dict[str, jax.Array], ...] | None = None,
+    layer_weights: LayerView | None = None,
 ) -> ForwardOutput:
     """Logits for token_ids [B, T] at absolute positions [B, T] (default 0..T-1 in every row).
 
@@ -105,9 +107,9 @@ def forward(
     keys and values are written into their slots and every query attends causally to
     slots <= its position; the returned cache holds the write. Without one the block
     attends among the given tokens only and returns their keys and values (S = T).
-    `layer_weights` (`jgpt.layer_strategy.per_layer_view(weights)`) runs the blocks over those
-    per-layer arrays instead of scanning the stacked block tensors of `weights` (with `unroll`);
-    same result.
+    `layer_weights` (`LayerStrategy.layer_weights(weights)`) runs the blocks over its per-layer
+    arrays instead of scanning the stacked block tensors of `weights` (with `unroll`), and the head
+    over its `lm_head` where it holds one; same result.
     """
     a = architecture
     chex.assert_rank(token_ids, 2)
@@ -130,10 +132,11 @@ def forward(
     if layer_weights is None:
         (h, cache), (new, stages) = _scanned(run, carry, weights.block(), a.layers, unroll)
     else:
-        (h, cache), (new, stages) = _straight_line(run, carry, layer_weights)
+        (h, cache), (new, stages) = _straight_line(run, carry, layer_weights.layers)
     if new is not None:
         cache = KVBuffers(keys=new[0], values=new[1])
-    h, logits = head(weights, a, h)
+    lm_head = weights.lm_head if layer_weights is None or layer_weights.lm_head is None else layer_weights.lm_head
+    h, logits = head(weights, a, h, lm_head)
     logits = logits.reshape(B, T, a.vocabulary)
     chex.assert_type(logits, jnp.float32)
     observations = None
@@ -198,11 +201,15 @@ def feed_forward_sublayer(stream, w, architecture: Architecture):
     return out, {"ln2": h3, "feed_forward": ff, "residual2": out}
 
 
-def head(weights: ModelWeights, architecture: Architecture, stream: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The final normalization and the projection to vocabulary scores: (normalized [N, C], logits [N, V] float32)."""
+def head(
+    weights: ModelWeights, architecture: Architecture, stream: jax.Array, lm_head: jax.Array | OutputMajor
+) -> tuple[jax.Array, jax.Array]:
+    """The final normalization and the projection to vocabulary scores: (normalized [N, C], logits [N, V] float32).
+
+    `lm_head` is `weights.lm_head` or an OutputMajor copy of it."""
     with jax.named_scope("head"):
         h = normalization(stream, weights.ln_final_scale, weights.ln_final_bias, architecture)
-        return h, output_projection(h, weights.lm_head, weights.lm_bias, jnp.dtype(architecture.precision))
+        return h, output_projection(h, lm_head, weights.lm_bias, jnp.dtype(architecture.precision))
 
 
 def _scanned(run, carry, stacked: dict[str, jax.Array], layers: int, unroll: int | bool):
@@ -210,7 +217,7 @@ def _scanned(run, carry, stacked: dict[str, jax.Array], layers: int, unroll: int
     return jax.lax.scan(run, carry, (stacked, jnp.arange(layers)), unroll=unroll)
 
 
-def _straight_line(run, carry, layer_weights: tuple[dict[str, jax.Array], ...]):
+def _straight_line(run, carry, layer_weights: tuple[LayerWeights, ...]):
     """The blocks one after another over separately stored layers: no step slices a layer out of a stacked
     tensor, which on XLA CPU copies that layer's weights at every call. Outputs stacked as a scan's."""
     outputs = []

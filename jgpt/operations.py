@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from jgpt.architecture import Architecture
 from jgpt.bf16_matmul import operand
+from jgpt.output_major import OutputMajor
 
 F32 = jnp.float32
 
@@ -30,10 +31,14 @@ def _matmul_precision(operand_dtype) -> jax.lax.Precision | None:
     return jax.lax.Precision.HIGHEST if jnp.dtype(operand_dtype) == F32 else None
 
 
-def dense(x: jax.Array, w: jax.Array, b: jax.Array | None, dtype) -> jax.Array:
-    """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`."""
+def dense(x: jax.Array, w: jax.Array | OutputMajor, b: jax.Array | None, dtype) -> jax.Array:
+    """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`; `w` stored [I, O] or OutputMajor."""
     x, w = operand(x, dtype), operand(w, dtype)
-    y = jnp.dot(x, w, precision=_matmul_precision(x.dtype), preferred_element_type=F32)
+    precision = _matmul_precision(x.dtype)
+    if isinstance(w, OutputMajor):
+        y = w.product(x, precision)
+    else:
+        y = jnp.dot(x, w, precision=precision, preferred_element_type=F32)
     return y if b is None else y + b
 
 
@@ -162,6 +167,6 @@ def attention(
     return out, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
 
 
-def output_projection(x: jax.Array, lm_head: jax.Array, lm_bias: jax.Array | None, dtype) -> jax.Array:
+def output_projection(x: jax.Array, lm_head: jax.Array | OutputMajor, lm_bias: jax.Array | None, dtype) -> jax.Array:
     """Final hidden vectors [N, C] -> vocabulary scores [N, V], accumulated in float32."""
     return dense(x, lm_head, lm_bias, dtype)

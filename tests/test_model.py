@@ -265,7 +265,8 @@ def test_walkthrough_stages_are_owned_by_admitted_concepts_and_inspect_real_obse
 
 # --- layer strategy -----------------------------------------------------------------------------------
 
-STRATEGIES = [LayerStrategy.unrolled_layers(), LayerStrategy.scan(unroll=True), LayerStrategy.scan(unroll=2)]
+STRATEGIES = [LayerStrategy.unrolled_layers(), LayerStrategy.unrolled_layers(output_major=True),
+              LayerStrategy.scan(unroll=True), LayerStrategy.scan(unroll=2)]
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -284,7 +285,7 @@ def test_every_layer_strategy_gives_the_rolled_scans_logits_cache_and_observatio
 
 
 @pytest.mark.parametrize(("backend", "expected"), [
-    ("cpu", LayerStrategy.unrolled_layers()), ("gpu", LayerStrategy.scan()), ("tpu", LayerStrategy.scan()),
+    ("cpu", LayerStrategy.unrolled_layers(output_major=True)), ("gpu", LayerStrategy.scan()), ("tpu", LayerStrategy.scan()),
 ])  # fmt: skip
 def test_the_layer_strategy_is_chosen_by_asking_the_backend(monkeypatch, backend, expected):
     from inference.execution import ModelExecution
@@ -317,6 +318,9 @@ def test_layer_strategy_refuses_a_meaningless_unroll():
     with pytest.raises(ApiError) as error:
         LayerStrategy(per_layer=True, unroll=4)
     assert error.value.field == "unroll"
+    with pytest.raises(ApiError) as error:
+        LayerStrategy(per_layer=False, output_major=True)
+    assert error.value.field == "output_major"
 
 
 @pytest.mark.parametrize("strategy", [LayerStrategy.unrolled_layers(), LayerStrategy.scan()], ids=str)
