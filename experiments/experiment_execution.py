@@ -249,6 +249,9 @@ def replay(record_path: Path) -> dict[str, Any]:
                               f"{field}.computations")
         observations = parse_json(verified_file(record_path.parent, entry.get("observations"), f"{field}.observations"),
                                   f"{field}.observations")
+        for name in ("computations", "observations"):
+            if set(entry[name]) != {"path", "sha256", "bytes"}:
+                raise ApiError(f"{field}.{name}", "must be a file entry {path, sha256, bytes}")
         check_recording(entry, document, observations, field)
         documents.append(document)
     from experiments.measured_arms import replay_calibration, replay_engine_arm  # they read this module's helpers
@@ -277,6 +280,8 @@ def replay(record_path: Path) -> dict[str, Any]:
             raise ApiError(f"{field}.{error.field}", error.reason) from None
         if record_json(run) != recorded:
             raise ApiError(f"{field}.cache_run", f"replaying arm {arm.get('label')!r} gave different bytes")
+        if arm["cache_run"] != _file_entry(arm["cache_run"]["path"], recorded) | {"id": json.loads(recorded)["id"]}:
+            raise ApiError(f"{field}.cache_run", "must be {path, sha256, bytes, id} of the cache run it names")
         if run.declaration["system"] != arm.get("system"):
             raise ApiError(f"{field}.system", "is not the system its controls resolve to")
         if run.outcomes["totals"] != arm.get("outcomes"):
@@ -444,7 +449,7 @@ def _file_entry(name: str, data: bytes) -> dict[str, Any]:
 def verified_file(directory: Path, entry: Any, field: str) -> bytes:
     """The bytes of the file a record's entry names, checked before use."""
     if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or not is_integer(entry.get("bytes")) \
-            or not 0 <= entry["bytes"] <= RECORD_FILE_LIMIT:
+            or not 0 <= entry["bytes"] <= RECORD_FILE_LIMIT or set(entry) - {"path", "sha256", "bytes", "id"}:
         raise ApiError(field, f"must be a file entry {{path, sha256, bytes}} of at most {RECORD_FILE_LIMIT} bytes")
     path = confined(directory, entry.get("path"), f"{field}.path")
     if path.is_file() and path.stat().st_size != entry["bytes"]:  # refused before a byte is read

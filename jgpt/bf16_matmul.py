@@ -36,4 +36,4 @@ def operand(x: jax.Array, dtype) -> jax.Array:
     """`x` as a matmul operand of compute dtype `dtype`: rounded to it and, on a backend without native
     units for it, widened back to float32 (exactly: every bf16 value is a float32 value)."""
     x = x.astype(dtype)
-    return x if x.dtype == F32 or native() else x.astype(F32)
+    return x.astype(F32) if x.dtype == jnp.bfloat16 and not native() else x

@@ -108,6 +108,18 @@ def test_record_integrity_edited_provenance_labels_and_walkthrough_are_refused(l
         assert error.value.field == field
 
 
+
+def test_record_integrity_a_file_entry_with_a_key_removed_or_added_is_refused(lab_run, tmp_path):
+    """Found by the fuzz test in CI: an arm's cache_run entry without its id was accepted."""
+    for name, change, field in [
+        ("no-id", lambda d, r: r["arms"][0]["cache_run"].pop("id"), "record.arms[0].cache_run"),
+        ("other-id", lambda d, r: r["arms"][0]["cache_run"].update(id="kv-0123456789abcdef"), "record.arms[0].cache_run"),
+        ("extra", lambda d, r: r["recordings"][0]["computations"].update(id="x"), "record.recordings[0].computations"),
+    ]:
+        with pytest.raises(ApiError) as error:
+            replay(_edited(lab_run, tmp_path / name, change))
+        assert error.value.field == field
+
 # --- hostile records ----------------------------------------------------------------------------------
 
 def _canonical(document: bytes) -> bytes:
