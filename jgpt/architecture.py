@@ -134,7 +134,8 @@ def architecture_from_json(document: Mapping[str, Any]) -> Architecture:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(document) - set(fields))
     if unknown:
-        raise ApiError(unknown[0], f"is not a field of {cls.__name__}")
+        name = unknown[0]
+        raise ApiError(name if name.strip() else repr(name), f"is not a field of {cls.__name__}")  # a blank key, quoted
     missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in document]
     if missing:
         raise ApiError(missing[0], f"is required by {cls.__name__}")

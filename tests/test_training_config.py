@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.architecture import LlamaArchitecture, ModelArchitecture, architecture_from_json
 from jgpt.errors import ApiError
 from training.config import TrainingConfig, architecture_settings, from_json
 
@@ -47,3 +47,11 @@ def test_a_bad_architecture_is_refused_naming_its_field(architecture, field):
     with pytest.raises(ApiError) as refused:
         from_json({"architecture": architecture})
     assert refused.value.field == field
+
+
+def test_a_blank_architecture_key_is_refused_naming_it_quoted():
+    """Found by the hostile-document fuzz test in CI: `{"": null}` gave the one-line error an empty field name."""
+    for key in ("", " "):
+        with pytest.raises(ApiError) as error:
+            architecture_from_json({key: None})
+        assert error.value.field == repr(key) and "is not a field of ModelArchitecture" in str(error.value)
