@@ -26,6 +26,7 @@ from kvsim.cache_run import (
     run_id,
     simulate,
 )
+from kvsim.compute_service import SPREAD_REPEATS
 from kvsim.inputs import load_input
 from kvsim.perfetto import trace_chunks
 from kvsim.record_lines import StreamedRun, is_streamed, pulled, replay_lines, streamed_view, whole_view, write_lines
@@ -88,6 +89,11 @@ def _parser(command: str) -> argparse.ArgumentParser:
     forecast.add_argument("measured", type=Path, metavar="MEASURED.json", help="a measured-run document (jgpt serve --out)")
     forecast.add_argument("--service", type=Path, metavar="SERVICE.json",
                           help="a fragment from calibrate (default: the run's own rates)")
+    forecast.add_argument("--seeds", type=int, default=SPREAD_REPEATS, metavar="N",
+                          help="for a service with a spread: the prediction is each figure's median over N simulated "
+                               f"runs, the spread's seed counting up (default {SPREAD_REPEATS}, as bench/fidelity.py)")
+    forecast.add_argument("--out", type=Path, metavar="RECORD.json",
+                          help="write the record of one simulated run, the spread's own seed (.jsonl: streamed)")
     forecast.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
@@ -218,7 +224,7 @@ def _view(path: Path) -> Iterator[tuple[str, Any]]:
 def _fidelity(args: argparse.Namespace) -> int:
     """calibrate and predict (numpy fits the parameters, so it is imported only here)."""
     from kvsim.calibration import fit, fit_table, load_measured_run, read_service
-    from kvsim.fidelity import compare, comparison_table, predict
+    from kvsim.fidelity import compare, comparison_table, predicted_inputs, predicted_totals, spread_seeds
 
     if args.action == "calibrate":
         output_file(args.out, "--out", args.measured)
@@ -230,12 +236,24 @@ def _fidelity(args: argparse.Namespace) -> int:
         print(fit_table(fits, notes))
         print(f"service fragment written to {args.out}")
         return 0
+    if args.seeds < 1:
+        raise ApiError("--seeds", f"must be at least 1, got {args.seeds}")
+    if args.out:
+        output_file(args.out, "--out", [args.measured, args.service])
     run = load_measured_run(args.measured, "MEASURED")
     service = None if args.service is None else read_service(load_json(read_bytes(args.service, "--service"), "--service"))
-    rows = compare(run.document["totals"], predict(run, service).outcomes["totals"])
+    seeds = spread_seeds(run, service, args.seeds)
+    rows = compare(run.document["totals"], predicted_totals(run, service, args.seeds))
+    if args.out and args.out.suffix == ".jsonl":
+        _streamed(predicted_inputs(run, service), args.out)
+    elif args.out:
+        write_atomically(args.out, record_chunks(simulate(**predicted_inputs(run, service))))
     if args.json:
         print(json.dumps([row.to_json() for row in rows], indent=1))
-    else:
-        print(f"{args.measured}: measured vs kvsim ({'calibrated: ' + str(args.service) if service else 'own rates'})")
-        print(comparison_table(rows))
+        return 0
+    runs = f"median over {len(seeds)} simulated runs, spread seeds {seeds[0]}-{seeds[-1]}" if seeds else "one simulated run"
+    print(f"{args.measured}: measured vs kvsim ({'calibrated: ' + str(args.service) if service else 'own rates'}; {runs})")
+    print(comparison_table(rows))
+    if args.out:
+        print(f"record written to {args.out}: one simulated run" + (f", spread seed {seeds[0]}" if seeds else ""))
     return 0

@@ -35,6 +35,9 @@ DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
 # Each kind of work's size term: per executed (bucketed) prefill position; per executed decode batch size.
 SIZE_TERMS = {PREFILL: "per_position_us", DECODE: "per_batch_us"}
 SPREAD_QUANTILES_MAX = 1001  # quantiles per kind of work a spread may give (a bound on what a system holds)
+# Simulated runs a prediction with a spread takes each figure's median over (seeds counting up from the spread's):
+# as many as the engine runs bench/fidelity.py takes the measured median over.
+SPREAD_REPEATS = 5
 
 
 def ceil_us(value: Fraction) -> int:

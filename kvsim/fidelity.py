@@ -21,14 +21,20 @@ from dataclasses import dataclass, replace
 from kvsim import engine
 from kvsim.cache_run import CacheRun, _outcomes, simulate
 from kvsim.calibration import MeasuredRun, host_gaps, merge_service
-from kvsim.compute_service import DECODE, DEVICE_TO_HOST, HOST_TO_DEVICE, PREFILL, CalibratedComputeService
+from kvsim.compute_service import (
+    DECODE,
+    DEVICE_TO_HOST,
+    HOST_TO_DEVICE,
+    PREFILL,
+    SPREAD_REPEATS,
+    CalibratedComputeService,
+)
 from kvsim.recorded import parse_document
 from kvsim.system import parse_system
 from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_workload, resolve_workload
 
 LATENCIES = tuple((name, p) for name in ("ttft", "tpot", "e2e") for p in ("p50", "p90"))
 EXACT = ("hit_rate_device", "hit_rate_host", "token_hit_rate")
-SPREAD_REPEATS = 5  # simulated repeats of a service with a spread (seeds seed, seed + 1, ...): the bench's engine repeats
 
 
 @dataclass(frozen=True)
@@ -70,9 +76,24 @@ def predicted_system(run: MeasuredRun, fragment: dict | None) -> dict:
     return system | {"compute_service": system["compute_service"] | shapes}
 
 
+def predicted_inputs(run: MeasuredRun, fragment: dict | None) -> dict:
+    """`simulate`'s arguments for the measured run (`kvsim.record_lines.write_lines` takes the same)."""
+    computations, workload, interaction = _served(run)
+    system = parse_system(predicted_system(run, fragment), "system")
+    return {"system": system, "computations": computations, "workload": workload, "interaction": interaction}
+
+
 def predict(run: MeasuredRun, fragment: dict | None) -> CacheRun:
-    """Simulate the measured run; `fragment` None keeps the system's own (hypothetical) service rates."""
-    return simulate(parse_system(predicted_system(run, fragment), "system"), *_served(run))
+    """Simulate the measured run once (a spread draws with its own seed); `fragment` None keeps the system's
+    own (hypothetical) service rates."""
+    return simulate(**predicted_inputs(run, fragment))
+
+
+def spread_seeds(run: MeasuredRun, fragment: dict | None, repeats: int = SPREAD_REPEATS, first: int = 0) -> tuple[int, ...]:
+    """The seeds of the simulated runs a prediction takes the median of: `repeats` counting up from the
+    spread's own plus `first`; none for a service without a spread (one simulation)."""
+    spread = predicted_system(run, fragment)["compute_service"].get("spread")
+    return () if spread is None else tuple(range(spread["seed"] + first, spread["seed"] + first + repeats))
 
 
 def predicted_totals(run: MeasuredRun, fragment: dict | None, repeats: int = SPREAD_REPEATS) -> dict:
@@ -85,11 +106,12 @@ def simulated_totals(run: MeasuredRun, fragment: dict | None, repeats: int = SPR
     """The totals of kvsim's simulations of the measured run: one, or `repeats` for a service with a spread
     (seeds counting up from the spread's plus `first`: runs of the same workload simulate alike under the
     same seeds, so repeats of one are given seeds of their own)."""
+    seeds = spread_seeds(run, fragment, repeats, first)
+    if not seeds:
+        return [predict(run, fragment).outcomes["totals"]]
     system = predicted_system(run, fragment)
     service = system["compute_service"]
-    if "spread" not in service:
-        return [predict(run, fragment).outcomes["totals"]]
-    seeded = [service | {"spread": service["spread"] | {"seed": service["spread"]["seed"] + first + n}} for n in range(repeats)]
+    seeded = [service | {"spread": service["spread"] | {"seed": seed}} for seed in seeds]
     return [simulate(parse_system(system | {"compute_service": s}, "system"), *_served(run)).outcomes["totals"] for s in seeded]
 
 

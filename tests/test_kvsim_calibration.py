@@ -438,6 +438,32 @@ def test_a_prediction_with_a_spread_is_the_median_over_seeds(document):
     assert compare(measured, predicted_totals(run, TRUTH)) == compare(measured, predict(run, TRUTH).outcomes["totals"])
 
 
+def test_predict_reports_the_median_over_seeds_and_writes_one_seeds_run(document, tmp_path, capsys):
+    """`jgpt kvsim predict` predicts what the bench predicts: each figure's median over --seeds simulated runs
+    (default 5); the record it writes is the run of the spread's own seed, and replays byte for byte."""
+    system = conversation_system("serialized") | {"kv_cache": {"device_kv_bytes": 10**9, "host_kv_bytes": 0}}
+    measured = measured_run(system, document, WITH_SPREAD)
+    run = read_measured_run(measured, "0" * 64)
+    paths = {name: tmp_path / f"{name}.json" for name in ("measured", "service", "record")}
+    paths["measured"].write_text(json.dumps(measured))
+    paths["service"].write_text(json.dumps(WITH_SPREAD))
+    common = ("predict", str(paths["measured"]), "--service", str(paths["service"]))
+    code, out, _ = run_cli(capsys, *common, "--seeds", "3", "--json", "--out", str(paths["record"]))
+    expected = compare(run.document["totals"], predicted_totals(run, WITH_SPREAD, repeats=3))
+    assert code == 0 and json.loads(out) == [row.to_json() for row in expected]
+    one = compare(run.document["totals"], predict(run, WITH_SPREAD).outcomes["totals"])
+    assert [row.predicted for row in expected] != [row.predicted for row in one]  # the median is not one seed's run
+    record = paths["record"].read_bytes()
+    assert record == record_json(predict(run, WITH_SPREAD)) and record_json(rerun(json.loads(record))) == record
+    assert json.loads(record)["declaration"]["system"]["compute_service"]["spread"]["seed"] == SPREAD["seed"]
+    code, out, _ = run_cli(capsys, *common)
+    assert code == 0 and "median over 5 simulated runs, spread seeds 7-11" in out.splitlines()[0]
+    code, out, _ = run_cli(capsys, *common[:2], "--seeds", "3")  # the run's own rates: no spread, one run
+    assert code == 0 and "own rates; one simulated run" in out.splitlines()[0]
+    code, _, err = run_cli(capsys, *common, "--seeds", "0")
+    assert code == 2 and "--seeds: must be at least 1" in err and len(err.strip().splitlines()) == 1
+
+
 def _with_idle_minimum(service: dict, minimum: int) -> dict:
     return service | {"compute_service": service["compute_service"] | {"after_idle_min_us": minimum}}
 
