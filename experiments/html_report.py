@@ -247,7 +247,48 @@ function renderFidelity() {
     pairs.map(p => el('div', {}, el('h3', {}, p.measured + '  vs  kvsim (' + p.service + '): ' + p.predicted),
       table({}, ['field', 'measured', 'predicted', 'error'].map(k => el('th', k === 'field' ? {class: 'l'} : {}, k)),
         p.rows.map(r => el('tr', {}, el('td', {class: 'l'}, r.field), el('td', {}, fmt(r.measured)), el('td', {}, fmt(r.predicted)),
-          el('td', {}, r.exact ? (r.measured === r.predicted ? 'exact' : 'differs') : pct(r.error))))))));
+          el('td', {}, r.exact ? (r.measured === r.predicted ? 'exact' : 'differs') : pct(r.error))))))),
+    fidelityPlot(pairs));
+}
+// Measured against predicted, log-log, one point per latency field and kvsim arm (SVG built node by node).
+function fidelityPlot(pairs) {
+  const svg = (tag, attrs, ...children) => {
+    const node = document.createElementNS('http://www.w3.org/2000/svg', tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+    node.append(...children.flat(Infinity));
+    return node;
+  };
+  const points = pairs.flatMap(p => p.rows.filter(r => !r.exact && r.field !== 'compute_busy_us' && r.measured > 0 && r.predicted > 0)
+    .map(r => ({measured: r.measured, predicted: r.predicted, service: p.service, name: p.measured + ': ' + r.field})));
+  if (!points.length) return [];
+  const values = points.flatMap(q => [q.measured, q.predicted]);
+  const lo = Math.floor(Math.log10(Math.min(...values))), hi = Math.ceil(Math.log10(Math.max(...values)));
+  const size = 440, pad = 60, span = size - 2 * pad;
+  const x = v => pad + (Math.log10(v) - lo) / (hi - lo) * span, y = v => size - x(v);
+  const colors = {calibrated: '#2563eb', roofline: '#dc2626'};
+  const color = s => colors[s] || '#6b7280', low = 10 ** lo, high = 10 ** hi;
+  const band = [[low, low * 1.1], [high / 1.1, high], [high, high], [high, high * 0.9], [low, low * 0.9]];
+  const ticks = [];
+  for (let e = lo; e <= hi; e++) {
+    const label = e >= 3 ? 10 ** (e - 3) + ' ms' : 10 ** e + ' us';
+    ticks.push(svg('text', {x: x(10 ** e), y: size - pad + 16, 'text-anchor': 'middle', 'font-size': 10}, label),
+      svg('text', {x: pad - 4, y: y(10 ** e) + 3, 'text-anchor': 'end', 'font-size': 10}, label),
+      svg('line', {x1: x(10 ** e), y1: pad, x2: x(10 ** e), y2: size - pad, stroke: '#e5e7eb'}),
+      svg('line', {x1: pad, y1: y(10 ** e), x2: size - pad, y2: y(10 ** e), stroke: '#e5e7eb'}));
+  }
+  const services = [...new Set(points.map(q => q.service))];
+  return el('figure', {id: 'fidelity-plot'}, svg('svg', {width: size, height: size, viewBox: '0 0 ' + size + ' ' + size, role: 'img'},
+    svg('title', {}, 'kvsim predicted against measured on the engine: TTFT, TPOT and E2E percentiles'),
+    ticks,
+    svg('polygon', {points: band.map(([m, p]) => x(m) + ',' + y(p)).join(' '), fill: '#9ca3af', 'fill-opacity': 0.3}),
+    svg('line', {x1: x(low), y1: y(low), x2: x(high), y2: y(high), stroke: '#111827'}),
+    points.map(q => svg('circle', {class: 'point', cx: x(q.measured), cy: y(q.predicted), r: 4, fill: color(q.service), 'fill-opacity': 0.8},
+      svg('title', {}, q.name + ', kvsim (' + q.service + '): measured ' + q.measured + ' us, predicted ' + q.predicted + ' us'))),
+    services.map((s, i) => svg('text', {x: pad + 8, y: pad + 14 + 14 * i, fill: color(s), 'font-size': 11}, 'kvsim (' + s + ')')),
+    svg('text', {x: size / 2, y: size - 8, 'text-anchor': 'middle', 'font-size': 11}, 'measured on the engine'),
+    svg('text', {x: 12, y: size / 2, 'text-anchor': 'middle', 'font-size': 11, transform: 'rotate(-90 12 ' + size / 2 + ')'}, 'predicted by kvsim')),
+    el('figcaption', {}, 'Each point a latency percentile (TTFT, TPOT, E2E p50 and p90) of an engine arm: measured (x) against ' +
+      'predicted by kvsim (y). The line is predicted = measured; the grey band is within 10%.'));
 }
 function renderArchitecture() {
   const stages = I.walkthrough.stages, s = stages[state.architecture_step];

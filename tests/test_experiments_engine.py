@@ -19,6 +19,7 @@ from experiments.record_integrity import check_measured_run
 from jgpt.errors import ApiError
 from kvsim.cache_run import record_json
 from kvsim.calibration import fit, read_measured_run
+from tests.test_experiments_run import _chromium
 
 from conftest import lab_defaults, tiny_model
 
@@ -204,3 +205,10 @@ def test_report_shows_measured_against_predicted_without_kvsim_timelines_for_eng
     engine = {i for i, arm in enumerate(record["arms"]) if "measured_run" in arm}
     assert all(data["events"][i] == [] for i in engine) and all(data["events"][i] for i in set(range(6)) - engine)
     assert page.count('alt="kvsim timeline') == 6 - len(engine)
+    # Rendered: the measured-vs-predicted table of each pair and one plotted point per latency percentile and pair.
+    dom = _chromium(tmp_path, "--dump-dom", (tmp_path / "report.html").as_uri())
+    panel = re.search(r'<div id="fidelity-panel">(.*?)</section>', dom, re.S).group(1)
+    assert panel.count("<table") == len(data["summary"]["fidelity"]) == 4
+    latencies = [row for pair in data["summary"]["fidelity"] for row in pair["rows"]
+                 if not row["exact"] and row["field"] != "compute_busy_us" and row["measured"] and row["predicted"]]
+    assert len(latencies) > 12 and panel.count('<circle class="point"') == len(latencies) and "within 10%" in panel
