@@ -13,7 +13,8 @@ spread (every work its mean time), without finish either (the model before
 both), and with the hypothetical default rates of docs/experiments.md. Printed per workload, policy
 and field: the measured median over repeats with its noise band (the repeats'
 minimum and maximum), each prediction and its error; then how many latencies
-each model predicts within 10% and the worst.
+each model predicts within 10% and the worst; and per repeat the stalled works
+(`stall_table`) with what the machine did meanwhile (`machine_counters`).
 
     .venv/bin/python bench/fidelity.py [--repeats 5] [--out-dir runs/fidelity] [--write-docs] [--gc-compare]
     .venv/bin/python bench/fidelity.py --from-dir runs/fidelity
@@ -42,6 +43,7 @@ import hashlib
 import io
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -63,6 +65,7 @@ from kvsim.system import parse_system  # noqa: E402
 
 POLICIES = ("serialized", "continuous_batching")
 GOAL = 0.10
+STALL = 2.5  # a work over this many times its shape's median time is counted as stalled (stall_table)
 CALIBRATION = "calibration"  # workloads whose names start with it are fitted, the others predicted
 DOCS, PLOT = _ROOT / "docs" / "kvsim.md", _ROOT / "docs" / "kvsim-fidelity.png"
 BEGIN, END = "<!-- fidelity-bench:begin (bench/fidelity.py --write-docs) -->", "<!-- fidelity-bench:end -->"
@@ -171,13 +174,16 @@ def main() -> None:
     execution = ModelExecution.from_artifact(artifact, tokenizer)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, str], list] = {}
+    machine: dict[tuple[str, str], list] = {}  # per run: what the machine did meanwhile (machine_counters)
     collected: dict[tuple[str, str], list] = {}  # with the collector left on (--gc-compare)
     collections: dict[tuple[str, str], list] = {}  # the seconds of each collection in those runs, per run
     for repeat in range(args.repeats):  # interleaved: every workload once per repeat
         for name, (document, make_system) in workloads(execution.costs.kv_bytes_per_position).items():
             for policy in POLICIES:
+                before = machine_counters()
                 runs.setdefault((name, policy), []).append(_served(args.out_dir, name, policy, repeat, execution,
                                                                    tokenizer, document, make_system(policy)))  # fmt: skip
+                machine.setdefault((name, policy), []).append([b - a for a, b in zip(before, machine_counters())])
                 if args.gc_compare and not name.startswith(CALIBRATION):
                     seconds: list[float] = []
                     with collector_left_on(seconds):
@@ -186,7 +192,7 @@ def main() -> None:
                             make_system(policy)))  # fmt: skip
                     collections.setdefault((name, policy), []).append(seconds)
         print(f"repeat {repeat + 1} of {args.repeats} served ({time.monotonic() - started:.0f} s)", flush=True)
-    table, fragments, fit_text = evaluate(runs)
+    table, fragments, fit_text = evaluate(runs, machine)
     (args.out_dir / "service.json").write_text(json.dumps(fragments["calibrated"], indent=1) + "\n")
     if collected:
         print(gc_comparison(runs, collected, collections))
@@ -206,9 +212,10 @@ def main() -> None:
         print(f"rewrote the table in {DOCS} and {PLOT}")
 
 
-def evaluate(runs: dict) -> tuple[list[dict], dict[str, dict], str]:
-    """Fit each model on the calibration workloads' runs and predict the others; print the fits, the table
-    and the replay check. (the table, the fragments, the calibrated fit's text)"""
+def evaluate(runs: dict, machine: dict | None = None) -> tuple[list[dict], dict[str, dict], str]:
+    """Fit each model on the calibration workloads' runs and predict the others; print the fits, the table,
+    the replay check and the stalled works (with `machine`, what the machine did during each run).
+    (the table, the fragments, the calibrated fit's text)"""
     calibration = [run for (name, _), measured in runs.items() if name.startswith(CALIBRATION) for run in measured]
     fragments, fit_texts = {}, {}
     for model, optional in MODELS.items():
@@ -221,7 +228,40 @@ def evaluate(runs: dict) -> tuple[list[dict], dict[str, dict], str]:
     print("\nkvsim fed every work's and transfer's measured time (its rules alone), largest latency error over repeats:")
     for (name, policy), measured in runs.items():
         print(f"  {name:<26}{policy:<21}{100 * max(replayed_error(r) for r in measured):.2f}%")
+    print(stall_table(runs, machine))
     return table, fragments, fit_texts["calibrated"]
+
+
+def machine_counters() -> tuple[int, int, int]:
+    """(the machine's steal time in ms: a virtual machine's CPU time its host gave to others; this process's
+    involuntary context switches: its threads preempted; its minor page faults), counted since boot or start."""
+    with open("/proc/stat") as stat:
+        steal = int(stat.readline().split()[8])  # cpu user nice system idle iowait irq softirq steal ...
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return steal * 1000 // os.sysconf("SC_CLK_TCK"), usage.ru_nivcsw, usage.ru_minflt
+
+
+def stall_table(runs: dict, machine: dict | None = None) -> str:
+    """Per workload, policy and repeat: the works that took over STALL times the median of their shape in the
+    whole bench run, and the time they took beyond that median; with `machine` (not kept in saved runs), the
+    machine_counters during the run. Stalled works come in bursts that span neighbouring runs, not from the
+    workload: a repeat with many measures the machine, which no duration model of the engine predicts."""
+    shape = lambda run, w: (w["kind"], w["window"], w["executed_rows"], run.slot_capacity)  # noqa: E731
+    walls: dict = {}
+    for run in (r for measured in runs.values() for r in measured):
+        for w in run.works:
+            walls.setdefault(shape(run, w), []).append(w["wall_us"])
+    medians = {key: statistics.median(values) for key, values in walls.items()}
+    lines = [f"\nstalled works (over {STALL}x their shape's median in this bench run) per repeat: count, ms beyond the median"
+             + ("; then steal ms, involuntary context switches, minor page faults during the run" if machine else "")]
+    for (name, policy), measured in runs.items():
+        cells = []
+        for n, run in enumerate(measured):
+            excess = [w["wall_us"] - medians[shape(run, w)] for w in run.works if w["wall_us"] > STALL * medians[shape(run, w)]]
+            counters = "" if not machine else " ({} {} {})".format(*machine[name, policy][n])
+            cells.append(f"{len(excess):>3} {sum(excess) / 1000:>6.1f}{counters}")
+        lines.append(f"  {name:<26}{policy:<21}" + "  ".join(cells))
+    return "\n".join(lines)
 
 
 def saved_runs(directory: Path) -> dict[tuple[str, str], list]:
