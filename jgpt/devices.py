@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jgpt.errors import ApiError
+
 
 @dataclasses.dataclass(frozen=True)
 class DeviceView:
@@ -45,12 +47,23 @@ class Devices:
         return "\n".join(lines)
 
 
+def backend() -> str:
+    """The platform JAX computes on, started now. A backend that cannot start (JAX_PLATFORMS naming one that
+    is not installed, a plugin failing) is an ApiError naming JAX_PLATFORMS, not a traceback at first use."""
+    import jax
+
+    try:
+        return jax.default_backend()
+    except RuntimeError as error:
+        raise ApiError("JAX_PLATFORMS", str(error)) from None
+
+
 def describe() -> Devices:
     import jax
     import jaxlib
 
     return Devices(
-        backend=jax.default_backend(),
+        backend=backend(),
         jax_version=jax.__version__,
         jaxlib_version=jaxlib.__version__,
         process_index=jax.process_index(),

@@ -13,11 +13,13 @@ of them. On CPU the processes' collectives run over gloo (JAX's default there).
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from jgpt.devices import backend
 from jgpt.errors import ApiError
 from jgpt.mesh import DATA_AXIS, batch_sharding, mesh, replicated, tree_shardings
 
@@ -32,16 +34,24 @@ PROCESSES_ENV, PROCESS_ID_ENV = "JGPT_NUM_PROCESSES", "JGPT_PROCESS_ID"
 
 def initialize_distributed() -> None:
     """Join the distributed system when a launcher set the coordinator's address (else nothing)."""
-    if not os.environ.get(COORDINATOR_ENV) or jax.distributed.is_initialized():
+    address = os.environ.get(COORDINATOR_ENV)
+    if not address or jax.distributed.is_initialized():
         return
+    # JAX splits off the port unchecked: 'host' was an IndexError, ':' a native crash, port 0 a hang.
+    port = re.fullmatch(r"(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):([0-9]{1,5})", address)
+    if not port or not 1 <= int(port[1]) <= 65535:
+        raise ApiError(COORDINATOR_ENV, f"must be HOST:PORT with a port in 1..65535, got {address!r}")
     count, index = os.environ.get(PROCESSES_ENV), os.environ.get(PROCESS_ID_ENV)
-    if count is None or index is None:
-        jax.distributed.initialize()  # the process count and id come from the detected cluster
-    else:
+    processes = process = None  # None: the process count and id come from the detected cluster
+    if count is not None and index is not None:
         processes, process = _environment_integer(PROCESSES_ENV, count, 1), _environment_integer(PROCESS_ID_ENV, index, 0)
         if process >= processes:
             raise ApiError(PROCESS_ID_ENV, f"{process} is not below {PROCESSES_ENV}={processes}")
+    try:
         jax.distributed.initialize(num_processes=processes, process_id=process)
+    except (ValueError, TypeError, jax.errors.JaxRuntimeError) as error:  # no cluster detected, a bad device list, no coordinator
+        hint = "" if processes else f" (outside a detected cluster, set {PROCESSES_ENV} and {PROCESS_ID_ENV})"
+        raise ApiError(COORDINATOR_ENV, f"cannot join the distributed system at {address}: {error}{hint}") from None
 
 
 def _environment_integer(name: str, value: str, minimum: int) -> int:
@@ -53,6 +63,7 @@ def _environment_integer(name: str, value: str, minimum: int) -> int:
 def main_process() -> bool:
     """Whether this is process 0 (joining the distributed system first): the one that writes a run's files."""
     initialize_distributed()
+    backend()  # the first use of JAX in `jgpt train`
     return jax.process_index() == 0
 
 
