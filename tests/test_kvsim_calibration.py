@@ -456,8 +456,11 @@ def test_predict_reports_the_median_over_seeds_and_writes_one_seeds_run(document
     record = paths["record"].read_bytes()
     assert record == record_json(predict(run, WITH_SPREAD)) and record_json(rerun(json.loads(record))) == record
     assert json.loads(record)["declaration"]["system"]["compute_service"]["spread"]["seed"] == SPREAD["seed"]
-    code, out, _ = run_cli(capsys, *common)
+    streamed = tmp_path / "record.jsonl"  # the same run, streamed: it replays line by line
+    code, out, _ = run_cli(capsys, *common, "--out", str(streamed))
     assert code == 0 and "median over 5 simulated runs, spread seeds 7-11" in out.splitlines()[0]
+    assert out.splitlines()[-1] == f"record written to {streamed}: one simulated run, spread seed 7"
+    assert run_cli(capsys, "replay", str(streamed))[0] == 0
     code, out, _ = run_cli(capsys, *common[:2], "--seeds", "3")  # the run's own rates: no spread, one run
     assert code == 0 and "own rates; one simulated run" in out.splitlines()[0]
     code, _, err = run_cli(capsys, *common, "--seeds", "0")
