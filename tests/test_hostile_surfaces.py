@@ -13,12 +13,14 @@ inputs byte-identical, nothing left behind.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jgpt.errors import ApiError
-from tests.hostile import FUZZ, assert_clean, extreme_numbers, hostile_json, mutated_json, run_jgpt
+from tests.hostile import FUZZ, assert_clean, assert_refused, extreme_numbers, hostile_json, mutated_json, run_jgpt
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parent.parent
@@ -216,3 +218,35 @@ def test_a_launcher_environment_jax_cannot_start_in_is_one_line_naming_the_varia
     assert done.returncode == 2 and done.stderr.splitlines() == [done.stderr.strip()], done.stderr
     assert done.stderr.startswith(f"jgpt {command[0]}: error: {field}: "), done.stderr
     assert not out.exists()
+
+
+def _full_after_two_chunks(descriptor, *args, **kwargs):
+    """os.fdopen whose stream takes two chunks of a streamed record, then fails as a full disk does."""
+
+    class FillsUp:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            os.close(descriptor)
+
+        def writelines(self, chunks):
+            for taken, _ in enumerate(chunks):
+                if taken == 2:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return FillsUp()
+
+
+def test_a_disk_that_fills_while_a_streamed_record_is_written_keeps_the_old_record(tmp_path, monkeypatch):
+    """The simulation's thread, blocked handing over its next chunk, is stopped; nothing is left behind."""
+    from jgpt import identity
+
+    source, out = tmp_path / "input.json", tmp_path / "record.jsonl"
+    source.write_bytes((DATA / "kvsim_worked_example.json").read_bytes())
+    out.write_bytes(b"the previous record\n")
+    threads = threading.active_count()
+    monkeypatch.setattr(identity.os, "fdopen", _full_after_two_chunks)
+    line = assert_refused(["kvsim", "run", source, "--out", out, "--quiet"], inputs=[source, out], watch=[tmp_path])
+    assert line.endswith(f": error: {out}: cannot write: No space left on device"), line
+    assert threading.active_count() == threads
