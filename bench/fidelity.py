@@ -207,7 +207,8 @@ def main() -> None:
                   f"{time.strftime('%H:%M UTC %Y-%m-%d', time.gmtime())} ({os.cpu_count()} CPUs, load average "
                   f"{load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end; the bench took {took:.0f} s). "
                   f"Fitted on the {calibration} calibration runs:")  # fmt: skip
-        write_docs(f"{header}\n\n```\n{fit_text}\n```\n\n{markdown(table)}\n```\n{summary}\n```\n")
+        stalls = stall_table(runs, machine).strip()  # how clean each repeat's measurement was
+        write_docs(f"{header}\n\n```\n{fit_text}\n```\n\n{markdown(table)}\n```\n{summary}\n\n{stalls}\n```\n")
         plot(table, PLOT)
         print(f"rewrote the table in {DOCS} and {PLOT}")
 
