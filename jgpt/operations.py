@@ -7,8 +7,9 @@ projections (one large matmul per projection is what XLA on CPU runs fastest);
 attention alone reshapes to heads, and keys and values are head-major `[B, K, T, D]`
 like the cache they are written into.
 
-Precision: `dtype` is the compute dtype of matmul operands. Products accumulate
-in float32 and the residual stream, normalization statistics, softmax and logits
+Precision: `dtype` is the compute dtype of the dense products' operands. Products
+accumulate in float32 and the residual stream, normalization statistics, attention
+(its scores, softmax and value mix: `jgpt.bf16_matmul.ATTENTION_DTYPE`) and logits
 stay float32, so bfloat16 changes operand rounding only. Operands are formed by
 `jgpt.bf16_matmul.operand`: real bf16 where the backend has bf16 matrix units,
 bf16-rounded float32 on a CPU (the same products, at float32 speed).
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jgpt.architecture import Architecture
-from jgpt.bf16_matmul import operand
+from jgpt.bf16_matmul import ATTENTION_DTYPE, operand
 from jgpt.output_major import OutputMajor
 
 F32 = jnp.float32
@@ -96,7 +97,8 @@ def feed_forward(x: jax.Array, w: dict[str, jax.Array], architecture: Architectu
 def query_key_value(
     x: jax.Array, w: dict[str, jax.Array], positions: jax.Array, architecture: Architecture, dtype
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Project [N, C] to queries [B, T, H, D] and head-major keys and values [B, K, T, D] (compute dtype).
+    """Project [N, C] to queries [B, T, H, D] and head-major keys and values [B, K, T, D] (float32: attention's
+    operands, rounded only where a bf16 KV state stores them).
 
     Rotary positions, where declared, rotate the queries and keys here.
     """
@@ -109,8 +111,8 @@ def query_key_value(
     if a.position == "rope":
         q = rotary_positions(q, positions, a.rope_theta)
         k = rotary_positions(k, positions, a.rope_theta)
-    head_major = lambda t: t.transpose(0, 2, 1, 3).astype(dtype)
-    return q.astype(dtype), head_major(k), head_major(v)
+    head_major = lambda t: t.transpose(0, 2, 1, 3)
+    return q, head_major(k), head_major(v)
 
 
 def write_slots(buffer: jax.Array, layer: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
@@ -145,10 +147,10 @@ def attention(
     B, T, H, D = q.shape
     K, S = a.kv_heads, keys.shape[2]
     G = H // K
-    keys, values = operand(keys, dtype), operand(values, dtype)
-    precision = _matmul_precision(keys.dtype)
+    keys, values = operand(keys, ATTENTION_DTYPE), operand(values, ATTENTION_DTYPE)
+    precision = _matmul_precision(ATTENTION_DTYPE)
     # Each key/value head's group of query heads, as one matrix of G*T rows: [B, K, G*T, D].
-    q = operand(q, dtype).reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
+    q = operand(q, ATTENTION_DTYPE).reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
     over_heads = (((3,), (3,)), ((0, 1), (0, 1)))
     # The cache is the first operand, contracted over its last axis: the product XLA on CPU runs on the
     # buffer as stored. (As the second operand it copies every layer's keys to [B, K, D, S] first.)
@@ -159,7 +161,7 @@ def attention(
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
     over_slots = (((3,), (2,)), ((0, 1), (0, 1)))
     mixed = jax.lax.dot_general(
-        operand(weights.reshape(B, K, G * T, S), dtype), values, over_slots,
+        operand(weights.reshape(B, K, G * T, S), ATTENTION_DTYPE), values, over_slots,
         precision=precision, preferred_element_type=F32,
     )  # [B, K, G*T, D]
     mixed = mixed.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
