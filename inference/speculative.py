@@ -1,4 +1,4 @@
-"""Speculative decoding, greedy-exact: a draft proposes k ids, the target verifies them in one forward.
+"""Speculative decoding: a draft proposes k ids, the target verifies them in one forward.
 
 A round, for every unfinished row: the draft model selects k ids greedily after
 the row's last selected id (k draft decode steps); the target processes the last
@@ -23,6 +23,14 @@ host round trip per round would cost more than the forwards it saves.
 The draft is a model with the target's tokenizer, or `PromptLookup`, which proposes
 without a forward: the ids that followed an earlier occurrence of the row's last
 ids, or the ids the previous verify computed past its first rejected draft.
+
+A sampling request (GenerationPolicy selection "sample") is decoded by speculative
+sampling (`speculative_sample`), which preserves the target's filtered distribution:
+the draft draws its k ids from its own filtered distribution q, drafted id x is
+accepted with probability min(1, p(x) / q(x)), the first rejected one is replaced
+by a draw from normalize(max(p - q, 0)), and when all are accepted a bonus id is
+drawn from p. Every draw's key derives from (seed, request, output index) as plain
+sampling's does, so a request draws the same ids alone or in a batch.
 """
 
 from __future__ import annotations
@@ -46,8 +54,9 @@ from inference.evidence import (
 )
 from inference.execution import ModelExecution, advance, bucket
 from inference.generation import STOP_REASONS, Generation, stop_codes
-from inference.policy import GREEDY, InferenceRequest
+from inference.policy import SAMPLE, InferenceRequest
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
+from inference.sampling import SelectionRule, filtered_logits, request_stream, select, step_key
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
 from jgpt.model import forward
@@ -57,6 +66,9 @@ SPECULATIVE = "speculative"  # TokenSelection.decoding of a speculatively decode
 MAX_SPECULATE = 16
 LOOP_BOUNDARY = "host: dispatch of the compiled speculative loop to its results ready, divided evenly over its rounds"
 PREFILL_BOUNDARY = "host: dispatch of the target's compiled prefill to its logits ready"
+# Purposes folded into an output index's key beside the draw plain sampling makes with the key itself (the
+# draft's draw there, or the bonus draw): the acceptance test's uniform, and the draw from the residual.
+ACCEPT, RESIDUAL = 1, 2
 
 
 def verify_window(weights, layer_weights, architecture, state: KVState, window_ids, unroll):
@@ -77,6 +89,71 @@ def verify_window(weights, layer_weights, architecture, state: KVState, window_i
 
 def _argmax(logits):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def speculative_sample(target_logits, q, drafted, keys):
+    """One row's round of speculative sampling. target_logits [k + 1, V]: the target's filtered logits after
+    the last id and after each drafted one (p is their softmax); q [k, V]: the distributions the drafted ids
+    [k] were drawn from; keys [k + 1]: the keys of the round's output indices. Returns (accepted count, ids
+    [k + 1]): the accepted drafted ids, then the target's draw (from the residual, or the bonus from p).
+
+    Drafted id x is accepted when u q(x) < p(x), u uniform in [0, 1): with probability min(1, p(x) / q(x)).
+    """
+    k = drafted.shape[0]
+    p = jax.nn.softmax(target_logits, axis=-1)
+    positions = jnp.arange(k)
+    uniforms = jax.vmap(lambda key: jax.random.uniform(jax.random.fold_in(key, ACCEPT)))(keys[:k])
+    accepted = jnp.sum(jnp.cumprod(uniforms * q[positions, drafted] < p[positions, drafted]))
+    at = jnp.minimum(accepted, k - 1)
+    residual = jnp.maximum(p[at] - q[at], 0.0)
+    # p == q leaves no residual, and then no draft is ever rejected; float rounding may, so draw from p then
+    residual_logits = jnp.where(jnp.any(residual > 0), jnp.log(residual), target_logits[at])
+    resampled = jax.random.categorical(jax.random.fold_in(keys[at], RESIDUAL), residual_logits)
+    bonus = jax.random.categorical(keys[k], target_logits[k])  # the key and logits plain sampling would use
+    final = jnp.where(accepted == k, bonus, resampled).astype(jnp.int32)
+    return accepted, jnp.where(jnp.arange(k + 1) < accepted, jnp.append(drafted, 0), final)
+
+
+def _output_keys(rule: SelectionRule, selected, width: int):
+    """Per row, the keys [B, width] of output indices selected, selected + 1, ... (plain sampling's keys)."""
+    indices = selected[:, None] + jnp.arange(width, dtype=jnp.int32)
+    return jax.vmap(lambda seed, stream, row: jax.vmap(lambda i: step_key(seed, stream, i))(row))(rule.seed, rule.stream,
+                                                                                                  indices)
+
+
+def _judge(rule: SelectionRule | None, k: int):
+    """The round's acceptance: (logits [B, k + 1, V], drafted [B, k], q [B, k, V] or None, selected [B]) ->
+    (accepted [B], ids [B, k + 1]). Greedy rows accept the drafted ids equal to the target's argmax and
+    select the argmax; sampling rows follow `speculative_sample`."""
+
+    def greedy(logits, drafted):
+        target_ids = _argmax(logits)  # ids greedy decoding selects, as far as the drafts agree
+        return jnp.sum(jnp.cumprod(drafted == target_ids[:, :k], axis=1), axis=1), target_ids
+
+    if rule is None:
+        return lambda logits, drafted, q, selected: greedy(logits, drafted)
+
+    def judge(logits, drafted, q, selected):
+        filtered = jax.vmap(jax.vmap(filtered_logits, in_axes=(0, None, None, None)))(
+            logits, rule.temperature, rule.top_k, rule.top_p)
+        drawn = jax.vmap(speculative_sample)(filtered, q, drafted, _output_keys(rule, selected, k + 1))
+        argmax = greedy(logits, drafted)
+        return jax.tree.map(lambda a, b: jnp.where(rule.sample.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), drawn, argmax)
+
+    return judge
+
+
+def _draw(rule: SelectionRule | None):
+    """The draft's selection: (logits [B, V], output index [B]) -> (ids [B], the distribution q [B, V] they
+    were drawn from, None when every row is greedy)."""
+    if rule is None:
+        return lambda logits, index: (_argmax(logits), None)
+
+    def draw(logits, index):
+        filtered = jax.vmap(filtered_logits)(logits, rule.temperature, rule.top_k, rule.top_p)
+        return select(logits, rule, index), jax.nn.softmax(filtered, axis=-1)
+
+    return draw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,13 +206,14 @@ def lookup(token_ids, lengths, last, k: int, ngram: int, filler: int):
     donate_argnames="target_state",
 )  # fmt: skip
 def _speculative_loop(
-    target_weights, target_layers, draft_weights, draft_layers, target_state, draft_state, first_logits, budget,
+    target_weights, target_layers, draft_weights, draft_layers, target_state, draft_state, first_logits, budget, rule,
     *, target_architecture, draft_architecture, k, steps, turn_end_id, target_unroll, draft_unroll, ngram,
 ):  # fmt: skip
     """Rounds until every row stops. Returns (output ids [B, steps + k + 1], selected [B], stop codes [B],
     per round [B, steps, k + 1] the drafted ids and the accepted count, rounds [B], target state).
 
-    draft_architecture None: PromptLookup(ngram) proposes (draft_* are None).
+    draft_architecture None: PromptLookup(ngram) proposes (draft_* are None). rule: the rows' SelectionRule,
+    or None when every row is greedy (the greedy program, unchanged).
 
     Every round writes each row's k + 1 target ids at its next output column and its log at its round
     column whether the row runs or has stopped: what lands past a row's selected ids (or its rounds) is
@@ -146,20 +224,21 @@ def _speculative_loop(
     offsets = jnp.arange(k + 1, dtype=jnp.int32)
     prefix_length = target_state.lengths  # processed positions before the first selection
     context = target_architecture.context
-    first = _argmax(first_logits)
     one = jnp.ones((B,), jnp.int32)
     zero = jnp.zeros((B,), jnp.int32)
+    first = select(first_logits, rule, zero)
     outputs = jnp.zeros((B, steps + k + 1), jnp.int32).at[:, 0].set(first)
     log = jnp.zeros((B, steps, k + 1), jnp.int32)
     stop = stop_codes(jnp, first, one, budget, prefix_length, context, turn_end_id)
     put = jax.vmap(lambda buffer, update, at: jax.lax.dynamic_update_slice(buffer, update, (at,) + (0,) * (update.ndim - 1)))
     if draft_architecture is None:
-        propose, roll_back = _lookup_proposer(k, ngram, turn_end_id)
+        propose, roll_back = _lookup_proposer(k, ngram, turn_end_id, None if rule is None else first_logits.shape[-1])
         drafting = (jnp.zeros((B, k), jnp.int32), zero)  # guesses the last verify left, and how many
     else:
         step = functools.partial(advance, draft_weights, draft_architecture, unroll=draft_unroll, layer_weights=draft_layers)
-        propose, roll_back = _model_proposer(step, k)
+        propose, roll_back = _model_proposer(step, k, _draw(rule))
         drafting = (draft_state, zero - 1)
+    judge = _judge(rule, k)
 
     def running(carry):
         return jnp.any(carry[4] == 0)
@@ -167,14 +246,13 @@ def _speculative_loop(
     def round_(carry):
         target_state, drafting, last, selected, stop, outputs, log, rounds = carry
         active = (stop == 0).astype(jnp.int32)
-        drafted, drafting = propose(drafting, target_state, last, active)  # [B, k]
+        drafted, q, drafting = propose(drafting, target_state, last, active, selected)  # [B, k], [B, k, V]
         # Verify: the target's own id after the last id and after each drafted one, in one forward.
         logits, verified = verify_window(
             target_weights, target_layers, target_architecture, target_state,
             jnp.concatenate([last[:, None], drafted], 1), target_unroll,
         )  # fmt: skip
-        target_ids = _argmax(logits)  # [B, k + 1]: ids greedy decoding selects, as far as the drafts agree
-        accepted = jnp.sum(jnp.cumprod(drafted == target_ids[:, :k], axis=1), axis=1)  # [B]
+        accepted, target_ids = judge(logits, drafted, q, selected)  # [B], [B, k + 1]
         # Select target_ids[:accepted + 1], up to the first that stops the row.
         codes = stop_codes(
             jnp, target_ids, selected[:, None] + offsets + 1, budget[:, None], prefix_length[:, None], context, turn_end_id
@@ -198,21 +276,23 @@ def _speculative_loop(
     return outputs, selected, stop, log, rounds, target_state
 
 
-def _model_proposer(step, k: int):
-    """A draft model's (propose, roll back) over (its KVState, the id it still owes or -1)."""
+def _model_proposer(step, k: int, draw):
+    """A draft model's (propose, roll back) over (its KVState, the id it still owes or -1); `draw` selects
+    its ids (`_draw`)."""
 
-    def propose(drafting, target_state, last, active):
+    def propose(drafting, target_state, last, active, selected):
         # The draft first processes the id it still owes (when it drafted all k ids and all were accepted)
-        # and the last selected id, then selects k ids greedily.
+        # and the last selected id, then selects k ids, greedily or drawn at output indices selected + i.
         draft_state, pending = drafting
         owes = pending >= 0
         window = jnp.where(owes[:, None], jnp.stack([pending, last], 1), jnp.stack([last, jnp.zeros_like(last)], 1))
         logits, draft_state = step(draft_state, window, (1 + owes) * active)
-        proposed = [_argmax(logits)]
-        for _ in range(k - 1):
-            logits, draft_state = step(draft_state, proposed[-1][:, None], active)
-            proposed.append(_argmax(logits))
-        return jnp.stack(proposed, 1), (draft_state, pending)
+        proposed = [draw(logits, selected)]
+        for i in range(1, k):
+            logits, draft_state = step(draft_state, proposed[-1][0][:, None], active)
+            proposed.append(draw(logits, selected + i))
+        ids, q = zip(*proposed)
+        return jnp.stack(ids, 1), None if q[0] is None else jnp.stack(q, 1), (draft_state, pending)
 
     def roll_back(drafting, processed, drafted, target_ids, accepted, active):
         draft_state, _ = drafting
@@ -223,16 +303,18 @@ def _model_proposer(step, k: int):
     return propose, roll_back
 
 
-def _lookup_proposer(k: int, ngram: int, filler: int):
-    """PromptLookup's (propose, roll back) over (the guesses the last verify left [B, k], how many)."""
+def _lookup_proposer(k: int, ngram: int, filler: int, vocabulary: int | None):
+    """PromptLookup's (propose, roll back) over (the guesses the last verify left [B, k], how many). With a
+    `vocabulary` (sampling rows) it also gives the distribution its ids come from: all mass on each."""
 
-    def propose(drafting, target_state, last, active):
+    def propose(drafting, target_state, last, active, selected):
         guesses, count = drafting
         found, matched = lookup(target_state.token_ids, target_state.lengths, last, k, ngram, filler)
         column = jnp.arange(k)
         pick = jnp.where(column < count[:, None], column, k + column - count[:, None])
         guessed = jnp.take_along_axis(jnp.concatenate([guesses, found], 1), pick, 1)
-        return jnp.where(matched[:, None] >= 2, found, guessed), drafting
+        drafted = jnp.where(matched[:, None] >= 2, found, guessed)
+        return drafted, None if vocabulary is None else jax.nn.one_hot(drafted, vocabulary), drafting
 
     def roll_back(drafting, processed, drafted, target_ids, accepted, active):
         # The target's ids after the first rejected draft: they follow the id it selected instead.
@@ -262,19 +344,17 @@ def check_draft(target: ModelExecution, draft: ModelExecution | PromptLookup, k:
 def generate_speculative(
     target: ModelExecution, draft: ModelExecution | PromptLookup, requests: Sequence[InferenceRequest], k: int
 ) -> Generation:
-    """Greedy generation of the target model, decoded speculatively with `draft` (a draft model, or
-    PromptLookup) proposing k ids a round.
+    """Generation of the target model, decoded speculatively with `draft` (a draft model, or PromptLookup)
+    proposing k ids a round.
 
-    The output ids are plain greedy decoding's; each response's `speculation` records every round's
-    drafted, accepted and rejected ids and the acceptance rate.
+    A greedy request's output ids are plain greedy decoding's; a sampling request's are drawn by
+    speculative sampling, distributed as the target's filtered distribution. Each response's
+    `speculation` records every round's drafted, accepted and rejected ids and the acceptance rate.
     """
     check_draft(target, draft, k)
     if not requests:
         raise ApiError("requests", "is empty; nothing to generate")
-    for r in requests:
-        if r.generation.selection != GREEDY:
-            raise ApiError("selection", f"speculative decoding is greedy-exact; request {r.request_id!r} asks for "
-                                        f"{r.generation.selection!r}")  # fmt: skip
+    rule = SelectionRule.of(requests)
     prompts = [r.prompt_ids for r in requests]
     budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
     capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
@@ -297,10 +377,11 @@ def generate_speculative(
     # XLA on CPU also prepares a loop body's kernels the first time they run (a first timed loop of the
     # chat model took 20-50x its later runs after a warm-up whose loop ran no round).
     warm_logits, warm_target = target.advance(target_start, window_ids, counts)
-    jax.block_until_ready(loop(warm_target, model and draft_prefill(), warm_logits, jnp.minimum(jnp.asarray(budgets), 2)))
+    jax.block_until_ready(
+        loop(warm_target, model and draft_prefill(), warm_logits, jnp.minimum(jnp.asarray(budgets), 2), rule))
     (first_logits, target_state), prefill_seconds = _timed(target.advance, target_start, window_ids, counts)
     draft_state, draft_prefill_seconds = _timed(draft_prefill) if model else (None, 0.0)
-    ran, loop_seconds = _timed(loop, target_state, draft_state, first_logits, jnp.asarray(budgets))
+    ran, loop_seconds = _timed(loop, target_state, draft_state, first_logits, jnp.asarray(budgets), rule)
     outputs, selected, stop, log, rounds = jax.device_get(ran[:5])
     per_round = loop_seconds / max(1, int(rounds.max()))
     responses = []
@@ -313,11 +394,20 @@ def generate_speculative(
                 request_id=request.request_id, prompt_ids=tuple(request.prompt_ids), output_ids=output_ids,
                 published_ids=tuple(t for t in output_ids if t != target.turn_end_id),
                 outcome=RunOutcome.of(output_ids, int(budgets[b]), STOP_REASONS[stop[b]], target.turn_end_id),
-                selections=tuple(TokenSelection(t, decoding=SPECULATIVE) for t in output_ids),
+                selections=tuple(_selection(request, step, t) for step, t in enumerate(output_ids)),
                 computations=computations, work=GenerationWork.total(computations), speculation=speculation,
             )
         )  # fmt: skip
     return Generation(tuple(responses), ran[5])
+
+
+def _selection(request: InferenceRequest, step: int, selected_id: int) -> TokenSelection:
+    """A sampled id records what its keys derive from (the round's candidates are not kept)."""
+    policy = request.generation
+    if policy.selection != SAMPLE:
+        return TokenSelection(selected_id, decoding=SPECULATIVE)
+    key = {"seed": policy.seed, "stream": request_stream(request.request_id), "step": step}
+    return TokenSelection(selected_id, rule=SAMPLE, decoding=SPECULATIVE, rng_state=key)
 
 
 def _timed(program, *args):

@@ -84,13 +84,20 @@ def test_ten_thousand_draws_follow_the_filtered_distribution():
     assert counts[expected == 0].sum() == 0  # nothing outside the filter is ever drawn
     support = np.flatnonzero(expected > 0)
     assert 2 < len(support) < top_k  # both filters bite
-    # Ids expected fewer than 5 times are pooled, as the test's approximation requires.
-    small = expected[support] * DRAWS < 5
+    assert chi_square_p_value(counts, expected) > SIGNIFICANCE
+
+
+def chi_square_p_value(counts: np.ndarray, expected: np.ndarray) -> float:
+    """The chi-square test's p-value of `counts` drawn from the distribution `expected` (over its support); ids
+    expected fewer than 5 times are pooled, as the test's approximation requires."""
+    support = np.flatnonzero(expected > 0)
+    draws = counts.sum()
+    small = expected[support] * draws < 5
     observed = np.append(counts[support][~small], counts[support][small].sum())
-    predicted = np.append(expected[support][~small], expected[support][small].sum()) * DRAWS
+    predicted = np.append(expected[support][~small], expected[support][small].sum()) * draws
     observed, predicted = observed[predicted > 0], predicted[predicted > 0]
     statistic = ((observed - predicted) ** 2 / predicted).sum()
-    assert stats.chi2.sf(statistic, len(observed) - 1) > SIGNIFICANCE, (statistic, observed, predicted)
+    return float(stats.chi2.sf(statistic, len(observed) - 1))
 
 
 def test_a_request_draws_the_same_ids_alone_in_a_batch_and_step_by_step(model):

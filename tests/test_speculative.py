@@ -1,21 +1,26 @@
-"""Speculative decoding: ids equal plain greedy's exactly, rollback is a KVState value, evidence, refusals."""
+"""Speculative decoding: ids equal plain greedy's exactly, rollback is a KVState value, evidence, refusals;
+speculative sampling preserves the target's filtered distribution."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_sampling import DRAWS, SIGNIFICANCE, chi_square_p_value, reference_distribution
 
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from inference.speculative import PromptLookup, generate_speculative, lookup, verify_window
+from inference.sampling import SelectionRule, filtered_logits, select, step_key
+from inference.speculative import PromptLookup, generate_speculative, lookup, speculative_sample, verify_window
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.errors import ApiError
 from jgpt.kv_state import StateIdentity
+from jgpt.model import forward
 from jgpt.weights import initialize
 
 TOLERANCE = 1e-5  # float32 max abs logit difference between two cached computations of the same prefix
@@ -156,7 +161,7 @@ def test_rollback_is_the_verified_state_with_a_shorter_length():
     assert np.max(np.abs(np.asarray(continued) - np.asarray(reference))) < TOLERANCE
 
 
-def test_speculative_refuses_bad_drafts_k_and_sampling():
+def test_speculative_refuses_bad_drafts_and_k():
     target = execution(3)
     with pytest.raises(ApiError, match="speculate"):
         generate_speculative(target, execution(3, draft_identity("a")), requests([4]), 0)
@@ -165,9 +170,70 @@ def test_speculative_refuses_bad_drafts_k_and_sampling():
     other = ModelArchitecture(vocabulary=300, width=32, ffn=64, context=64, layers=1, heads=4)
     with pytest.raises(ApiError, match="vocabulary"):
         generate_speculative(target, execution(3, draft_identity("a"), other), requests([4]), 2)
-    sampled = [InferenceRequest("s", PROMPTS[0], GenerationPolicy(4, "sample", seed=1))]
-    with pytest.raises(ApiError, match="greedy-exact"):
-        generate_speculative(target, execution(3, draft_identity("a")), sampled, 2)
+
+
+def sampled(budget, prompt=PROMPTS[2], request_id="s", **policy):
+    return InferenceRequest(request_id, prompt, GenerationPolicy(budget, "sample", **policy))
+
+
+def test_speculative_sampling_draws_follow_the_targets_filtered_distribution():
+    """10,000 rounds (seeds 0..9999) at one step: the round's first id, the draft's draw when accepted and the
+    residual's otherwise, follows the target's filtered distribution (chi-square at significance 1e-3, against
+    a float64 numpy computation); the draft's own distribution differs, and both branches are taken."""
+    target, draft = execution(3), execution(9, draft_identity("b"), scale=0.5)
+    temperature, top_k, top_p = 0.8, 20, 0.9
+    ids = jnp.asarray([PROMPTS[2]], jnp.int32)
+    target_logits = forward(target.weights, ARCHITECTURE, ids).logits[0, -1] * 10  # sharpened: top-p keeps 16 ids
+    draft_logits = forward(draft.weights, ARCHITECTURE, ids).logits[0, -1] * 10
+    rule = SelectionRule(
+        sample=jnp.ones(DRAWS, bool), temperature=jnp.full(DRAWS, temperature, jnp.float32),
+        top_k=jnp.full(DRAWS, top_k, jnp.int32), top_p=jnp.full(DRAWS, top_p, jnp.float32),
+        seed=jnp.arange(DRAWS, dtype=jnp.int32), stream=jnp.zeros(DRAWS, jnp.int32),
+    )  # fmt: skip
+
+    @jax.jit
+    def rounds(target_logits, draft_logits):
+        drafts = jnp.broadcast_to(draft_logits, (DRAWS, 260))
+        drafted = select(drafts, rule, jnp.zeros(DRAWS, jnp.int32))  # the draft's draw at output index 0
+        q = jax.nn.softmax(jax.vmap(filtered_logits)(drafts, rule.temperature, rule.top_k, rule.top_p))
+        p = filtered_logits(target_logits, temperature, top_k, top_p)
+        keys = jax.vmap(lambda seed: jax.vmap(lambda i: step_key(seed, 0, i))(jnp.arange(2)))(rule.seed)
+        window = jnp.broadcast_to(jnp.stack([p, p]), (DRAWS, 2, 260))  # the bonus position's logits: any
+        return jax.vmap(speculative_sample)(window, q[:, None], drafted[:, None], keys)
+
+    accepted, chosen = rounds(target_logits, draft_logits)
+    expected = reference_distribution(np.asarray(target_logits), temperature, top_k, top_p)
+    proposal = reference_distribution(np.asarray(draft_logits), temperature, top_k, top_p)
+    assert 0.5 * np.abs(expected - proposal).sum() > 0.5  # the draft proposes from another distribution
+    assert 0.1 < float(np.mean(np.asarray(accepted))) < 0.9  # acceptance and resampling both happen
+    counts = np.bincount(np.asarray(chosen[:, 0]), minlength=260)
+    assert counts[expected == 0].sum() == 0  # nothing outside the target's filter is ever selected
+    assert chi_square_p_value(counts, expected) > SIGNIFICANCE
+
+
+def test_speculative_sampling_with_the_targets_weights_draws_plain_samplings_ids():
+    """A draft with the target's weights proposes from p itself: every draft is accepted, and each id is the
+    one plain sampling draws with the same key, alone or in a batch beside greedy and other sampled rows."""
+    target = execution(3)
+    draft = execution(3, draft_identity("a"))
+    batch = [requests([9])[0], sampled(10, PROMPTS[0], "other", seed=7), sampled(14, seed=7, temperature=0.8, top_k=30)]
+    batched = generate_speculative(target, draft, batch, 3).responses
+    alone = [generate(target, [request]).responses[0] for request in batch]  # plain decoding, each request alone
+    assert [r.output_ids for r in batched] == [r.output_ids for r in alone]  # the greedy row stays greedy
+    assert batched[1].output_ids != alone[2].output_ids[: len(batched[1].output_ids)]  # another request draws otherwise
+    assert batched[2].selections[1].rule == "sample" and batched[2].selections[1].rng_state["step"] == 1
+    assert min(r.speculation.acceptance_rate for r in batched) > 0.6  # only a stop inside a round leaves drafts
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-4])
+def test_speculative_sampling_as_temperature_goes_to_zero_selects_greedys_ids(temperature):
+    target = execution(3)
+    greedy = generate(target, requests([20, 20, 20])).responses
+    for draft in (execution(9, draft_identity("b"), scale=0.5), PromptLookup()):
+        batch = [sampled(20, prompt, f"s{i}", temperature=temperature, seed=i) for i, prompt in enumerate(PROMPTS)]
+        run = generate_speculative(target, draft, batch, 3).responses
+        assert [r.output_ids for r in run] == [r.output_ids for r in greedy]
+        assert min(r.speculation.acceptance_rate for r in run) < 1  # drafts were rejected, and greedy's id taken
 
 
 def test_speculative_on_the_shipped_chat_model_with_its_draft():
@@ -191,3 +257,16 @@ def test_generate_command_refuses_speculate_without_a_draft_and_sampling_fields_
         main("generate", ["--speculate", "3", "hi"])
     with pytest.raises(ApiError, match="temperature"):
         main("generate", ["--temperature", "0.5", "hi"])
+
+
+def test_generate_command_samples_speculatively_with_the_shipped_draft(capsys):
+    from inference.commands import main
+
+    argv = ["--model", "chat", "--draft", "chat-draft", "--speculate", "2", "--sample", "--seed", "5", "--temperature",
+            "0.7", "--max-new-tokens", "8", "--json", "reverse fish"]
+    assert main("generate", argv) == 0
+    response = json.loads(capsys.readouterr().out)
+    assert {s["rule"] for s in response["selections"]} == {"sample"}
+    assert {s["decoding"] for s in response["selections"]} == {"speculative"}
+    assert response["speculation"]["speculate"] == 2 and response["speculation"]["rounds"]
+    assert main("generate", argv) == 0 and json.loads(capsys.readouterr().out)["output_ids"] == response["output_ids"]
