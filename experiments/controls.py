@@ -9,7 +9,9 @@ Two controls choose how an arm is executed rather than a value of the system:
 `execution.runner` (kvsim simulates the arm, or the InferenceEngine serves it) and
 `compute_service.model` (kvsim's roofline rates, or a service calibrated on engine
 runs). Each has a `default`, today's behaviour, which a record leaves unwritten so
-records of arms that keep it stay byte for byte what they were.
+records of arms that keep it stay byte for byte what they were. The `decoding.`
+controls (greedy or speculative, the draft, K) have defaults too: they choose how a
+`generate` arm decodes, and no other arm reads them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 from jgpt.errors import ApiError
 from jgpt.validation import Description, Integer, Number, String, string
+
+NO_DRAFT = "none"  # decoding.draft_model_id of a greedy arm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +76,34 @@ CONTROLS: dict[str, Control] = {
         Control("transfer.link_latency_us", "StateTransfer", float, "startup delay of one transfer", minimum=0),
         Control("compute_service.compute_flops_per_us", "ComputeService", float, "hypothetical matmul rate", strictly_positive=True),
         Control("compute_service.memory_bytes_per_us", "ComputeService", float, "hypothetical memory-traffic rate", strictly_positive=True),
-        Control("execution.runner", "InferenceEngine", str, "kvsim simulates the arm, or the InferenceEngine serves it on the wall clock",
-                choices=("kvsim", "engine"), default="kvsim"),
+        Control("execution.runner", "InferenceEngine", str, "kvsim simulates the arm, the InferenceEngine serves it on the wall "
+                "clock, or generate decodes its requests one at a time on the wall clock (the decoding.* controls)",
+                choices=("kvsim", "engine", "generate"), default="kvsim"),
         Control("compute_service.model", "ComputeService", str, "kvsim's service: hypothetical roofline rates, or calibrated on "
                 "engine runs of the lab's calibration_workload", choices=("roofline", "calibrated"), default="roofline"),
+        Control("decoding.rule", "Decoding", str, "greedy decoding, or greedy-exact speculative decoding (draft, then one "
+                "target verify)", choices=("greedy", "speculative"), default="greedy"),
+        Control("decoding.draft_model_id", "Decoding", str, "what proposes ids: a catalog id or artifact directory with the "
+                "target's tokenizer, or 'prompt-lookup'; 'none' for greedy", default=NO_DRAFT),
+        Control("decoding.speculation_tokens", "Decoding", int, "ids drafted per round (K)", minimum=1, default=4),
     )
 }
+DECODING_CONTROLS = ("decoding.rule", "decoding.draft_model_id", "decoding.speculation_tokens")
+
+
+def decoding_refusal(assignments: dict[str, Any]) -> tuple[str, str] | None:
+    """(control, reason) when an arm's decoding controls do not make one decoding, else None: speculative
+    decoding needs a draft, greedy neither, and only a generate arm decodes (K's upper bound is the run's)."""
+    rule, draft = chosen(assignments, "decoding.rule"), chosen(assignments, "decoding.draft_model_id")
+    if chosen(assignments, "execution.runner") != "generate":
+        assigned = [name for name in DECODING_CONTROLS if name in assignments]
+        return (assigned[0], "applies only to arms with execution.runner=generate") if assigned else None
+    if rule == "greedy":
+        extra = [name for name in DECODING_CONTROLS[1:] if name in assignments]
+        return (extra[0], "applies only to decoding.rule=speculative") if extra else None
+    if draft == NO_DRAFT:
+        return "decoding.draft_model_id", "speculative decoding needs a draft: a model id or 'prompt-lookup'"
+    return None
 
 
 def chosen(assignments: dict[str, Any], name: str) -> Any:

@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments.controls import CONTROLS, chosen, control
+from experiments.controls import CONTROLS, chosen, control, decoding_refusal
 from experiments.experiment_spec import EXECUTION_SPEC, ExecutionSpec, ExperimentSpec
 from experiments.lab_workload import WORKLOAD, LabWorkload, read_workload
 from jgpt.errors import ApiError
@@ -123,9 +123,9 @@ class ExperimentDesign:
 
     @property
     def served(self) -> bool:
-        """Whether running the lab serves anything on the InferenceEngine (engine arms or a calibration)."""
+        """Whether running the lab measures anything on the wall clock (engine or generate arms, or a calibration)."""
         return self.calibration_workload is not None or any(
-            chosen(arm.execution.assignments, "execution.runner") == "engine" for arm in self.arms())
+            chosen(arm.execution.assignments, "execution.runner") != "kvsim" for arm in self.arms())
 
     def arms(self) -> tuple[Arm, ...]:
         """Every point of the sweep (one arm, labelled 'settings', when there is none)."""
@@ -192,15 +192,20 @@ class ExperimentDesign:
 
 
 def _check_runners(design: ExperimentDesign, at) -> None:
-    """A calibrated service is kvsim's, and it needs a calibration workload to be fitted on (and only then)."""
+    """A calibrated service is kvsim's, and it needs a calibration workload to be fitted on (and only then);
+    the decoding controls make one decoding of a generate arm."""
     calibrated = False
     for arm in design.arms():
         assignments = arm.execution.assignments
+        refusal = decoding_refusal(assignments)
+        if refusal is not None:
+            raise ApiError(at("sweep") if design.sweep else at("settings"), f"arm {arm.label!r}: {refusal[0]}: {refusal[1]}")
         if chosen(assignments, "compute_service.model") == "calibrated":
             calibrated = True
-            if chosen(assignments, "execution.runner") == "engine":
+            if chosen(assignments, "execution.runner") != "kvsim":
                 raise ApiError(at("sweep") if design.sweep else at("settings"),
-                               f"arm {arm.label!r}: compute_service.model chooses kvsim's service; an engine arm is measured")
+                               f"arm {arm.label!r}: compute_service.model chooses kvsim's service; an engine or generate "
+                               "arm is measured")
     if calibrated and design.calibration_workload is None:
         raise ApiError(at("calibration_workload"), "a calibrated arm needs a calibration workload to fit its service on")
     if design.calibration_workload is not None and not calibrated:

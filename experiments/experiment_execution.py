@@ -7,6 +7,7 @@ The flow for one lab:
     system controls -> KVResidencySystemConfig -> kvsim.simulate -> CacheRun per arm
 
     execution.runner=engine -> InferenceEngine.serve -> measured run per arm (outcomes: its totals)
+    execution.runner=generate -> greedy or speculative decoding, one request at a time -> decoding run per arm
     compute_service.model=calibrated -> engine runs of the calibration workload -> kvsim.calibration.fit -> kvsim
 
 The record joins the consumed lab, the resolved model / system / workload
@@ -139,6 +140,11 @@ def run_lab(
         n = distinct.index(key)
         if chosen(execution.assignments, "execution.runner") == "engine":
             arm_entries.append(engine_arm(i, label, execution, n, recordings[key], workload, files))
+            continue
+        if chosen(execution.assignments, "execution.runner") == "generate":
+            from experiments.decoding_arms import decoding_arm
+
+            arm_entries.append(decoding_arm(i, label, execution, n, recordings[key], workload, files))
             continue
         try:
             run = _simulate(execution, recordings[key].document, workload, lab, fragment)
@@ -273,6 +279,11 @@ def replay(record_path: Path) -> dict[str, Any]:
         if chosen(execution.assignments, "execution.runner") == "engine":
             replay_engine_arm(record_path.parent, arm, field, execution, documents[arm["recording"]], workload)
             continue
+        if chosen(execution.assignments, "execution.runner") == "generate":
+            from experiments.decoding_arms import replay_decoding_arm
+
+            replay_decoding_arm(record_path.parent, arm, field, execution, documents[arm["recording"]])
+            continue
         recorded = verified_file(record_path.parent, arm.get("cache_run"), f"{field}.cache_run")
         try:
             run = _simulate(execution, documents[arm["recording"]], workload, lab, fragment)
@@ -339,8 +350,13 @@ def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: L
 
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
     """The numbers a reader compares across arms, one row per arm."""
+    from experiments.decoding_arms import greedy_rate, summary_row
+
     rows = []
     for arm in record["arms"]:
+        if "decoding_run" in arm:  # a generate arm: decoding figures, no serving latencies
+            rows.append(summary_row(arm, greedy_rate(record["arms"])))
+            continue
         totals = arm["outcomes"]
         latency = totals["latency_us"]
         rows.append(
@@ -371,7 +387,8 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
     if all(mode == ("kvsim", "roofline") for mode, _ in modes):
         return table  # a kvsim-only lab's summary is what it always was
     for row, ((runner, service), _) in zip(rows, modes):
-        row["source"] = "measured on the engine" if runner == "engine" else f"simulated by kvsim ({service})"
+        row["source"] = {"engine": "measured on the engine", "generate": "measured with generate, one request at a time"}.get(
+            runner, f"simulated by kvsim ({service})")
     return table | {"fidelity": _fidelity(record["arms"], modes)}
 
 
@@ -435,7 +452,7 @@ def _execution_id(lab: ExperimentDesign, arms: list, recordings: list, workload:
         "computations": [r["computations"]["sha256"] for r in recordings],
         "workload": workload.to_json({}),
     }
-    measured = [arm["measured_run"]["sha256"] for arm in arms if "measured_run" in arm]
+    measured = [arm[kind]["sha256"] for arm in arms for kind in ("measured_run", "decoding_run") if kind in arm]
     measured += [run["measured_run"]["sha256"] for run in (calibration or {}).get("runs", [])]
     if measured:  # absent for kvsim-only labs, whose ids stay what they were
         consumed["measured_runs"] = measured

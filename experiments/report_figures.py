@@ -24,6 +24,12 @@ COMPARED = (
     ("bytes_host_to_device", "bytes restored from host"),
     ("compute_busy_us", "compute busy (us)"),
 )
+DECODED = (  # a generate arm's row (experiments/decoding_arms.py)
+    ("acceptance_rate", "accepted / drafted ids"),
+    ("ids_per_round", "ids selected per target forward"),
+    ("decode_tokens_per_s", "decode tokens/s"),
+    ("vs_greedy", "decode tokens/s / greedy's"),
+)
 
 
 def draw_plots(record: Mapping[str, Any], out: Path) -> list[Path]:
@@ -46,9 +52,10 @@ def simulated_arms(record: Mapping[str, Any]) -> list[tuple[int, Mapping[str, An
 def _arms(summary: Mapping[str, Any], path: Path) -> Path:
     rows = summary["arms"]
     labels = [row["label"].replace(", ", "\n") for row in rows]
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
-    for ax, (key, title) in zip(axes.flat, COMPARED):
-        values = [row[key] or 0 for row in rows]
+    compared = DECODED if all("decode_tokens_per_s" in row for row in rows) else COMPARED
+    fig, axes = plt.subplots(2, len(compared) // 2, figsize=(13, 6.5))
+    for ax, (key, title) in zip(axes.flat, compared):
+        values = [row.get(key) or 0 for row in rows]
         ax.bar(range(len(rows)), values, color="#6366f1")
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=30, ha="right")

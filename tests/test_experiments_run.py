@@ -166,9 +166,9 @@ def test_cli_lists_shows_and_refuses_planned_labs(tmp_path):
     assert all(lab.id in listed.stdout for lab in CATALOG.experiments)
     shown = run("lab", "show", "host-tier-vs-recompute")
     assert "transfer.link_bytes_per_us in [30, 300, 3000]" in shown.stdout
-    planned = run("lab", "run", "speculative-decoding", "--out", str(tmp_path / "out"))
+    planned = run("lab", "run", "prefill-decode-disaggregation", "--out", str(tmp_path / "out"))
     assert planned.returncode == 2 and "Traceback" not in planned.stderr
-    assert "decoding.draft_model_id" in planned.stderr
+    assert "resource_graph.placement" in planned.stderr
     assert not (tmp_path / "out").exists()
     unknown = run("lab", "show", "no-such-lab")
     assert unknown.returncode == 2 and "no-such-lab" in unknown.stderr

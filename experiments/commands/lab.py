@@ -95,14 +95,23 @@ def _lab(command: str, argv: list[str]) -> int:
 
 def summary_text(figures: dict) -> str:
     """summary.json as a table a person reads: one row per arm, times and sizes in human units."""
-    columns = ("arm", "completed", "rejected", "TTFT p50", "TTFT p90", "e2e p50", "per token p50", "queueing p90",
-               "token hits", "host->device")
-    rows = [columns] + [
-        (arm["label"], str(arm["completed"]), str(arm["rejected"]), duration_us(arm["ttft_p50_us"]),
-         duration_us(arm["ttft_p90_us"]), duration_us(arm["e2e_p50_us"]), duration_us(arm["tpot_p50_us"]),
-         duration_us(arm["queueing_p90_us"]), _rate(arm["token_hit_rate"]), byte_size(arm["bytes_host_to_device"]))
-        for arm in figures["arms"]
-    ]
+    if all("decode_tokens_per_s" in arm for arm in figures["arms"]):  # generate arms (experiments/decoding_arms.py)
+        columns = ("arm", "accepted", "ids/round", "decode tok/s", "vs greedy", "ids")
+        rows = [columns] + [
+            (arm["label"], _rate(arm["acceptance_rate"]), _number(arm["ids_per_round"], ".2f"),
+             _number(arm["decode_tokens_per_s"], ".1f"), _number(arm["vs_greedy"], ".2f", "x"),
+             "same as greedy" if arm["same_ids_as_greedy"] else "DIFFER FROM GREEDY")
+            for arm in figures["arms"]
+        ]
+    else:
+        columns = ("arm", "completed", "rejected", "TTFT p50", "TTFT p90", "e2e p50", "per token p50", "queueing p90",
+                   "token hits", "host->device")
+        rows = [columns] + [
+            (arm["label"], str(arm["completed"]), str(arm["rejected"]), duration_us(arm["ttft_p50_us"]),
+             duration_us(arm["ttft_p90_us"]), duration_us(arm["e2e_p50_us"]), duration_us(arm["tpot_p50_us"]),
+             duration_us(arm["queueing_p90_us"]), _rate(arm["token_hit_rate"]), byte_size(arm["bytes_host_to_device"]))
+            for arm in figures["arms"]
+        ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = [f"{figures['lab']} ({figures['record']}): {figures['question']}"]
     lines += ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
@@ -114,6 +123,10 @@ def summary_text(figures: dict) -> str:
 
 def _rate(value) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _number(value, form: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{form}}{unit}"
 
 
 REPLAY_PROVES = """\
@@ -135,6 +148,12 @@ at its declared arrivals with the prompts of the arm's recorded computations; an
 arm's outcomes are its totals. A calibrated arm's service is fitted again from the
 recorded calibration runs (the runs its arms plan), must equal the recorded fragment,
 and the arm is simulated again byte for byte.
+
+Generate arms (execution.runner=generate) cannot be decoded again either. For each
+decoding-run file replay proves: it is the file the record names; it is of the model of
+the arm's recorded computations and of the decoding (rule, draft, K) the arm's controls
+choose; it decoded the recording's requests with their prompts; and its totals, whether
+every request selected the greedy recording's ids included, are what its requests give.
 
 Replay does not prove that the model produced the recorded computations (nothing is
 generated again), the recorded probabilities and attention weights (no forward pass
