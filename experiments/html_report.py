@@ -270,7 +270,7 @@ function fidelityPlot(pairs) {
   const band = [[low, low * 1.1], [high / 1.1, high], [high, high], [high, high * 0.9], [low, low * 0.9]];
   const ticks = [];
   for (let e = lo; e <= hi; e++) {
-    const label = e >= 3 ? 10 ** (e - 3) + ' ms' : 10 ** e + ' us';
+    const label = e >= 6 ? 10 ** (e - 6) + ' s' : e >= 3 ? 10 ** (e - 3) + ' ms' : 10 ** e + ' us';
     ticks.push(svg('text', {x: x(10 ** e), y: size - pad + 16, 'text-anchor': 'middle', 'font-size': 10}, label),
       svg('text', {x: pad - 4, y: y(10 ** e) + 3, 'text-anchor': 'end', 'font-size': 10}, label),
       svg('line', {x1: x(10 ** e), y1: pad, x2: x(10 ** e), y2: size - pad, stroke: '#e5e7eb'}),
