@@ -2,14 +2,17 @@
 
 Both phases are one jitted function, `advance`: process a window of new tokens per
 row at the positions after the row's prefix, writing their keys and values into
-the state's slots, and return the logits of each row's last new token. Prefill is
-a window of the prompt (prompt lengths bucketed to powers of two, so a model
-compiles a handful of programs, not one per length); decode is a window of one.
+the state's slots, and return the logits of each row's last new token (only those
+tokens are projected to the vocabulary). Prefill is a window of the prompt (prompt
+lengths bucketed to four widths per power of two, `window_bucket`, so a model compiles a
+bounded set of programs, not one per length, and a batch pads at most a quarter past its
+longest prompt); decode is a window of one.
 Continuing a state returns a new state; the caller's value is never donated, so
 every snapshot stays valid.
 
-How the layers run inside a step is the execution's LayerStrategy, by default the one
-`LayerStrategy.for_backend()` picks for the backend JAX runs on (`jgpt/layer_strategy.py`).
+How the layers run inside a step, and the layout the execution holds its weights in, is
+the execution's LayerStrategy, by default the one `LayerStrategy.for_backend()` picks for
+the backend JAX runs on (`jgpt/layer_strategy.py`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,18 @@ def bucket(n: int, limit: int) -> int:
     return min(limit, max(MIN_BUCKET, 1 << max(0, n - 1).bit_length()))
 
 
+def window_bucket(n: int, limit: int) -> int:
+    """The window width for n new ids: a power of two up to MIN_BUCKET, then the next multiple of a quarter of
+    the power of two below n (20, 24, 28, 32, 40, ... 56, 64, 80, ...), but never more than `limit`.
+
+    Four widths per doubling: a batch's prefill pays for at most a quarter more than its longest prompt.
+    """
+    if n <= MIN_BUCKET:
+        return bucket(n, limit)
+    quarter = (1 << ((n - 1).bit_length() - 1)) // 4
+    return min(limit, -(-n // quarter) * quarter)
+
+
 def capacity_bucket(n: int, limit: int) -> int:
     """Cache slots for n positions: powers of two up to CAPACITY_STEP, then multiples of it (at most `limit`).
 
@@ -67,14 +82,12 @@ def advance(
     """
     W = window_ids.shape[1]
     positions = state.lengths[:, None] + jnp.arange(W, dtype=jnp.int32)  # [B, W]
+    last = None if W == 1 else jnp.maximum(counts - 1, 0)  # a decode step's one id is its last
     out = forward(
-        weights, architecture, window_ids, positions=positions, cache=state.buffers, unroll=unroll, layer_weights=layer_weights
-    )
-    if W == 1:  # a decode step
-        logits = out.logits[:, 0]  # [B, V]
-    else:
-        last = jnp.maximum(counts - 1, 0)
-        logits = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0]
+        weights, architecture, window_ids, positions=positions, cache=state.buffers, unroll=unroll,
+        layer_weights=layer_weights, logits_at=last,
+    )  # fmt: skip
+    logits = out.logits[:, 0]  # [B, V]
     write = lambda row, ids, slots: row.at[slots].set(ids, mode="drop")
     state = state.replace(
         keys=out.cache.keys,
@@ -97,9 +110,10 @@ def _full_prefix_logits(weights, architecture, token_ids, unroll, layer_weights)
 class ModelExecution:
     """A model bound for execution: weights, architecture, the identity its states carry, and costs.
 
-    The weights are held stacked: the unrolled-layers strategy runs over a per-layer view of them
-    (`layer_weights`), which on CPU shares their memory, or, output-major, over transposed copies of
-    the projections and the output projection (the model's matrices held a second time).
+    The weights are held once, stacked, in the strategy's layout (`LayerStrategy.held_weights`, applied when
+    the execution is made): on CPU every projection and the output projection transposed to OutputMajor in
+    place of the stored array. The unrolled-layers strategy runs over a per-layer view of them
+    (`layer_weights`), which on CPU shares their memory.
     """
 
     weights: ModelWeights
@@ -107,6 +121,9 @@ class ModelExecution:
     identity: StateIdentity
     turn_end_id: int = TURN_END_ID
     strategy: LayerStrategy = dataclasses.field(default_factory=LayerStrategy.for_backend)
+
+    def __post_init__(self):
+        object.__setattr__(self, "weights", self.strategy.held_weights(self.weights))
 
     @classmethod
     def from_artifact(cls, artifact, tokenizer, strategy: LayerStrategy | None = None) -> ModelExecution:
@@ -165,7 +182,7 @@ class ModelExecution:
             state = state.with_capacity(capacity_bucket(capacity, a.context))
             state = state.replace(lengths=jnp.asarray(reused, jnp.int32))
         counts = [len(p) - r for p, r in zip(prompts, reused)]
-        window_ids = np.zeros((len(prompts), bucket(max(counts), a.context)), np.int32)
+        window_ids = np.zeros((len(prompts), window_bucket(max(counts), a.context)), np.int32)
         for b, (prompt, r) in enumerate(zip(prompts, reused)):
             window_ids[b, : counts[b]] = prompt[r:]
         return state, window_ids, np.asarray(counts, np.int32), reused

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from inference.execution import ModelExecution
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
-from jgpt.layer_strategy import LayerView
+from jgpt.layer_strategy import LayerView, stored_layout
 from jgpt.mesh import DATA_AXIS, MODEL_AXIS, replicated, tree_shardings
 
 
@@ -35,9 +35,10 @@ class TensorParallelExecution(ModelExecution):
         if a.heads % model or a.kv_heads % model:
             raise ApiError("model_axis", f"{model} devices do not split {a.heads} heads ({a.kv_heads} key/value heads)")
         fields = {f.name: getattr(execution, f.name) for f in dataclasses.fields(ModelExecution)}
-        weights = jax.device_put(execution.weights, tree_shardings(execution.weights, mesh, fsdp=False))
-        # The split follows the stored layout's axes (jgpt.mesh), so the blocks run over it, not output-major copies.
+        # The split follows the stored layout's axes (jgpt.mesh), so the blocks run over it, not output-major.
         strategy = dataclasses.replace(execution.strategy, output_major=False)
+        stored = stored_layout(execution.weights)
+        weights = jax.device_put(stored, tree_shardings(stored, mesh, fsdp=False))
         return cls(**fields | {"weights": weights, "strategy": strategy}, mesh=mesh)
 
     @functools.cached_property

@@ -15,12 +15,15 @@ Two ways, same results (tested to 1e-6):
 
 `LayerStrategy.for_backend()` takes the first on CPU, where it was measured faster,
 and the rolled scan on GPU and TPU, where nothing has been measured yet and the
-scan is the compact program with no second layout of the weights.
+scan is the compact program.
 
-Unrolled layers may also run their projections and the output projection from
-`OutputMajor` copies (`[outputs, inputs]`, `jgpt/output_major.py`), which XLA on CPU
-multiplies 2-2.6x faster for the few rows of a batched decode step; the copies
-hold the model's matrices a second time. `for_backend` takes them on CPU.
+The weights an execution holds are the strategy's too (`held_weights`): as stored, or,
+`output_major`, with every projection and the output projection transposed once to
+`OutputMajor` (`[outputs, inputs]`, `jgpt/output_major.py`), which XLA on CPU
+multiplies 2-3x faster for the few rows of a batched decode step and as fast for one
+row or hundreds. The transposed matrices replace the stored ones, so the weights stay
+held once; every path (unrolled layers, scan, prefill, decode, head) reads them.
+`for_backend` takes them on CPU.
 """
 
 from __future__ import annotations
@@ -36,23 +39,25 @@ from jgpt.errors import ApiError
 from jgpt.output_major import OutputMajor
 from jgpt.weights import ModelWeights
 
-# The stored [inputs, outputs] projections of a block: what an output-major view holds transposed.
+# The stored [inputs, outputs] projections of a block, and with the output projection what output-major weights
+# hold transposed.
 PROJECTIONS = ("query", "key", "value", "attention_output", "ff_gate", "ff_up", "ff_down")
+HELD_OUTPUT_MAJOR = (*PROJECTIONS, "lm_head")
+Tensor = jax.Array | OutputMajor  # a weight as held: stored, or (a projection) output-major
 
 
 @struct.dataclass
 class LayerView:
-    """What `forward(layer_weights=...)` runs its blocks and head over instead of the stored tensors."""
+    """What `forward(layer_weights=...)` runs its blocks over instead of the stacked tensors."""
 
     layers: tuple[LayerWeights, ...]  # one layer's block tensors each
-    lm_head: OutputMajor | None = None  # the output projection to use instead of `weights.lm_head`
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerStrategy:
     per_layer: bool  # straight-line blocks over per-layer arrays, else a scan over the stacked tensors
     unroll: int | bool = 1  # the scan's unroll (True: fully); 1 for per-layer blocks
-    output_major: bool = False  # per-layer blocks and head over OutputMajor copies of the projections
+    output_major: bool = False  # projections and the output projection held as OutputMajor (per-layer blocks only)
 
     def __post_init__(self):
         flag = isinstance(self.unroll, bool)
@@ -61,7 +66,7 @@ class LayerStrategy:
         if self.per_layer and (flag or self.unroll != 1):
             raise ApiError("unroll", "applies to the layer scan only; unrolled layers run each block once already")
         if self.output_major and not self.per_layer:
-            raise ApiError("output_major", "applies to unrolled layers only; the scan reads the stored tensors")
+            raise ApiError("output_major", "applies to unrolled layers only, where it was measured faster")
 
     @classmethod
     def unrolled_layers(cls, output_major: bool = False) -> LayerStrategy:
@@ -77,19 +82,33 @@ class LayerStrategy:
         defaults to `jax.default_backend()`."""
         return cls.unrolled_layers(output_major=True) if (backend or jax.default_backend()) == "cpu" else cls.scan()
 
-    def layer_weights(self, weights: ModelWeights) -> LayerView | None:
-        """What `forward(layer_weights=...)` takes under this strategy: the per-layer view, or None to scan."""
-        if not self.per_layer:
-            return None
+    def held_weights(self, weights: ModelWeights) -> ModelWeights:
+        """`weights` as an execution under this strategy holds them, once: output-major, every projection and
+        the output projection transposed to OutputMajor in place of the stored array; else as given. Converts
+        only what is not output-major already (a copy, made outside jit), so applying it twice costs nothing."""
         if not self.output_major:
-            return LayerView(per_layer_view(weights))
-        layers = tuple(_output_major(layer) for layer in per_layer_view(weights))
-        return LayerView(layers, OutputMajor.of(weights.lm_head))
+            return weights
+        return _with_projections(weights, lambda t: t if isinstance(t, OutputMajor) else OutputMajor.of(t))
+
+    def layer_weights(self, weights: ModelWeights) -> LayerView | None:
+        """What `forward(layer_weights=...)` takes under this strategy: the per-layer view of `held_weights(weights)`,
+        or None to scan."""
+        return LayerView(per_layer_view(self.held_weights(weights))) if self.per_layer else None
 
     def __str__(self) -> str:
         if self.per_layer:
             return "unrolled layers, output-major" if self.output_major else "unrolled layers"
         return f"scan (unroll={self.unroll})"
+
+
+def stored_layout(weights: ModelWeights) -> ModelWeights:
+    """`weights` with every OutputMajor projection back in the stored `[..., I, O]` layout (a copy of those)."""
+    return _with_projections(weights, lambda t: t.stored() if isinstance(t, OutputMajor) else t)
+
+
+def _with_projections(weights: ModelWeights, convert) -> ModelWeights:
+    tensors = weights.as_dict()
+    return ModelWeights.from_dict(tensors | {name: convert(tensors[name]) for name in HELD_OUTPUT_MAJOR if name in tensors})
 
 
 def per_layer_view(weights: ModelWeights) -> tuple[LayerWeights, ...]:
@@ -103,7 +122,7 @@ def per_layer_view(weights: ModelWeights) -> tuple[LayerWeights, ...]:
     """
     block = weights.block()
     layers = next(iter(block.values())).shape[0]
-    views = {name: [_view(tensor, index) for index in range(layers)] for name, tensor in block.items()}
+    views = {name: [_layer_view(tensor, index) for index in range(layers)] for name, tensor in block.items()}
     return tuple(
         LayerWeights({name: views[name][index] for name in block if views[name][index] is not None},
                      {name: tensor for name, tensor in block.items() if views[name][index] is None}, index)
@@ -112,15 +131,15 @@ def per_layer_view(weights: ModelWeights) -> tuple[LayerWeights, ...]:
 
 
 @jax.tree_util.register_pytree_with_keys_class
-class LayerWeights(Mapping):
+class LayerWeights(Mapping[str, Tensor]):
     """One layer's block tensors by name: its own arrays (views into the stacked tensors), and the stacked
     tensors of the rest, sliced at `index` where a name is read."""
 
-    def __init__(self, own: dict[str, jax.Array], stacked: dict[str, jax.Array], index: int):
+    def __init__(self, own: dict[str, Tensor], stacked: dict[str, Tensor], index: int):
         self.own, self.stacked, self.index = own, stacked, index
 
-    def __getitem__(self, name: str) -> jax.Array:
-        return self.own[name] if name in self.own else self.stacked[name][self.index]
+    def __getitem__(self, name: str) -> Tensor:
+        return self.own[name] if name in self.own else jax.tree.map(lambda t: t[self.index], self.stacked[name])
 
     def __iter__(self):
         return iter([*self.own, *self.stacked])
@@ -138,11 +157,12 @@ class LayerWeights(Mapping):
         return cls(dict(zip(own, arrays[: len(own)])), dict(zip(stacked, arrays[len(own) :])), index)
 
 
-def _output_major(layer: LayerWeights) -> LayerWeights:
-    """`layer` with its projections as OutputMajor copies of their own; its other tensors as they were."""
-    copies = {name: OutputMajor.of(layer[name]) for name in layer if name in PROJECTIONS}
-    own = {name: array for name, array in layer.own.items() if name not in copies} | copies
-    return LayerWeights(own, {name: t for name, t in layer.stacked.items() if name not in copies}, layer.index)
+def _layer_view(tensor: Tensor, index: int) -> Tensor | None:
+    """Layer `index` of a stacked tensor (or of an OutputMajor's stacked matrix) sharing its memory, or None."""
+    if isinstance(tensor, OutputMajor):
+        matrix = _view(tensor.matrix, index)
+        return None if matrix is None else OutputMajor(matrix)
+    return _view(tensor, index)
 
 
 def _view(tensor: jax.Array, index: int) -> jax.Array | None:

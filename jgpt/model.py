@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from jgpt import pytree as struct
 from jgpt.architecture import Architecture
+from jgpt.errors import ApiError
 from jgpt.kv_state import KVBuffers
 from jgpt.layer_strategy import LayerView, LayerWeights
 from jgpt.operations import (
@@ -41,7 +42,6 @@ from jgpt.operations import (
     residual_addition,
     write_slots,
 )
-from jgpt.output_major import OutputMajor
 from jgpt.weights import ModelWeights
 
 
@@ -100,6 +100,7 @@ def forward(
     observe: bool = False,
     unroll: int | bool = 1,
     layer_weights: LayerView | None = None,
+    logits_at: jax.Array | None = None,
 ) -> ForwardOutput:
     """Logits for token_ids [B, T] at absolute positions [B, T] (default 0..T-1 in every row).
 
@@ -108,8 +109,10 @@ def forward(
     slots <= its position; the returned cache holds the write. Without one the block
     attends among the given tokens only and returns their keys and values (S = T).
     `layer_weights` (`LayerStrategy.layer_weights(weights)`) runs the blocks over its per-layer
-    arrays instead of scanning the stacked block tensors of `weights` (with `unroll`), and the head
-    over its `lm_head` where it holds one; same result.
+    arrays instead of scanning the stacked block tensors of `weights` (with `unroll`); same result.
+    Any projection of `weights` may be held as an OutputMajor (`LayerStrategy.held_weights`).
+    `logits_at` [B] (one index into T per row) projects only those tokens to the vocabulary:
+    logits [B, 1, V], what a prefill selects from, for 1/T of the head's products.
     """
     a = architecture
     chex.assert_rank(token_ids, 2)
@@ -119,6 +122,8 @@ def forward(
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     chex.assert_shape(positions, (B, T))
     chex.assert_type(positions, jnp.int32)
+    if observe and logits_at is not None:
+        raise ApiError("logits_at", "observing a pass records every position's logits")
     if cache is not None:
         chex.assert_equal_shape([cache.keys, cache.values])
         chex.assert_shape(cache.keys, (a.layers, B, a.kv_heads, None, a.head_dim))
@@ -135,9 +140,8 @@ def forward(
         (h, cache), (new, stages) = _straight_line(run, carry, layer_weights.layers)
     if new is not None:
         cache = KVBuffers(keys=new[0], values=new[1])
-    lm_head = weights.lm_head if layer_weights is None or layer_weights.lm_head is None else layer_weights.lm_head
-    h, logits = head(weights, a, h, lm_head)
-    logits = logits.reshape(B, T, a.vocabulary)
+    h, logits = head(weights, a, h if logits_at is None else _rows_at(h.reshape(B, T, a.width), logits_at))
+    logits = logits.reshape(B, -1, a.vocabulary)
     chex.assert_type(logits, jnp.float32)
     observations = None
     if observe:
@@ -201,15 +205,16 @@ def feed_forward_sublayer(stream, w, architecture: Architecture):
     return out, {"ln2": h3, "feed_forward": ff, "residual2": out}
 
 
-def head(
-    weights: ModelWeights, architecture: Architecture, stream: jax.Array, lm_head: jax.Array | OutputMajor
-) -> tuple[jax.Array, jax.Array]:
-    """The final normalization and the projection to vocabulary scores: (normalized [N, C], logits [N, V] float32).
-
-    `lm_head` is `weights.lm_head` or an OutputMajor copy of it."""
+def head(weights: ModelWeights, architecture: Architecture, stream: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The final normalization and the projection to vocabulary scores: (normalized [N, C], logits [N, V] float32)."""
     with jax.named_scope("head"):
         h = normalization(stream, weights.ln_final_scale, weights.ln_final_bias, architecture)
-        return h, output_projection(h, lm_head, weights.lm_bias, jnp.dtype(architecture.precision))
+        return h, output_projection(h, weights.lm_head, weights.lm_bias, jnp.dtype(architecture.precision))
+
+
+def _rows_at(stream: jax.Array, index: jax.Array) -> jax.Array:
+    """Row b's token `index[b]` of a stream [B, T, C]: [B, C]."""
+    return jnp.take_along_axis(stream, index[:, None, None], axis=1)[:, 0]
 
 
 def _scanned(run, carry, stacked: dict[str, jax.Array], layers: int, unroll: int | bool):

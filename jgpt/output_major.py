@@ -4,11 +4,13 @@ The stored weights keep the spec's `[inputs, outputs]` (`x @ W`). XLA's CPU dot 
 slow on that layout for the few rows of a batched decode step: measured on the
 development machine (2 cores, loaded, min of 5-20 calls), 16 rows through
 GPT-2-small's output projection [768, 50257] took 137-203 ms as `x @ W` and
-52-76 ms as `W^T x^T` from a `[50257, 768]` copy, a feed-forward matrix
-[768, 3072] 2.5 against 1.4 ms; one row and 512 rows (a prefill) ran the same
-either way. So an execution may hold a transposed copy of its projections
-(`jgpt.layer_strategy`), and `jgpt.operations.dense` multiplies an OutputMajor
-as `(W^T x^T)^T`.
+48-76 ms as `W^T x^T` from a `[50257, 768]` matrix, a feed-forward matrix
+[768, 3072] 2.5-3.0 against 1.4 ms. One row (a batch-1 decode step, a
+matrix-vector product bound by the bytes it reads) and 512 rows (a prefill) ran
+the same on either layout within the noise. So an execution on CPU holds its
+projections this way instead of as stored, converted once when it is bound
+(`jgpt.layer_strategy.LayerStrategy.held_weights`), and
+`jgpt.operations.dense` multiplies an OutputMajor as `(W^T x^T)^T`.
 
 The product is the same sum over the same inputs; only the order XLA adds them
 in may differ (tested against `x @ W` to 1e-5).
@@ -30,16 +32,29 @@ F32 = jnp.float32
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["matrix"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class OutputMajor:
-    matrix: jax.Array  # [O, I]: row o holds the input weights of output o
+    matrix: jax.Array  # [..., O, I]: row o holds the input weights of output o (a leading layer axis, if stacked)
 
     @classmethod
     def of(cls, w: jax.Array) -> OutputMajor:
-        """A transposed copy of a stored `[I, O]` projection, made once, outside jit."""
-        return cls(jnp.asarray(np.ascontiguousarray(np.asarray(w).T)))
+        """The transposed copy of a stored `[..., I, O]` projection (one layer or stacked), made outside jit."""
+        return cls(_transposed(w))
+
+    def stored(self) -> jax.Array:
+        """The stored `[..., I, O]` layout again, as a new array."""
+        return _transposed(self.matrix)
 
     @property
     def dtype(self):
         return self.matrix.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The held matrix's shape, `[..., O, I]`: the stored projection's with its last two axes swapped."""
+        return tuple(self.matrix.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.matrix.ndim
 
     def astype(self, dtype) -> OutputMajor:
         """Like `jax.Array.astype`, so matmul operands are formed the same way for both layouts."""
@@ -52,3 +67,7 @@ class OutputMajor:
         # The barrier keeps the product's [O, N] result: without it XLA folds the transpose into the dot's
         # output layout and runs the slow product again.
         return jax.lax.optimization_barrier(y).T
+
+
+def _transposed(w: jax.Array) -> jax.Array:
+    return jnp.asarray(np.ascontiguousarray(np.swapaxes(np.asarray(w), -1, -2)))

@@ -5,6 +5,11 @@ so that the forward pass scans over it. Projections are stored `[in, out]`, so a
 projection is `x @ w`. The Llama alternative has no biases (those fields are None)
 and adds `ff_gate`, the gate projection SwiGLU needs; GPT has no `ff_gate` and Llama
 has no `position_embedding` (its positions are rotary).
+
+An execution may hold each projection and `lm_head` as a `jgpt.output_major.OutputMajor`
+instead, the same matrix transposed (`LayerStrategy.held_weights`, CPU's layout for
+serving); the forward pass reads either, and `jgpt.layer_strategy.stored_layout` turns
+them back. Checkpoints, training and identities see the stored layout only.
 """
 
 from __future__ import annotations

@@ -12,12 +12,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference.execution import CAPACITY_STEP, ModelExecution, bucket, capacity_bucket, decode, prefill
+from inference.execution import (
+    CAPACITY_STEP,
+    MIN_BUCKET,
+    ModelExecution,
+    bucket,
+    capacity_bucket,
+    decode,
+    prefill,
+    window_bucket,
+)
 from inference.generation import generate, generate_stepwise
 from inference.policy import GenerationPolicy, InferenceRequest
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState, StateIdentity
+from jgpt.layer_strategy import stored_layout
 from jgpt.model import forward
 from jgpt.tokenizer import TURN_END_ID
 from jgpt.weights import initialize
@@ -125,7 +135,7 @@ def test_kv_state_channels_are_the_key_and_value_projections_by_position(gpt):
     prompt = PROMPTS[0]
     _, state = gpt.prefill([prompt])
     keys, values = state.channels()
-    a, w = gpt.architecture, gpt.weights
+    a, w = gpt.architecture, stored_layout(gpt.weights)  # the execution holds its projections output-major on CPU
     assert keys.shape == values.shape == (a.layers, 1, state.capacity, a.kv_width)
     x = np.asarray(w.token_embedding)[prompt] + np.asarray(w.position_embedding)[: len(prompt)]
     x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + a.epsilon)
@@ -245,3 +255,7 @@ def test_buckets_hold_what_fits_and_take_few_values(n, limit):
     capacity = capacity_bucket(n, limit)
     assert capacity in (limit, bucket(n, limit)) or capacity % CAPACITY_STEP == 0
     assert capacity < n + CAPACITY_STEP
+    window = window_bucket(n, limit)
+    assert window <= limit and (window >= n or window == limit)
+    assert window in (limit, MIN_BUCKET) or 4 * window <= 5 * n  # at most a quarter of padding past n
+    assert window == limit or window % max(1, 1 << (window.bit_length() - 3)) == 0  # four widths per doubling

@@ -1,6 +1,7 @@
-"""The per-layer view holds no second copy of the weights: every array it owns lies inside the stacked
-tensors' buffers (checked by buffer address, shard by shard), whatever the widths and however the
-weights are split over devices; a layer that cannot be a view is read from the stacked tensor instead."""
+"""The weights are held once: every array the per-layer view owns lies inside the stacked tensors'
+buffers (checked by buffer address, shard by shard), whatever the widths and however the weights are
+split over devices (a layer that cannot be a view is read from the stacked tensor instead), and an
+execution holding its projections output-major holds them in place of the stored ones."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference.execution import ModelExecution
 from jgpt.architecture import ModelArchitecture
-from jgpt.kv_state import KVBuffers
+from jgpt.kv_state import KVBuffers, StateIdentity
 from jgpt.layer_strategy import LayerStrategy, per_layer_view
 from jgpt.model import forward
-from jgpt.weights import initialize
+from jgpt.output_major import OutputMajor
+from jgpt.weights import initialize, parameter_count
 
 REPO = Path(__file__).resolve().parent.parent
 # Widths of 36 and 68 floats: a layer of a bias or norm scale starts off XLA's 64-byte alignment.
@@ -59,6 +62,31 @@ def test_odd_widths_keep_one_copy_and_read_the_unaligned_layers_from_the_stacked
     np.testing.assert_allclose(unrolled, scanned, atol=1e-6, rtol=0)
 
 
+def held_bytes(tree) -> int:
+    """Bytes of memory the arrays of `tree` occupy, a view inside another array's buffer counted once."""
+    spans = sorted((s.data.unsafe_buffer_pointer(), s.data.nbytes) for leaf in jax.tree.leaves(tree)
+                   for s in leaf.addressable_shards)  # fmt: skip
+    total, covered = 0, 0
+    for start, size in spans:
+        total += max(0, start + size - max(start, covered))
+        covered = max(covered, start + size)
+    return total
+
+
+def test_an_execution_holds_its_weights_once_in_the_output_major_layout():
+    weights = initialize(ODD, seed=4)[0]
+    identity = StateIdentity("c", "t", "float32")
+    execution = ModelExecution(weights, ODD, identity, strategy=LayerStrategy.unrolled_layers(output_major=True))
+    assert isinstance(execution.weights.ff_up, OutputMajor) and isinstance(execution.weights.lm_head, OutputMajor)
+    held = (execution.weights, execution.layer_weights)
+    assert held_bytes(held) == 4 * parameter_count(ODD)
+    # The measure counts a second copy: the stored weights beside the execution's are twice the matrices.
+    assert held_bytes((weights, *held)) > held_bytes(held) + 4 * ODD.vocabulary * ODD.width
+    ids = [[3, 9, 27, 1, 5], [8, 2]]
+    stored = ModelExecution(weights, ODD, identity, strategy=LayerStrategy.unrolled_layers())
+    np.testing.assert_allclose(execution.prefill(ids)[0], stored.prefill(ids)[0], atol=1e-5, rtol=0)
+
+
 def test_tensor_parallel_weights_are_held_once():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     done = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
@@ -70,9 +98,7 @@ def test_tensor_parallel_weights_are_held_once():
 
 def _tensor_parallel_view() -> tuple[int, int]:
     """Bytes of a 2-way tensor-parallel execution's per-layer view inside and outside its split weights."""
-    from inference.execution import ModelExecution
     from inference.tensor_parallel import TensorParallelExecution
-    from jgpt.kv_state import StateIdentity
     from jgpt.mesh import mesh
 
     architecture = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=64, layers=2, heads=4)

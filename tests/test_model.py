@@ -264,6 +264,17 @@ def test_walkthrough_stages_are_owned_by_admitted_concepts_and_inspect_real_obse
     assert walkthrough(architecture).to_json()["stages"][0]["owner"] == owners[0]
 
 
+def test_logits_at_projects_only_each_rows_chosen_token():
+    ids = random_ids((3, 9), GPT.vocabulary, seed=11)
+    at = jnp.array([8, 0, 4], jnp.int32)
+    full = FORWARD(weights_of("gpt"), GPT, ids).logits
+    chosen = FORWARD(weights_of("gpt"), GPT, ids, logits_at=at).logits
+    assert chosen.shape == (3, 1, GPT.vocabulary)
+    np.testing.assert_allclose(chosen[:, 0], full[jnp.arange(3), at], atol=1e-6, rtol=0)
+    with pytest.raises(ApiError, match="logits_at"):
+        FORWARD(weights_of("gpt"), GPT, ids, observe=True, logits_at=at)
+
+
 # --- layer strategy -----------------------------------------------------------------------------------
 
 STRATEGIES = [LayerStrategy.unrolled_layers(), LayerStrategy.unrolled_layers(output_major=True),
@@ -277,8 +288,9 @@ def test_every_layer_strategy_gives_the_rolled_scans_logits_cache_and_observatio
     ids = random_ids((2, 7), architecture.vocabulary, seed=4)
     cache = KVBuffers.empty(architecture, 2, 10)
     scanned = FORWARD(weights_of(name), architecture, ids, cache=cache, observe=True)
-    run = functools.partial(FORWARD, unroll=strategy.unroll, layer_weights=strategy.layer_weights(weights_of(name)))
-    other = run(weights_of(name), architecture, ids, cache=cache, observe=True)
+    held = strategy.held_weights(weights_of(name))  # as an execution holds them: output-major head and blocks
+    run = functools.partial(FORWARD, unroll=strategy.unroll, layer_weights=strategy.layer_weights(held))
+    other = run(held, architecture, ids, cache=cache, observe=True)
     # The same operations in the same order; 1e-6 leaves room for XLA fusing them differently.
     for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(other)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.layer_strategy import PROJECTIONS, LayerStrategy
+from jgpt.layer_strategy import HELD_OUTPUT_MAJOR, PROJECTIONS, LayerStrategy, stored_layout
 from jgpt.operations import dense
 from jgpt.output_major import OutputMajor
 from jgpt.weights import initialize
@@ -34,18 +34,28 @@ def test_an_output_major_product_is_x_at_w_within_1e_5(rows, dtype):
     np.testing.assert_allclose(got, stored, atol=1e-5, rtol=0)
 
 
-def test_the_output_major_view_holds_every_projection_and_the_lm_head_transposed():
+def test_output_major_weights_hold_every_projection_and_the_lm_head_transposed_in_place_of_the_stored():
+    output_major, stored = LayerStrategy.unrolled_layers(output_major=True), LayerStrategy.unrolled_layers()
     for architecture in (GPT, LLAMA):
         weights, _ = initialize(architecture, seed=0)
-        view = LayerStrategy.unrolled_layers(output_major=True).layer_weights(weights)
+        held = output_major.held_weights(weights)
+        for name, tensor in weights.as_dict().items():
+            if name in HELD_OUTPUT_MAJOR:
+                assert isinstance(held.as_dict()[name], OutputMajor), name
+                np.testing.assert_array_equal(held.as_dict()[name].matrix, np.swapaxes(np.asarray(tensor), -1, -2))
+            else:
+                assert held.as_dict()[name] is tensor, name
+        again = output_major.held_weights(held)
+        assert all(again.as_dict()[name] is t for name, t in held.as_dict().items())  # converted once only
+        assert stored.held_weights(held) is held  # held as given
+        back = stored_layout(held).as_dict()
+        for name, tensor in weights.as_dict().items():
+            np.testing.assert_array_equal(back[name], tensor)
+        view = output_major.layer_weights(weights)
         assert view is not None and len(view.layers) == architecture.layers
         for index, layer in enumerate(view.layers):
-            for name, stacked in weights.block().items():
-                if name in PROJECTIONS:
-                    assert isinstance(layer[name], OutputMajor), name
-                    np.testing.assert_array_equal(layer[name].matrix, np.asarray(stacked[index]).T)
-                else:
-                    np.testing.assert_array_equal(layer[name], stacked[index])
-        np.testing.assert_array_equal(view.lm_head.matrix, np.asarray(weights.lm_head).T)
-        plain = LayerStrategy.unrolled_layers().layer_weights(weights)
-        assert plain.lm_head is None and not any(isinstance(t, OutputMajor) for layer in plain.layers for t in layer.values())
+            for name in PROJECTIONS:
+                if name in layer:
+                    np.testing.assert_array_equal(layer[name].matrix, np.asarray(weights.as_dict()[name][index]).T)
+        plain = stored.layer_weights(weights)
+        assert not any(isinstance(t, OutputMajor) for layer in plain.layers for t in layer.values())
