@@ -1,7 +1,8 @@
 """Arms decoded with `generate` on the wall clock: greedy or speculative decoding of a lab's requests.
 
 A generate arm (`execution.runner=generate`) decodes each request of the lab's
-workload alone (batch 1), with the prompt its recording holds, `REPEATS` times:
+workload alone (batch 1), with the prompt its recording holds, once untimed and
+then `REPEATS` times:
 greedy decoding (`inference.generation.generate`) or greedy-exact speculative
 decoding (`inference.speculative.generate_speculative`) with the arm's draft and K.
 Its decoding run (`decoding-run-N.json`) holds every request's output ids, rounds,
@@ -33,7 +34,7 @@ from jgpt.validation import is_integer, is_number
 FORMAT = "jgpt-decoding-run"
 VERSION = 1
 REPEATS = 3  # decodes of the workload per arm; an arm's time is the median of their sums
-MEASUREMENT = ("each request alone (batch 1), decoded REPEATS times after its programs were compiled and warmed up; "
+MEASUREMENT = ("each request alone (batch 1), decoded once untimed, then REPEATS times; "
                "decode_us: the decode loop from dispatch to ready, plus a draft model's own prefill; prefill_us: the "
                "target's prefill")
 # check_draft names its fields for the CLI; an arm names the controls that set them
@@ -78,6 +79,8 @@ def _decode(execution: ExecutionSpec, recording: Recording, workload: LabWorkloa
         check_draft(target, draft, k)
         draft_sha256 = None if isinstance(draft, PromptLookup) else draft.identity.checkpoint_sha256
         run = lambda request: generate_speculative(target, draft, [request], k)  # noqa: E731
+    for request in requests:  # XLA on CPU prepares a program's kernels on its first runs: one pass is not timed
+        run(request)
     repeats = [[run(request).responses[0] for request in requests] for _ in range(REPEATS)]
     entries = []
     for index, request in enumerate(requests):

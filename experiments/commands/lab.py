@@ -117,6 +117,8 @@ def summary_text(figures: dict) -> str:
     lines += ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
               for row in rows]
     sources = {arm["label"]: arm["source"] for arm in figures["arms"] if "source" in arm}
+    if len(sources) > 1 and len(set(sources.values())) == 1:  # one line says it for every arm
+        sources = {"every arm": next(iter(sources.values()))}
     lines += [f"  {label}: {source}" for label, source in sources.items()]
     return "\n".join(lines)
 
