@@ -250,3 +250,16 @@ def test_a_disk_that_fills_while_a_streamed_record_is_written_keeps_the_old_reco
     line = assert_refused(["kvsim", "run", source, "--out", out, "--quiet"], inputs=[source, out], watch=[tmp_path])
     assert line.endswith(f": error: {out}: cannot write: No space left on device"), line
     assert threading.active_count() == threads
+
+
+@pytest.mark.parametrize("what", ["a directory", "a device", "a FIFO"])
+def test_training_data_that_is_not_a_regular_file_is_refused_as_such(tmp_path, what):
+    """It was refused as 'file not found', which a directory or /dev/zero is not."""
+    data = {"a directory": tmp_path / "corpus", "a device": Path("/dev/zero"), "a FIFO": tmp_path / "fifo"}[what]
+    if what == "a directory":
+        data.mkdir()
+    elif what == "a FIFO":
+        os.mkfifo(data)
+    out = tmp_path / "run"
+    line = assert_refused([*TINY_TRAIN, "--tokenizer", "bpe", "--data", data, "--out", out], watch=[tmp_path])
+    assert line.endswith(f": error: data: {data} is not a regular file"), line

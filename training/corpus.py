@@ -103,7 +103,7 @@ def read_text(path: str) -> tuple[bytes, str]:
     """The file's exact bytes and its text; missing, empty or non-UTF-8 files are rejected."""
     file = Path(path)
     if not file.is_file():
-        raise ApiError("data", f"file not found: {path}")
+        raise ApiError("data", f"{path} is not a regular file" if file.exists() else f"file not found: {path}")
     data = read_bytes(file, "data")
     if not data.strip():
         raise ApiError("data", f"{path} is empty")
