@@ -5,10 +5,11 @@ Two pairs:
 * the shipped chat model (catalog `chat`) with its draft (catalog `chat-draft`) and
   with the draft-free PromptLookup, on held-out exercises of the built-in skills
   (development conversations, seed 0), each generating its reply up to TURN_END
-  (budget 16): one request at a time (batch 1) and all of them as one batch;
+  (budget 16): one request at a time (batch 1), and with `--batched` all of them as
+  one batch too;
 * a GPT-2-small-sized random target (L12 C768 V50257) with a 2-layer random draft of
-  the same width, on random prompts, 32 ids each (no end id): random weights agree
-  on little, so this shows what a round costs when almost nothing is accepted.
+  the same width, on a random prompt, 16 ids (no end id): random weights agree on
+  little, so this shows what a round costs when almost nothing is accepted.
 
 "decode tok/s" counts the ids the decode loop selects (every id but the first, which the
 target's prefill selects) over the loop's wall time, plus, for speculative decoding, the
@@ -19,11 +20,17 @@ the whole set. Every speculative run's ids are checked equal to greedy's. The ma
 may be shared: expect +-15% run to run, more under load.
 
 "Bound" prices the best any draft could do on the chat workload: the target's forward
-over a window of W = K + 1 ids (a verify) against one over 1 id (a greedy step), timed
-alternately, and an oracle draft that is always right and costs nothing, which needs
-ceil(n / (K + 1)) verifies for a reply that decodes n ids where greedy needs n steps.
+over a window of W = K + 1 ids (a verify) against one over 1 id (a greedy step), and
+the draft's forward over 1 id, timed alternately; an oracle draft that is always right
+and costs nothing needs ceil(n / (K + 1)) verifies for a reply that decodes n ids where
+greedy needs n steps, and one that costs what chat-draft's K steps cost adds them to
+each verify.
 
-    .venv/bin/python bench/speculative.py [--quick] [--repeats N]
+    .venv/bin/python bench/speculative.py [--quick] [--batched] [--requests N] [--repeats N]
+
+The default (24 exercises, 3 repeats, both pairs) is meant to take a few minutes on
+a quiet 2-core machine; --quick (10 exercises, 1 repeat, no GPT-2-small-sized pair)
+is a smoke run.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from training.corpus import exercises_of
 
 KS = range(1, 9)
 CHAT_BUDGET = 16
-RANDOM_BUDGET = 32
+RANDOM_BUDGET = 16
 NO_END = -1
 
 
@@ -135,53 +142,61 @@ def table(title: str, target, drafts, requests, repeats: int, batched: bool) -> 
     return greedy
 
 
-def bound(target: ModelExecution, prompt, greedy, repeats: int) -> None:
-    """The oracle's speed-up at each K: verify(K + 1) against step(1) times, priced over the replies' decode ids."""
+def bound(target: ModelExecution, draft: ModelExecution, prompt, greedy, repeats: int) -> None:
+    """The oracle's speed-up at each K: verify(K + 1) against step(1) times, priced over the replies' decode ids,
+    free and at the draft's cost (K draft steps a round)."""
     verify = jax.jit(verify_window, static_argnames=("architecture", "unroll"))
-    start = target.prefill([prompt], capacity=target.architecture.context)[1]
-    calls = {
-        w: functools.partial(verify, target.weights, target.layer_weights, target.architecture, start,
-                             jnp.ones((1, w), jnp.int32), target.scan_unroll)
-        for w in (1, *(k + 1 for k in KS))
-    }  # fmt: skip
+
+    def forward(model: ModelExecution, width: int):
+        start = model.prefill([prompt], capacity=target.architecture.context)[1]
+        return functools.partial(verify, model.weights, model.layer_weights, model.architecture, start,
+                                 jnp.ones((1, width), jnp.int32), model.scan_unroll)
+
+    calls = {w: forward(target, w) for w in (1, *(k + 1 for k in KS))} | {"draft": forward(draft, 1)}
     for call in calls.values():
         jax.block_until_ready(call())
-    times: dict[int, list[float]] = {w: [] for w in calls}
+    times: dict[int | str, list[float]] = {w: [] for w in calls}
     for _ in range(20 * repeats):  # alternating, so load changes hit every window alike
         for w, call in calls.items():
             started = time.perf_counter()
             jax.block_until_ready(call())
             times[w].append(time.perf_counter() - started)
     step = statistics.median(times[1])
+    drafting = statistics.median(times["draft"]) / step
     decoded = [len(r.output_ids) - 1 for responses in greedy for r in responses]
-    print(f"\nBound: {len(decoded)} replies decoding {sum(decoded)} ids; one target forward over 1 id {step * 1e6:.0f} us")
-    print(f"  {'K':>2} {'verify us':>9} {'vs step':>7} {'oracle rounds':>13} {'oracle speed-up':>15}")
+    print(f"\nBound: {len(decoded)} replies decoding {sum(decoded)} ids; one target forward over 1 id {step * 1e6:.0f} us, "
+          f"the draft's {drafting:.2f}x that")
+    print(f"  {'K':>2} {'verify us':>9} {'vs step':>7} {'oracle rounds':>13} {'oracle speed-up':>15} {'at the draft cost':>17}")
     for k in KS:
         ratio = statistics.median(times[k + 1]) / step
         rounds = sum(-(-n // (k + 1)) for n in decoded)
-        print(f"  {k:>2} {ratio * step * 1e6:9.0f} {ratio:6.2f}x {rounds:13d} {sum(decoded) / (rounds * ratio):14.2f}x")
+        free, priced = sum(decoded) / (rounds * ratio), sum(decoded) / (rounds * (ratio + k * drafting))
+        print(f"  {k:>2} {ratio * step * 1e6:9.0f} {ratio:6.2f}x {rounds:13d} {free:14.2f}x {priced:16.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests and no GPT-2-small-sized pair (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="10 requests, and no GPT-2-small-sized pair (a smoke run)")
+    parser.add_argument("--batched", action="store_true", help="also every chat request as one batch")
+    parser.add_argument("--requests", type=int, default=24, help="held-out exercises of the chat workload")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     target, draft = catalog_execution("chat"), catalog_execution("chat-draft")
-    count = 10 if args.quick else 40
+    count = 10 if args.quick else args.requests
     requests = [InferenceRequest(f"skill-{i}", p, GenerationPolicy(CHAT_BUDGET)) for i, p in enumerate(skill_prompts(target, count))]
     a, d = target.architecture, draft.architecture
     pair = f"chat (L{a.layers} C{a.width}) with chat-draft (L{d.layers} C{d.width})"
     drafts = [("draft", draft), ("lookup", PromptLookup())]
     greedy = table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=False)
-    table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=True)
-    bound(target, requests[0].prompt_ids, greedy, args.repeats)
+    if args.batched:
+        table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=True)
+    bound(target, draft, requests[0].prompt_ids, greedy, args.repeats)
     if args.quick:
         return
     target, draft = random_pair()
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, 50257, size=16).tolist() for _ in range(2)]
+    prompts = [rng.integers(0, 50257, size=16).tolist()]
     requests = [InferenceRequest(f"random-{i}", p, GenerationPolicy(RANDOM_BUDGET)) for i, p in enumerate(prompts)]
     table("GPT-2-small-sized random target (L12 C768) with a 2-layer random draft", target, [("draft", draft)], requests,
           args.repeats, batched=False)  # fmt: skip
