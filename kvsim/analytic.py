@@ -13,9 +13,10 @@ baseline (two per multiply-add) and the logical bytes a step reads or writes:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from kvsim.recorded import RecordedComputations, RecordedRequest
+from kvsim.recorded import RecordedComputations, RecordedRequest, StreamedComputations
 
 PRECISIONS = {1: "int8", 2: "bfloat16", 4: "float32"}
 
@@ -110,6 +111,7 @@ def framing_ids() -> dict[str, int]:
 def analytic_request(model: AnalyticModel, item: Conversation) -> RecordedRequest:
     n, output, complete = len(item.prompt_ids), item.output_ids, item.complete
     positions = tuple(range(n, n + len(output) - 1))
+    weights, kv_bytes, logits = model.weight_bytes, model.kv_bytes_per_position, model.logits_flops
     return RecordedRequest(
         request_id=item.request_id,
         arrival_us=item.arrival_us,
@@ -123,19 +125,34 @@ def analytic_request(model: AnalyticModel, item: Conversation) -> RecordedReques
             "stop_reason": "turn_end" if complete else "max_new_tokens",
             "complete": complete,
         },
-        fixed_matmul_flops=model.logits_flops,
-        fixed_memory_bytes=model.weight_bytes,
+        fixed_matmul_flops=logits,
+        fixed_memory_bytes=weights,
         cum_flops=_CumulativeFlops(model),
         cum_bytes=_CumulativeBytes(model.kv_bytes_per_position),
         decode_positions=positions,
-        decode_flops=tuple(model.position_flops(p) + model.logits_flops for p in positions),
-        decode_bytes=tuple(model.weight_bytes + (p + 1) * model.kv_bytes_per_position for p in positions),
+        decode_flops=tuple(model.position_flops(p) + logits for p in positions),
+        decode_bytes=tuple(weights + (p + 1) * kv_bytes for p in positions),
     )
 
 
 def analytic_computations(model: AnalyticModel, items: list[Conversation], source: str) -> RecordedComputations:
     """A recorded computation document whose counts are the analytic ones above."""
     return RecordedComputations(
+        **_document(model, source), requests=tuple(analytic_request(model, item) for item in items)
+    )
+
+
+def analytic_stream(
+    model: AnalyticModel, items: Callable[[], Iterable[Conversation]], source: str
+) -> StreamedComputations:
+    """The same document made one request at a time (`items` makes them anew each call, in arrival order)."""
+    return StreamedComputations(
+        **_document(model, source), requests=lambda: (analytic_request(model, item) for item in items())
+    )
+
+
+def _document(model: AnalyticModel, source: str) -> dict:
+    return dict(
         model={
             "checkpoint_sha256": "analytic",
             "tokenizer_sha256": "byte-level",
@@ -150,5 +167,4 @@ def analytic_computations(model: AnalyticModel, items: list[Conversation], sourc
             },
             "provenance": {"sources": {"generator": source}},
         },
-        requests=tuple(analytic_request(model, item) for item in items),
     )

@@ -21,10 +21,28 @@ from jgpt.json_input import parse_json
 from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
 from jgpt.validation import LIMIT, Integer, ListOf, MapOf, Nullable, Object, String
 from kvsim import engine
-from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, event_json, measurement_json
-from kvsim.outcomes import TOTALS, totals
+from kvsim.cache_event import (
+    BYTES,
+    DIRECTION,
+    KIND,
+    CacheEvent,
+    EventKind,
+    Measurement,
+    MeasurementKind,
+    Rows,
+    event_json,
+    measurement_json,
+)
+from kvsim.outcomes import TOTALS, OutcomeTally
 from kvsim.record_view import EVENT, OUTCOME
-from kvsim.recorded import MODEL_REFERENCE, REQUEST, RecordedComputations, parse_document, request_json
+from kvsim.recorded import (
+    MODEL_REFERENCE,
+    REQUEST,
+    RecordedComputations,
+    StreamedComputations,
+    parse_document,
+    request_json,
+)
 from kvsim.resource_graph import RESOURCE_GRAPH, ResourceGraph, parse_resource_graph, resource_graph_json
 from kvsim.system import SYSTEM, KVResidencySystemConfig, parse_system, system_json
 from kvsim.workload import (
@@ -73,7 +91,7 @@ class CacheRun:
     computations: RecordedComputations
     result: engine.EngineResult
     outcomes: dict  # the record's outcomes: {"requests": {request_id: RequestOutcome JSON}, "totals": {...}}
-    measurements: list[Measurement]
+    measurements: Rows[Measurement]  # the engine's, then the consume waits
 
 
 def simulate(
@@ -88,8 +106,8 @@ def simulate(
     declaration, workload = declare(system, computations, workload, interaction, resource_graph, ontology_binding)
     result = checked(engine.run(system, computations, workload, interaction))
     tally = Tally()
-    tally.add(result.events)
-    measurements = result.measurements + tally.consume_waits(result.publish_logs)
+    tally.add(result.events.rows)
+    measurements = Rows(Measurement, [*result.measurements.rows, *tally.consume_waits(result.publish_logs)])
     return CacheRun(declaration, computations, result, _outcomes(result, computations, workload, tally), measurements)
 
 
@@ -102,18 +120,29 @@ def declare(
     ontology_binding: OntologyBinding | dict | None,
 ) -> tuple[dict, Workload]:
     """The record's declaration (KVRunBinding plus the optional parts) and the arrivals the run uses."""
+    workload = resolve_workload(computations, workload, interaction)
+    declared = declaration(system, computations.model, workload_json(workload), interaction, resource_graph, ontology_binding)
+    return declared, workload
+
+
+def declaration(
+    system: KVResidencySystemConfig,
+    model: dict,
+    workload: dict,  # as the record writes it
+    interaction: CustomerInteraction | None,
+    resource_graph: ResourceGraph | None,
+    ontology_binding: OntologyBinding | dict | None,
+) -> dict:
     if not isinstance(ontology_binding, OntologyBinding):
         ontology_binding = OntologyBinding.from_json(DEFAULT_BINDING if ontology_binding is None else ontology_binding)
-    workload = resolve_workload(computations, workload, interaction)
-    declaration = {
-        "model": computations.model,
+    return {
+        "model": model,
         "system": system_json(system),
-        "workload": workload_json(workload),
+        "workload": workload,
         "ontology_binding": ontology_binding.to_json(),
         "customer_interaction": None if interaction is None else interaction_json(interaction),
         "resource_graph": None if resource_graph is None else resource_graph_json(resource_graph),
     }
-    return declaration, workload
 
 
 def checked(result: engine.EngineResult) -> engine.EngineResult:
@@ -131,15 +160,17 @@ class Tally:
         self.events = 0
         self.moved = {engine.DEVICE_TO_HOST: 0, engine.HOST_TO_DEVICE: 0}
         self.counts = {EventKind.OFFLOAD: 0, EventKind.RELOAD: 0, EventKind.DROP: 0}
-        self.consumes: list[CacheEvent] = []  # a customer's consume actions (few: one per action)
+        self.consumes: list[tuple] = []  # a customer's consume actions (few: one per action)
 
-    def add(self, events: list[CacheEvent]) -> None:
+    def add(self, events: list[tuple]) -> None:
+        """Fold a batch of the engine's plain event tuples (the Rows' `rows`: read by position, as fast as
+        the engine writes them)."""
         self.events += len(events)
         moved, counts, transfer_end, consume = self.moved, self.counts, EventKind.TRANSFER_END, EventKind.CONSUME
         for event in events:
-            kind = event.kind
+            kind = event[KIND]
             if kind == transfer_end:
-                moved[event.transfer_direction] += event.bytes  # type: ignore[index]
+                moved[event[DIRECTION]] += event[BYTES]
             elif kind in counts:
                 counts[kind] += 1
             elif kind == consume:
@@ -148,7 +179,7 @@ class Tally:
     def consume_waits(self, publish_logs: dict[str, list[tuple[int, int]]]) -> list[Measurement]:
         """How long each consume action waited until the published output covered it."""
         measurements = []
-        for event in self.consumes:
+        for event in Rows(CacheEvent, self.consumes):
             wanted = event.bytes
             met = next((time for time, total in publish_logs[event.request_id] if total >= wanted), None)
             if met is not None:
@@ -162,32 +193,33 @@ def _outcomes(
 ) -> dict:
     if tally is None:
         tally = Tally()
-        tally.add(result.events)
+        tally.add(result.events.rows)
     requests = {arrival.request_id: o.to_json() for arrival, o in zip(workload.requests, result.outcomes, strict=True)}
-    return {"requests": requests, "totals": run_totals(result, computations, workload, tally)}
+    outcomes = OutcomeTally()
+    for outcome in result.outcomes:
+        outcomes.add(outcome)
+    return {"requests": requests, "totals": run_totals(result, tally, outcomes)}
 
 
-def run_totals(result: engine.EngineResult, computations: RecordedComputations, workload: Workload, tally: Tally) -> dict:
-    specs = {r.request_id: r for r in computations.requests}
-    saved_flops = 0
-    for arrival, outcome in zip(workload.requests, result.outcomes, strict=True):
-        if outcome.admitted_us is not None and outcome.selected_tokens > 0 and outcome.reuse_positions > 0:
-            spec = specs[arrival.request_id]
-            saved_flops += spec.prefill_cost(0)[0] - spec.prefill_cost(outcome.reuse_positions)[0]
-    return totals(
-        result.outcomes, saved_matmul_flops=saved_flops, moved=tally.moved, counts=tally.counts,
+def run_totals(result: engine.EngineResult, tally: Tally, outcomes: OutcomeTally) -> dict:
+    return outcomes.totals(
+        saved_matmul_flops=result.saved_matmul_flops, moved=tally.moved, counts=tally.counts,
         busy_us=result.busy_us, end_us=result.end_us, events=tally.events,
     )  # fmt: skip
 
 
 @dataclass(frozen=True)
-class _Array:
+class Array:
     """A JSON array written in batches as it is produced (records of 100,000 requests are gigabytes)."""
 
     items: Callable[[], Iterable[Any]]
 
 
-def record_inputs(declaration: dict, computations: RecordedComputations) -> dict:
+class Lazy(dict):
+    """A JSON object some of whose values are written as they are produced (an Array, or another Lazy)."""
+
+
+def record_inputs(declaration: dict, computations: RecordedComputations | StreamedComputations) -> dict:
     """The parts of a record that a replay reads besides the computations, in record order."""
     provenance = dict(computations.execution["provenance"])
     provenance.setdefault("backend", computations.execution["backend"])
@@ -201,13 +233,35 @@ def record_inputs(declaration: dict, computations: RecordedComputations) -> dict
 def input_digest(inputs: dict, requests: Iterable[bytes]) -> str:
     """run_id from the record's inputs and its computations' requests, each given as its JSON bytes: the hash
     of the canonical JSON of {declaration, checkpoint, provenance, computations}."""
-    digest = hashlib.sha256(b"".join(_object(inputs))[:-1] + b',"computations":[')
-    separator = b""
-    for request in requests:
-        digest.update(separator + request)
-        separator = b","
-    digest.update(b"]}")
-    return f"kv-{digest.hexdigest()[:16]}"
+    digest = InputDigest()
+    for _ in digest.inputs(inputs):
+        pass
+    return digest.requests(requests)
+
+
+class InputDigest:
+    """run_id hashed as the inputs and then the requests are encoded (a streamed record writes the same chunks)."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+
+    def inputs(self, inputs: dict) -> Iterator[bytes]:
+        """The chunks of the inputs' JSON object, hashed as they are yielded, without its closing brace."""
+        closing = b""
+        for chunk in object_chunks(inputs):
+            if closing:
+                self.digest.update(closing)
+                yield closing
+            closing = chunk
+
+    def requests(self, requests: Iterable[bytes]) -> str:
+        self.digest.update(b',"computations":[')
+        separator = b""
+        for request in requests:
+            self.digest.update(separator + request)
+            separator = b","
+        self.digest.update(b"]}")
+        return f"kv-{self.digest.hexdigest()[:16]}"
 
 
 def run_id(run: CacheRun) -> str:
@@ -220,13 +274,13 @@ def record_chunks(run: CacheRun) -> Iterator[bytes]:
     """The record's canonical JSON bytes, in pieces, fields in the ontology's CacheRun order."""
     inputs = record_inputs(run.declaration, run.computations)
     events, measurements, requests = run.result.events, run.measurements, run.computations.requests
-    yield from _object(
+    yield from object_chunks(
         {
             "id": run_id(run),
             **inputs,
-            "events": _Array(lambda: map(event_json, events)),
-            "computations": _Array(lambda: map(request_json, requests)),
-            "measurements": _Array(lambda: map(measurement_json, measurements)),
+            "events": Array(lambda: map(event_json, events)),
+            "computations": Array(lambda: map(request_json, requests)),
+            "measurements": Array(lambda: map(measurement_json, measurements)),
             "outcomes": run.outcomes,
             "states": dict(run.result.states),
             "evidence": EVIDENCE,
@@ -244,14 +298,16 @@ def record_value(run: CacheRun) -> dict:
     return json.loads(record_json(run))
 
 
-def _object(fields: dict[str, Any]) -> Iterator[bytes]:
-    """Exactly the bytes `dumps(fields)` would give, with _Array values streamed."""
+def object_chunks(fields: dict[str, Any]) -> Iterator[bytes]:
+    """Exactly the bytes `dumps(fields)` would give, with Array and Lazy values streamed."""
     separator = b"{"
     for key, value in fields.items():
         yield separator + dumps(key) + b":"
         separator = b","
-        if isinstance(value, _Array):
+        if isinstance(value, Array):
             yield from _array(value.items())
+        elif isinstance(value, Lazy):
+            yield from object_chunks(value)
         else:
             yield dumps(value)
     yield b"}" if separator == b"," else b"{}"

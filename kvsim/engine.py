@@ -3,71 +3,91 @@
 Virtual time is an integer number of microseconds. Happenings are taken in
 (time, sequence number) order, so equal times keep the order in which they were
 scheduled: arrivals and customer actions first, in array order, then work and
-transfers in the order they started. Every recorded event names the events
+transfers in the order they started. Arrivals are pulled one at a time, so a
+workload can be a stream (kvsim.recorded.StreamedComputations) that is never held whole. Every recorded event names the events
 that made it happen (`causes`); nothing is inferred from adjacency.
 
 The mutable state below lives only for one call of `run`; what leaves it is
-typed values: CacheEvents, Measurements and RequestOutcomes.
+typed values: CacheEvents and Measurements (as Rows), RequestOutcomes, and what
+became of each retained state. A streamed run hands them over in batches and
+keeps nothing per finished request.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, Phase, TransferDirection
+from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, Phase, Rows, TransferDirection
 from kvsim.kv_cache import DEVICE, HOST, Residency, RetainedState
 from kvsim.outcomes import RequestOutcome, Status
 from kvsim.recorded import RecordedComputations, RecordedRequest, token_key
 from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
 from kvsim.workload import CustomerInteraction, Workload
 
-# Happening kinds, in the heap as small ints.
-_ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
-# Enum members bound once as globals: Python 3.11 finds an Enum class's attributes through a Python-level
-# __getattr__, ten times slower than a global, and the engine names a kind for every event.
-DEVICE_TO_HOST, HOST_TO_DEVICE = TransferDirection.DEVICE_TO_HOST, TransferDirection.HOST_TO_DEVICE
-PREFILL, DECODE = Phase.PREFILL, Phase.DECODE
-_MEASURED = {PREFILL: MeasurementKind.COMPUTE_PREFILL, DECODE: MeasurementKind.COMPUTE_DECODE,
-             DEVICE_TO_HOST: MeasurementKind.TRANSFER_DEVICE_TO_HOST,
-             HOST_TO_DEVICE: MeasurementKind.TRANSFER_HOST_TO_DEVICE}  # fmt: skip
-ARRIVAL, REJECT, ADMIT, LOOKUP_MISS, LOOKUP_HIT = (
-    EventKind.ARRIVAL, EventKind.REJECT, EventKind.ADMIT, EventKind.LOOKUP_MISS, EventKind.LOOKUP_HIT)  # fmt: skip
-RESERVE, OFFLOAD, RELOAD, DROP = EventKind.RESERVE, EventKind.OFFLOAD, EventKind.RELOAD, EventKind.DROP
-TRANSFER_START, TRANSFER_END = EventKind.TRANSFER_START, EventKind.TRANSFER_END
-COMPUTE_START, COMPUTE_END, PUBLISH = EventKind.COMPUTE_START, EventKind.COMPUTE_END, EventKind.PUBLISH
-COMPLETE, STOP, CANCEL = EventKind.COMPLETE, EventKind.STOP, EventKind.CANCEL
-RELEASE, RETAIN, RETAIN_SKIP = EventKind.RELEASE, EventKind.RETAIN, EventKind.RETAIN_SKIP
+# Scheduled happenings, in the heap as small ints.
+_COMPUTE_END, _TRANSFER_END = range(2)
+# The kinds the engine writes into its plain tuples are the enum members' values, plain strings: the collector
+# stops tracking a tuple of ints and strings, but never one that holds an enum member (an object with a
+# __dict__), and traversing 35 events a request at every older-generation collection cost a tenth of the
+# run. Rows hands the members back to a reader. Bound once as globals: Python 3.11 finds an Enum class's
+# attributes through a Python-level __getattr__, ten times slower than a global.
+DEVICE_TO_HOST, HOST_TO_DEVICE = TransferDirection.DEVICE_TO_HOST.value, TransferDirection.HOST_TO_DEVICE.value
+PREFILL, DECODE = Phase.PREFILL.value, Phase.DECODE.value
+_MEASURED = {PREFILL: MeasurementKind.COMPUTE_PREFILL.value, DECODE: MeasurementKind.COMPUTE_DECODE.value,
+             DEVICE_TO_HOST: MeasurementKind.TRANSFER_DEVICE_TO_HOST.value,
+             HOST_TO_DEVICE: MeasurementKind.TRANSFER_HOST_TO_DEVICE.value}  # fmt: skip
+(ARRIVAL, REJECT, ADMIT, LOOKUP_MISS, LOOKUP_HIT, RESERVE, OFFLOAD, RELOAD, DROP, TRANSFER_START, TRANSFER_END,
+ COMPUTE_START, COMPUTE_END, PUBLISH, CONSUME, CANCEL_REQUEST, COMPLETE, STOP, CANCEL, RELEASE, RETAIN,
+ RETAIN_SKIP) = (kind.value for kind in EventKind)  # fmt: skip
 _STATUS = {COMPLETE: Status.COMPLETED, STOP: Status.STOPPED, CANCEL: Status.CANCELLED}
-_new = tuple.__new__  # a CacheEvent or Measurement from a tuple in one C call (a NamedTuple's own __new__ is Python)
-# A streamed run hands its events and measurements over once this many events have accumulated.
+# Fates after which nothing more happens to a retained state (the others: "on device", "on host").
+_SETTLED = ("reused by", "dropped from")
+# A streamed run hands what it produced over once this many events have accumulated.
 HAND_OVER_EVENTS = 1 << 16
-HandOver = Callable[[list[CacheEvent], list[Measurement]], None]
+Arrival = tuple[int, int, RecordedRequest]  # (arrival_us, position in the workload, the request)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What a streamed run hands over: events and measurements so far, the outcomes of the requests that
+    ended (in the order they ended) and the retained states whose fate is settled (in that order)."""
+
+    events: Rows[CacheEvent]
+    measurements: Rows[Measurement]
+    outcomes: list[tuple[str, RequestOutcome]]  # (request_id, outcome)
+    states: list[tuple[str, dict]]  # (state_id, what became of it)
+
+
+HandOver = Callable[[Batch], None]
 
 
 @dataclass(frozen=True)
 class EngineResult:
-    events: list[CacheEvent]  # empty when a hand-over streamed them
-    measurements: list[Measurement]
-    outcomes: list[RequestOutcome]  # one per arrival, in workload order
+    events: Rows[CacheEvent]  # empty when a hand-over streamed them
+    measurements: Rows[Measurement]
+    outcomes: list[RequestOutcome]  # one per arrival, in workload order (empty when handed over)
     publish_logs: dict[str, list[tuple[int, int]]]  # (time, cumulative published bytes) of consumed requests
-    states: list[tuple[str, dict]]  # (state_id, what became of it), in creation order
+    states: list[tuple[str, dict]]  # (state_id, what became of it), in creation order (handed over: unsettled ones)
     busy_us: int  # compute busy time
     end_us: int  # time of the last event
+    saved_matmul_flops: int  # prefill FLOPs the reused positions saved
 
 
 class _Request:
     __slots__ = (
-        "spec", "arrival", "arrival_event", "reservation", "reused", "reuse_tier", "step",
+        "spec", "arrival", "index", "arrival_event", "reservation", "reused", "reuse_tier", "step",
         "boundary", "cancel", "ended", "admitted_us", "first_token_us", "published", "publish_log", "key",
         "token_bytes",
     )  # fmt: skip
 
-    def __init__(self, spec: RecordedRequest, arrival: int, consumed: bool):
+    def __init__(self, spec: RecordedRequest, arrival: int, index: int, consumed: bool):
         self.spec = spec
         self.arrival = arrival
+        self.index = index  # position in the workload
         self.arrival_event = -1
         self.key = token_key(spec.prompt_ids)
         self.reservation = 0
@@ -89,8 +109,8 @@ class _Engine:
     def __init__(
         self,
         system: KVResidencySystemConfig,
-        computations: RecordedComputations,
-        requests: list[_Request],
+        kv_bytes_per_position: int,
+        acted: dict[str, _Request],
         hand_over: HandOver | None,
     ):
         self.system = system
@@ -98,12 +118,15 @@ class _Engine:
         self.transfer = system.transfer
         self.retain_states = system.kv_cache.retention_policy == "lru"
         self.batching = system.scheduling.policy == CONTINUOUS_BATCHING
-        self.kv_bytes = computations.kv_bytes_per_position
+        self.kv_bytes = kv_bytes_per_position
         self.cache = Residency(system.kv_cache, self.kv_bytes)
-        self.requests = {r.spec.request_id: r for r in requests}
-        self.events: list[CacheEvent] = []
-        self.measurements: list[Measurement] = []
-        self.hand_over = hand_over  # takes the events and measurements so far, which then leave the engine
+        self.acted = acted  # requests a customer action names: kept from before they arrive to the end
+        self.requests = dict(acted)  # those and the requests in the system
+        self.events: list[tuple] = []  # plain CacheEvent tuples (kvsim.cache_event.Rows)
+        self.measurements: list[tuple] = []
+        self.ended: list[tuple[int, str, RequestOutcome]] = []  # (workload position, request_id, outcome)
+        self.settled: list[tuple[str, dict]] = []  # retained states whose fate will not change
+        self.hand_over = hand_over  # takes what was produced so far, which then leaves the engine
         self.handed_over = 0  # events handed over
         self.heap: list[tuple] = []
         self.sequence = 0
@@ -123,17 +146,17 @@ class _Engine:
         self.one_thread = system.transfer.blocks_compute
         self.thread_free = 0
         self.last_end = -1  # when the last work or transfer started so far ends: later, the engine is idle
-        self.outcomes: dict[str, RequestOutcome] = {}
-        self.state_fate: dict[str, dict] = {}
+        self.saved_flops = 0
+        self.state_fate: dict[str, dict] = {}  # retained states whose fate may still change
 
     # -- recording -------------------------------------------------------
 
     def emit(self, request_id, kind, causes=(), state_id=None, size=0, detail="", phase=None, direction=None) -> int:
         event_id = self.handed_over + len(self.events)
         cache = self.cache
-        self.events.append(_new(CacheEvent, (
+        self.events.append((
             event_id, request_id, self.now, kind, state_id, size, cache.reserved + cache.device_retained,
-            cache.host_retained, detail, causes, phase, direction)))  # fmt: skip
+            cache.host_retained, detail, causes, phase, direction))  # fmt: skip
         return event_id
 
     def schedule(self, time: int, what: int, payload) -> None:
@@ -142,40 +165,44 @@ class _Engine:
 
     # -- main loop -------------------------------------------------------
 
-    def run(self, requests: list[_Request], actions: list) -> None:
-        # Arrivals and actions are known up front: sorted once, they stay out of the heap, which then
-        # holds only the (at most two) pending completions. Both share one sequence numbering.
-        declared = [(r.arrival, i, _ARRIVE, r) for i, r in enumerate(requests)]
-        declared += [(a.at_us, len(declared) + j, _ACTION, a) for j, a in enumerate(actions)]
-        declared.sort()  # by (time, sequence); sequence numbers are unique, so payloads are never compared
-        self.sequence = len(declared)
-        heap, position = self.heap, 0
-        while position < len(declared) or heap:
-            if heap and (position == len(declared) or heap[0] < declared[position]):
+    def run(self, arrivals: Iterator[Arrival], actions: Iterable) -> None:
+        """Arrivals (in (time, position) order) and actions come before completions scheduled for the same
+        time, an arrival before an action; they stay out of the heap, which holds only the (at most two)
+        pending completions."""
+        heap, pending = self.heap, deque(sorted(actions, key=lambda a: a.at_us))  # stable: array order on ties
+        arrival = next(arrivals, None)
+        declared = _first(arrival, pending)  # when the next arrival or action happens
+        while heap or declared < math.inf:
+            if heap and heap[0][0] < declared:
                 self.now, _, what, payload = heapq.heappop(heap)
+                if what == _COMPUTE_END:
+                    self.on_compute_end(payload)
+                else:
+                    self.on_transfer_end(payload)
             else:
-                self.now, _, what, payload = declared[position]
-                position += 1
-            if what == _COMPUTE_END:
-                self.on_compute_end(payload)
-            elif what == _ARRIVE:
-                self.on_arrival(payload)
-            elif what == _TRANSFER_END:
-                self.on_transfer_end(payload)
-            else:
-                self.on_action(payload)
-            if len(self.events) >= HAND_OVER_EVENTS and self.hand_over is not None:
+                self.now = declared
+                if arrival is not None and arrival[0] == declared:
+                    self.on_arrival(arrival)
+                    arrival = next(arrivals, None)
+                else:
+                    self.on_action(pending.popleft())
+                declared = _first(arrival, pending)
+            if self.hand_over is not None and len(self.events) >= HAND_OVER_EVENTS:
                 self.pass_on()
         if self.hand_over is not None:
             self.pass_on()
 
     def pass_on(self) -> None:
-        self.hand_over(self.events, self.measurements)
+        outcomes = [(request_id, outcome) for _, request_id, outcome in self.ended]
+        self.hand_over(Batch(Rows(CacheEvent, self.events), Rows(Measurement, self.measurements), outcomes, self.settled))
         self.handed_over += len(self.events)
-        self.events, self.measurements = [], []
+        self.events, self.measurements, self.ended, self.settled = [], [], [], []
 
-    def on_arrival(self, request: _Request) -> None:
-        spec, system = request.spec, self.system
+    def on_arrival(self, arrival: Arrival) -> None:
+        arrival_us, index, spec = arrival
+        system = self.system
+        request = self.acted.get(spec.request_id) or _Request(spec, arrival_us, index, False)
+        self.requests[spec.request_id] = request
         request.arrival_event = event = self.emit(spec.request_id, ARRIVAL, detail=f"prompt={len(spec.prompt_ids)}")
         request.reservation = (len(spec.prompt_ids) + spec.max_new_tokens - 1) * self.kv_bytes
         reason = None
@@ -188,7 +215,7 @@ class _Engine:
         if reason is not None:
             request.ended = True
             end = self.emit(spec.request_id, REJECT, (event,), detail=reason)
-            self.outcomes[spec.request_id] = self.outcome(request, Status.REJECTED, reason, end)
+            self.end(request, Status.REJECTED, reason, end)
             return
         self.in_system += 1
         self.waiting.append(request)
@@ -199,9 +226,9 @@ class _Engine:
         request = self.requests[action.request_id]
         if action.kind == "consume":
             detail = f"published_bytes={request.publish_log[-1][1] if request.publish_log else 0}"
-            self.emit(action.request_id, EventKind.CONSUME, (), size=action.output_bytes, detail=detail)
+            self.emit(action.request_id, CONSUME, (), size=action.output_bytes, detail=detail)
             return
-        event = self.emit(action.request_id, EventKind.CANCEL_REQUEST, ())
+        event = self.emit(action.request_id, CANCEL_REQUEST, ())
         if request.ended or request.cancel >= 0 or request.arrival > self.now:
             return  # already over, already cancelling, or not yet arrived: intent without effect
         if request.admitted_us is None:
@@ -248,7 +275,7 @@ class _Engine:
                 request.reused, request.reuse_tier = state.positions, tier
                 hit = self.emit(spec.request_id, LOOKUP_HIT, (admitted,), state.state_id, state.size, tier)
                 cache.take(state)
-                self.state_fate[state.state_id]["fate"] = f"reused by {spec.request_id}"
+                self.fate(state.state_id, f"reused by {spec.request_id}")
             cache.reserved += request.reservation
             reserved = self.emit(spec.request_id, RESERVE, (admitted,), size=request.reservation)
             if request.reuse_tier == HOST:
@@ -275,14 +302,14 @@ class _Engine:
                 while cache.host_free() < state.size:  # least recently used host states make room
                     victim = next(s for s in cache.host_lru.values() if s is not keep)
                     cache.drop_from_host(victim)
-                    self.state_fate[victim.state_id]["fate"] = "dropped from host"
+                    self.fate(victim.state_id, "dropped from host")
                     self.emit(request_id, DROP, causes, victim.state_id, victim.size, HOST)
                 cache.begin_offload(state)
                 offload = self.emit(request_id, OFFLOAD, causes, state.state_id, state.size, direction=DEVICE_TO_HOST)
                 self.enqueue_transfer(DEVICE_TO_HOST, state, request_id, offload)
             else:
                 cache.drop_from_device(state)
-                self.state_fate[state.state_id]["fate"] = "dropped from device"
+                self.fate(state.state_id, "dropped from device")
                 self.emit(request_id, DROP, causes, state.state_id, state.size, DEVICE)
 
     def enqueue_transfer(self, direction: str, state: RetainedState, request_id: str, decision: int) -> None:
@@ -304,12 +331,12 @@ class _Engine:
         if direction == DEVICE_TO_HOST:
             cache.end_offload(state)
             if state.tier == HOST:
-                self.state_fate[state.state_id]["fate"] = "on host"
+                self.fate(state.state_id, "on host")
         else:
             cache.end_reload(state)
         end = self.emit(request_id, TRANSFER_END, (start,), state.state_id, state.size, direction=direction)
         elapsed = self.now - started
-        self.measurements.append(_new(Measurement, (end, _MEASURED[direction], elapsed, state.size)))
+        self.measurements.append((end, _MEASURED[direction], elapsed, state.size))
         self.link_busy = False
         self.link_free_event = end
         if self.link:
@@ -392,7 +419,7 @@ class _Engine:
             phase = PREFILL if request.step == 0 else DECODE
             end = self.emit(spec.request_id, COMPUTE_END, (start,), phase=phase)
             ends.append(end)
-            self.measurements.append(_new(Measurement, (end, _MEASURED[phase], elapsed, memory)))
+            self.measurements.append((end, _MEASURED[phase], elapsed, memory))
             selected = spec.output_ids[request.step]
             request.step += 1
             request.boundary = end
@@ -414,12 +441,12 @@ class _Engine:
         self.compute_free_event = ends[-1]
         self.dispatch()
 
-    def finish(self, request: _Request, kind: EventKind, reason: str, causes: tuple, admitted: bool = True) -> None:
+    def finish(self, request: _Request, kind: str, reason: str, causes: tuple, admitted: bool = True) -> None:
         """The request ends exactly once: release its reservation and retain what it computed."""
         spec, cache = request.spec, self.cache
         request.ended = True
         end = self.emit(spec.request_id, kind, causes, detail=reason)
-        self.outcomes[spec.request_id] = self.outcome(request, _STATUS[kind], reason, end)
+        self.end(request, _STATUS[kind], reason, end)
         if not admitted:
             return
         self.active -= 1
@@ -458,6 +485,21 @@ class _Engine:
         if duration:
             self.thread_free = max(self.now, self.thread_free) + duration
 
+    def fate(self, state_id: str, fate: str) -> None:
+        if fate.startswith(_SETTLED):
+            self.settled.append((state_id, {**self.state_fate.pop(state_id), "fate": fate}))
+        else:
+            self.state_fate[state_id]["fate"] = fate
+
+    def end(self, request: _Request, status: Status, reason: str, end_event: int) -> None:
+        """Record the request's outcome; only a request a customer action names stays known after this."""
+        spec = request.spec
+        self.ended.append((request.index, spec.request_id, self.outcome(request, status, reason, end_event)))
+        if request.step > 0 and request.reused > 0:
+            self.saved_flops += spec.prefill_cost(0)[0] - spec.prefill_cost(request.reused)[0]
+        if spec.request_id not in self.acted:
+            del self.requests[spec.request_id]
+
     def outcome(self, request: _Request, status: Status, reason: str, end_event: int) -> RequestOutcome:
         spec, now = request.spec, self.now
         selected = request.step
@@ -491,18 +533,44 @@ def run(
     interaction: CustomerInteraction | None,
     hand_over: HandOver | None = None,
 ) -> EngineResult:
+    """Simulate a workload held in memory (any order: sorted here by arrival, ties in workload order)."""
     specs = {r.request_id: r for r in computations.requests}
     actions = interaction.actions if interaction else ()
     consumed = {a.request_id for a in actions if a.kind == "consume"}
-    requests = [_Request(specs[a.request_id], a.arrival_us, a.request_id in consumed) for a in workload.requests]
-    engine = _Engine(system, computations, requests, hand_over)
-    engine.run(requests, [a for a in actions if a.kind != "submit"])
+    named = {a.request_id for a in actions}
+    arrivals = sorted((a.arrival_us, i, specs[a.request_id]) for i, a in enumerate(workload.requests))
+    acted = {spec.request_id: _Request(spec, at, i, spec.request_id in consumed)
+             for at, i, spec in arrivals if spec.request_id in named}  # fmt: skip
+    return run_arrivals(system, computations.kv_bytes_per_position, iter(arrivals), acted, actions, hand_over)
+
+
+def run_arrivals(
+    system: KVResidencySystemConfig,
+    kv_bytes_per_position: int,
+    arrivals: Iterator[Arrival],
+    acted: dict[str, _Request],
+    actions: Iterable,
+    hand_over: HandOver | None,
+) -> EngineResult:
+    """Simulate arrivals pulled one at a time in (time, position) order; `acted`: the requests actions name."""
+    engine = _Engine(system, kv_bytes_per_position, acted, hand_over)
+    engine.run(arrivals, [a for a in actions if a.kind != "submit"])
+    ended, states = sorted(engine.ended), sorted(engine.settled + list(engine.state_fate.items()), key=_created)
     return EngineResult(
-        events=engine.events,
-        measurements=engine.measurements,
-        outcomes=[engine.outcomes[r.spec.request_id] for r in requests],
-        publish_logs={r.spec.request_id: r.publish_log for r in requests if r.publish_log is not None},
-        states=list(engine.state_fate.items()),
+        events=Rows(CacheEvent, engine.events),
+        measurements=Rows(Measurement, engine.measurements),
+        outcomes=[outcome for _, _, outcome in ended],
+        publish_logs={r.spec.request_id: r.publish_log for r in acted.values() if r.publish_log is not None},
+        states=states,
         busy_us=engine.busy_us,
         end_us=engine.now,
+        saved_matmul_flops=engine.saved_flops,
     )
+
+
+def _first(arrival: Arrival | None, actions: deque) -> float:
+    return min(math.inf if arrival is None else arrival[0], actions[0].at_us if actions else math.inf)
+
+
+def _created(state: tuple[str, dict]) -> int:
+    return int(state[0][1:])  # state ids are "s<n>", numbered as they are created

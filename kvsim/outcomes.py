@@ -10,7 +10,7 @@ RequestOutcomes here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -88,7 +88,7 @@ def rate(part: int, whole: int) -> float | None:
 
 
 def totals(
-    outcomes: Sequence[RequestOutcome] | Sequence[Mapping[str, Any]],
+    outcomes: Iterable[RequestOutcome] | Iterable[Mapping[str, Any]],
     *,
     saved_matmul_flops: int,
     moved: Mapping[str, int],  # bytes per direction: device_to_host, host_to_device
@@ -98,36 +98,69 @@ def totals(
     events: int | None = None,  # kvsim's records count their events; a measured run keeps no event log
 ) -> dict[str, Any]:
     """The run's totals, in the key order records are written in."""
-    typed = [o if isinstance(o, RequestOutcome) else RequestOutcome.read(o) for o in outcomes]
-    done = [o for o in typed if o.admitted_us is not None]
-    tiers = [o.reuse_tier for o in done]
-    reused, prompt = sum(o.reuse_positions for o in done), sum(o.prompt_positions for o in done)
-    statuses = [o.status for o in typed]
-    summary: dict[str, Any] = {
-        "arrived": len(typed),
-        "admitted": len(done),
-        **{status.value: statuses.count(status) for status in Status},
-        "lookups": len(done),
-        "hits_device": tiers.count("device"),
-        "hits_host": tiers.count("host"),
-        "hit_rate_device": rate(tiers.count("device"), len(done)),
-        "hit_rate_host": rate(tiers.count("host"), len(done)),
-        "token_hit_rate": rate(reused, prompt),
-        "reused_positions": reused,
-        "prompt_positions": prompt,
-        "saved_matmul_flops": saved_matmul_flops,
-        "bytes_device_to_host": moved["device_to_host"],
-        "bytes_host_to_device": moved["host_to_device"],
-        "offloads": counts["offload"],
-        "reloads": counts["reload"],
-        "drops": counts["drop"],
-        "compute_busy_us": busy_us,
-        "end_us": end_us,
-        "compute_busy_fraction": rate(busy_us, end_us),
-    }
-    if events is not None:
-        summary["events"] = events
-    summary["latency_us"] = {
-        name: percentiles([value for o in done if (value := getattr(o, key)) is not None]) for name, key in LATENCIES
-    }
-    return summary
+    tally = OutcomeTally()
+    for outcome in outcomes:
+        tally.add(outcome if isinstance(outcome, RequestOutcome) else RequestOutcome.read(outcome))
+    return tally.totals(
+        saved_matmul_flops=saved_matmul_flops, moved=moved, counts=counts, busy_us=busy_us, end_us=end_us, events=events
+    )
+
+
+class OutcomeTally:
+    """What `totals` reads from the outcomes, folded one at a time, so a streamed run keeps no outcome: counts,
+    sums and each admitted request's latencies (a number each, so the percentiles stay exact). It lives for
+    one run."""
+
+    def __init__(self) -> None:
+        self.arrived = self.admitted = self.reused = self.prompt = 0
+        self.statuses = dict.fromkeys(Status, 0)
+        self.tiers = {"device": 0, "host": 0}
+        self.latencies: dict[str, list[int | float]] = {key: [] for _, key in LATENCIES}
+
+    def add(self, outcome: RequestOutcome) -> None:
+        self.arrived += 1
+        if outcome.status in self.statuses:
+            self.statuses[outcome.status] += 1
+        if outcome.admitted_us is None:
+            return
+        self.admitted += 1
+        if outcome.reuse_tier in self.tiers:
+            self.tiers[outcome.reuse_tier] += 1
+        self.reused += outcome.reuse_positions
+        self.prompt += outcome.prompt_positions
+        for key, values in self.latencies.items():
+            if (value := getattr(outcome, key)) is not None:
+                values.append(value)
+
+    def totals(
+        self, *, saved_matmul_flops: int, moved: Mapping[str, int], counts: Mapping[str, int], busy_us: int,
+        end_us: int, events: int | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """`totals`' dict (its arguments say what the outcomes do not)."""
+        done, device, host = self.admitted, self.tiers["device"], self.tiers["host"]
+        summary: dict[str, Any] = {
+            "arrived": self.arrived,
+            "admitted": done,
+            **{status.value: count for status, count in self.statuses.items()},
+            "lookups": done,
+            "hits_device": device,
+            "hits_host": host,
+            "hit_rate_device": rate(device, done),
+            "hit_rate_host": rate(host, done),
+            "token_hit_rate": rate(self.reused, self.prompt),
+            "reused_positions": self.reused,
+            "prompt_positions": self.prompt,
+            "saved_matmul_flops": saved_matmul_flops,
+            "bytes_device_to_host": moved["device_to_host"],
+            "bytes_host_to_device": moved["host_to_device"],
+            "offloads": counts["offload"],
+            "reloads": counts["reload"],
+            "drops": counts["drop"],
+            "compute_busy_us": busy_us,
+            "end_us": end_us,
+            "compute_busy_fraction": rate(busy_us, end_us),
+        }
+        if events is not None:
+            summary["events"] = events
+        summary["latency_us"] = {name: percentiles(self.latencies[key]) for name, key in LATENCIES}
+        return summary

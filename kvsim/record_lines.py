@@ -4,19 +4,22 @@ A million requests make some 35 million events: the whole-JSON record (`record_j
 is gigabytes that a reader must load whole. The streamed record holds the same content, one entry a
 line, in an order a reader can use without looking ahead (docs/kvsim.md, "The streamed record"):
 
-    {"format": "jgpt-kvsim-record-lines", "version": 1, "declaration": ..., "checkpoint": ...,
+    {"format": "jgpt-kvsim-record-lines", "version": 2, "declaration": ..., "checkpoint": ...,
      "provenance": ..., "evidence": ..., "fields": {"event": [...], "measurement": [...]}}
     {"computation": {...}}            one per request: what a replay simulates again
+    then, a batch of about 65,536 events at a time, as the run goes:
     {"event": [0, "c0t0", 0, "arrival", null, ...]}   a CacheEvent's fields in order; ids are ints
     {"measurement": [5, "compute_prefill", 120, 4096]}   after the event that ends what it measured
-    {"outcome": {"request_id": "c0t0", "status": ...}}   one per request, in workload order
+    {"outcome": {"request_id": "c0t0", "status": ...}}   a request's, once it has ended
+    {"state": {"state_id": "s0", ...}}                   a retained state's, once its fate is settled
+    and last the consume waits (measurements), the states still retained, and
     {"totals": {...}}
-    {"state": {"state_id": "s0", ...}}                   what became of each retained state
     {"end": {"id": "kv-...", "lines": N}}                the run's id, and how many lines the record has
 
 JSON Lines keeps every entry a JSON value a person can read and `jq` can filter, each error names a
 line, and a truncated file is told from a whole one by its end line. The id is written last: it
-hashes the computations, which are only encoded once, as they are written.
+hashes the computations, which are only encoded once, as they are written. Nothing is kept per
+finished request, so a StreamedComputations document of a million requests runs in bounded memory.
 """
 
 from __future__ import annotations
@@ -41,23 +44,26 @@ from kvsim.cache_run import (
     EVIDENCE,
     MODEL_VERSION,
     RECORD,
+    Array,
+    InputDigest,
+    Lazy,
     Tally,
     checked,
+    declaration,
     declare,
     dumps,
-    input_digest,
     record_inputs,
     rerun_inputs,
     run_totals,
 )
-from kvsim.outcomes import TOTALS
+from kvsim.outcomes import TOTALS, OutcomeTally
 from kvsim.record_view import OUTCOME
-from kvsim.recorded import RecordedComputations, request_json
+from kvsim.recorded import RecordedComputations, RecordedRequest, StreamedComputations, request_json
 from kvsim.resource_graph import ResourceGraph
 from kvsim.system import KVResidencySystemConfig
 from kvsim.workload import CustomerInteraction, Workload
 
-FORMAT, VERSION = "jgpt-kvsim-record-lines", 1
+FORMAT, VERSION = "jgpt-kvsim-record-lines", 2
 HEAD = Object(
     {"format": Const(FORMAT), "version": Const(VERSION), "declaration": DECLARATION,
      "checkpoint": RECORD.required["checkpoint"], "provenance": RECORD.required["provenance"],
@@ -65,8 +71,9 @@ HEAD = Object(
     about="The first line of a streamed CacheRun record (docs/kvsim.md).",
 )  # fmt: skip
 # The order of a record's lines: each line's section is at or after the one before it.
-SECTIONS = {"computation": 1, "event": 2, "measurement": 2, "outcome": 3, "totals": 4, "state": 5, "end": 6}
+SECTIONS = {"computation": 1, "event": 2, "measurement": 2, "outcome": 2, "state": 2, "totals": 3, "end": 4}
 ONCE = ("totals", "end")
+_CHUNK_BYTES = 1 << 16  # computation lines are written in chunks of about this size
 Write = Callable[[bytes], object]
 
 
@@ -82,49 +89,88 @@ class StreamedRun:
 def write_lines(
     write: Write,
     system: KVResidencySystemConfig,
-    computations: RecordedComputations,
+    computations: RecordedComputations | StreamedComputations,
     workload: Workload | None = None,
     interaction: CustomerInteraction | None = None,
     resource_graph: ResourceGraph | None = None,
     ontology_binding: OntologyBinding | dict | None = None,
 ) -> StreamedRun:
-    """Simulate once, handing the streamed record to `write` as it is produced (chunks of about 65,536 events)."""
-    declaration, workload = declare(system, computations, workload, interaction, resource_graph, ontology_binding)
-    inputs = record_inputs(declaration, computations)
-    fields = {"event": CacheEvent._fields, "measurement": Measurement._fields}
-    write(dumps({"format": FORMAT, "version": VERSION, **inputs, "evidence": EVIDENCE, "fields": fields}) + b"\n")
-    run_id = input_digest(inputs, _written_requests(write, computations))
-    tally, lines = Tally(), [1 + len(computations.requests)]
+    """Simulate once, handing the streamed record to `write` as it is produced (chunks of about 65,536 events).
+    A StreamedComputations document is made three times (for the arrivals in the head, the computation lines,
+    the run) and never held."""
+    if isinstance(computations, StreamedComputations):
+        if workload is not None or interaction is not None:
+            raise ApiError("workload", "a streamed document's requests arrive when it says: no workload or customer "
+                                       "interaction")  # fmt: skip
+        source = computations.requests
+        arrivals = Array(lambda: ({"request_id": r.request_id, "arrival_us": r.arrival_us} for r in source()))
+        declared: dict = Lazy(declaration(system, computations.model, Lazy({"kind": "recorded", "requests": arrivals}),
+                                          None, resource_graph, ontology_binding))  # fmt: skip
+        requests: Callable[[], Iterator[RecordedRequest]] = source
 
-    def hand_over(events: list[CacheEvent], measurements: list[Measurement]) -> None:
-        tally.add(events)
-        lines[0] += len(events) + len(measurements)
-        write(_rows(b"event", events) + _rows(b"measurement", measurements))
+        def simulated(hand_over: engine.HandOver) -> engine.EngineResult:
+            arriving = _in_arrival_order(source())
+            return engine.run_arrivals(system, computations.kv_bytes_per_position, arriving, {}, (), hand_over)
+    else:
+        declared, workload = declare(system, computations, workload, interaction, resource_graph, ontology_binding)
+        requests = lambda: iter(computations.requests)  # noqa: E731
+        simulated = lambda hand_over: engine.run(system, computations, workload, interaction, hand_over)  # noqa: E731
+    digest, fields = InputDigest(), {"event": CacheEvent._fields, "measurement": Measurement._fields}
+    write(b'{"format":%b,"version":%d' % (dumps(FORMAT), VERSION))
+    opening = b","  # the head holds the inputs a run id hashes: their object's members, after the version
+    for chunk in digest.inputs(record_inputs(declared, computations)):
+        write(opening + chunk[len(opening) :])
+        opening = b""
+    write(b',"evidence":%b,"fields":%b}\n' % (dumps(EVIDENCE), dumps(fields)))
+    lines = [1]
+    run_id = digest.requests(_written_requests(write, requests(), lines))
+    tally, outcomes = Tally(), OutcomeTally()
 
-    result = checked(engine.run(system, computations, workload, interaction, hand_over))
+    def hand_over(batch: engine.Batch) -> None:
+        tally.add(batch.events.rows)
+        for _, outcome in batch.outcomes:
+            outcomes.add(outcome)
+        lines[0] += len(batch.events) + len(batch.measurements) + len(batch.outcomes) + len(batch.states)
+        write(_rows(b"event", batch.events.rows) + _rows(b"measurement", batch.measurements.rows)
+              + b"".join(_line("outcome", {"request_id": r, **o._asdict()}) for r, o in batch.outcomes)
+              + _states(batch.states))  # fmt: skip
+
+    result = checked(simulated(hand_over))
     waits = tally.consume_waits(result.publish_logs)
-    write(_rows(b"measurement", waits))
-    for start in range(0, len(result.outcomes), 4096):
-        pairs = zip(workload.requests[start : start + 4096], result.outcomes[start : start + 4096], strict=True)
-        write(b"".join(_line("outcome", {"request_id": a.request_id, **o._asdict()}) for a, o in pairs))
-    totals = run_totals(result, computations, workload, tally)
-    write(_line("totals", totals) + b"".join(_line("state", {"state_id": s, **fate}) for s, fate in result.states))
-    lines[0] += len(waits) + len(result.outcomes) + 1 + len(result.states) + 1
+    totals = run_totals(result, tally, outcomes)
+    write(_rows(b"measurement", waits) + _states(result.states) + _line("totals", totals))
+    lines[0] += len(waits) + len(result.states) + 2
     write(_line("end", {"id": run_id, "lines": lines[0]}))
     return StreamedRun(run_id, {"totals": totals}, lines[0])
 
 
-def _written_requests(write: Write, computations: RecordedComputations) -> Iterator[bytes]:
-    """Each request's JSON, written as a computation line as it is handed on to the run's digest."""
-    pending = []
-    for request in computations.requests:
+def _in_arrival_order(requests: Iterator[RecordedRequest]) -> Iterator[engine.Arrival]:
+    last = 0
+    for index, request in enumerate(requests):
+        if request.arrival_us < last:
+            raise ApiError(f"computations.requests[{index}].arrival_us", f"a streamed document's requests come in "
+                           f"arrival order: {request.arrival_us} after {last}")  # fmt: skip
+        last = request.arrival_us
+        yield last, index, request
+
+
+def _states(states: list[tuple[str, dict]]) -> bytes:
+    return b"".join(_line("state", {"state_id": state_id, **fate}) for state_id, fate in states)
+
+
+def _written_requests(write: Write, requests: Iterator[RecordedRequest], lines: list[int]) -> Iterator[bytes]:
+    """Each request's JSON, written as a computation line (counted in `lines`) as it is handed on to the
+    run's digest."""
+    pending = bytearray()
+    for request in requests:
+        lines[0] += 1
         item = dumps(request_json(request))
-        pending.append(b'{"computation":%b}\n' % item)
-        if len(pending) == 4096:
-            write(b"".join(pending))
+        pending += b'{"computation":%b}\n' % item
+        if len(pending) >= _CHUNK_BYTES:
+            write(bytes(pending))
             pending.clear()
         yield item
-    write(b"".join(pending))
+    write(bytes(pending))
 
 
 def _line(section: str, value: Any) -> bytes:

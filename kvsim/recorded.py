@@ -14,7 +14,7 @@ id spells (without it, ids below 256 are read as single bytes).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Protocol
@@ -127,6 +127,19 @@ class RecordedComputations:
     kv_bytes_per_position: int
     execution: dict  # {"backend": ExecutionBackend, "provenance": ExecutionProvenance}
     requests: tuple[RecordedRequest, ...]
+
+
+@dataclass(frozen=True)
+class StreamedComputations:
+    """A recorded computation document too large to hold (a million requests): each call of `requests` makes
+    its requests anew, in arrival order, and they arrive when the document says (its recorded workload).
+    `kvsim.record_lines.write_lines` simulates it into a streamed record; replaying that record gives the
+    same record from the document held in memory."""
+
+    model: dict
+    kv_bytes_per_position: int
+    execution: dict
+    requests: Callable[[], Iterator[RecordedRequest]]
 
 
 def parse_document(value: Any, field: str = "computations") -> RecordedComputations:
