@@ -3,16 +3,25 @@
 Both sides run the same GPT (learned positions, LayerNorm, exact GELU, biases,
 untied head), the same AdamW (weight decay off for biases, norms and
 embeddings) with global-norm clipping, on the same batch shape of random byte
-tokens. Each side runs warm-up steps, then timed steps; the figure is tokens
-per second over the median step time.
+tokens. jgpt runs as `jgpt train` does on this machine (on a CPU its dense
+products by BLAS, `jgpt.blas_matmul`), and also with XLA's own dot (`jgpt xla`,
+the pure-JAX reference path). Each side runs warm-up steps, then the sides take
+turns, a few timed steps each, until each has run `--steps`; the figure is the
+median step time (tokens per second over it).
 
 It also prints the step's floor: the matrix-multiply FLOPs of one step (forward
 and backward, attention scores as computed) divided by the fastest f32 matmul
-rate either library reaches on this machine for the step's own shapes. No train
-step can beat its floor, so `torch time / floor` bounds the ratio any
-implementation could show against the PyTorch peer here.
+rate jax, the BLAS kernel or torch reaches on this machine for the step's own
+shapes. No train step can beat its floor, so `torch time / floor` bounds the
+ratio any implementation could show against the PyTorch peer here.
 
-    python bench/train_step.py [--steps 20] [--only small|large] [--scan] [--torch-compile]
+`--products` first prints each dense product of the step (forward `x @ W`, input
+gradient `g @ W^T`, weight gradient `x^T @ g`) in GFLOP/s: XLA's dot in the
+operand forms it offers (the layout as stored, a transposed copy of the weights,
+a transposed result behind an optimization barrier), the BLAS kernel and torch,
+taking turns in one run.
+
+    python bench/train_step.py [--steps 20] [--only small|large] [--products] [--scan] [--torch-compile]
 
 `make bench` runs it with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, as `jgpt train` runs
 (see docs/training.md, Speed); both sides of the comparison get the same allocator.
@@ -21,8 +30,10 @@ implementation could show against the PyTorch peer here.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -31,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from jgpt import blas_matmul
 from jgpt.architecture import ModelArchitecture
 from jgpt.weights import initialize
 from training import sharding
@@ -85,23 +97,72 @@ def step_flops(shape: Shape) -> float:
     return 3 * sum(2 * count * m * k * n for count, m, k, n in matmul_shapes(shape))
 
 
-def peak_matmul_flops_per_second(shape: Shape, repeats: int = 20) -> float:
-    """The fastest rate, over jax and torch and the three product forms of training, of the step's dense shapes."""
+def product_forms(m: int, k: int, n: int) -> dict[str, dict[str, tuple]]:
+    """Each dense product of a train step, x [m, k] @ W [k, n] with output gradient g [m, n], in the forms
+    timed: XLA's dot as stored, from a transposed copy (Wt = W^T, xT = x^T as separate arrays) and with a
+    transposed result behind a barrier (the OutputMajor form, jgpt/output_major.py), the BLAS kernel, torch.
+    Each form is (library, function, operands as NumPy arrays)."""
     rng = np.random.default_rng(0)
-    best = 0.0
+    x, w, g = (rng.standard_normal(dims, dtype=np.float32) for dims in ((m, k), (k, n), (m, n)))
+    wt = np.ascontiguousarray(w.T)
+    over = lambda a, b, ca, cb: jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())))
+    barrier = jax.lax.optimization_barrier
+    forms = {
+        "forward x@W": {
+            "xla x@W": ("jax", lambda x, w: x @ w, x, w),
+            "xla x@Wt^T": ("jax", lambda x, wt: over(x, wt, 1, 1), x, wt),
+            "xla |Wt x^T|^T": ("jax", lambda x, wt: barrier(over(wt, x, 1, 1)).T, x, wt),
+            "blas": ("blas", lambda x, w: blas_matmul.product(x, w), x, w),
+            "torch": ("torch", lambda x, w: x @ w, x, w),
+        },
+        "input grad g@W^T": {
+            "xla g@W^T": ("jax", lambda g, w: over(g, w, 1, 1), g, w),
+            "xla g@Wt": ("jax", lambda g, wt: g @ wt, g, wt),
+            "xla |W g^T|^T": ("jax", lambda g, w: barrier(over(w, g, 1, 1)).T, g, w),
+            "blas": ("blas", lambda g, w: blas_matmul.product(g, w, transpose_b=True), g, w),
+            "torch": ("torch", lambda g, w: g @ w.T, g, w),
+        },
+        "weight grad x^T@g": {
+            "xla x^T@g": ("jax", lambda x, g: over(x, g, 0, 0), x, g),
+            "xla g^T@x [O,I]": ("jax", lambda x, g: over(g, x, 0, 0), x, g),
+            "xla |x^T|@g": ("jax", lambda x, g: barrier(x.T) @ g, x, g),
+            "blas": ("blas", lambda x, g: blas_matmul.product(x, g, transpose_a=True), x, g),
+            "torch": ("torch", lambda x, g: x.T @ g, x, g),
+        },
+    }
+    return {product: {name: form for name, form in by_name.items() if form[0] != "blas" or blas_matmul.available()}
+            for product, by_name in forms.items()}  # fmt: skip
+
+
+def product_rates(shape: Shape, rounds: int = 3, repeats: int = 10) -> dict[tuple[int, int, int], dict]:
+    """GFLOP/s of every form of every dense product of the step, {(m, k, n): {product: {form: rate}}}: the
+    forms of one product take turns, `rounds` times; each keeps its best round's median call."""
+    rates: dict[tuple[int, int, int], dict] = {}
     for m, k, n in dense_shapes(shape):
-        a, b, g = (rng.standard_normal(dims, dtype=np.float32) for dims in ((m, k), (k, n), (m, n)))
-        forms = {  # forward y = a @ b, input gradient g @ b.T, weight gradient a.T @ g
-            "jax": [(jax.jit(lambda x, y: x @ y), a, b), (jax.jit(lambda x, y: x @ y.T), g, b), (jax.jit(lambda x, y: x.T @ y), a, g)],
-            "torch": [(torch.mm, a, b), (lambda x, y: x @ y.T, g, b), (lambda x, y: x.T @ y, a, g)],
-        }  # fmt: skip
-        for library, products in forms.items():
-            convert = jnp.asarray if library == "jax" else torch.from_numpy
-            for product, x, y in products:
-                x, y = convert(x), convert(y)
-                seconds = median_step_seconds(lambda: jax.block_until_ready(product(x, y)), 2, repeats)
-                best = max(best, 2 * m * k * n / seconds)
-    return best
+        rates[(m, k, n)] = {}
+        for product, forms in product_forms(m, k, n).items():
+            calls = {name: _call(library, function, operands) for name, (library, function, *operands) in forms.items()}
+            seconds = {name: math.inf for name in calls}
+            for _ in range(rounds):
+                for name, call in calls.items():
+                    seconds[name] = min(seconds[name], median_step_seconds(call, 2, repeats))
+            rates[(m, k, n)][product] = {name: 2 * m * k * n / t / 1e9 for name, t in seconds.items()}
+    return rates
+
+
+def _call(library: str, function, operands):
+    if library == "torch":
+        tensors = [torch.from_numpy(a) for a in operands]
+        return lambda: function(*tensors)
+    compiled, arrays = jax.jit(function), [jnp.asarray(a) for a in operands]
+    return lambda: jax.block_until_ready(compiled(*arrays))
+
+
+def print_product_rates(rates) -> None:
+    for (m, k, n), products in rates.items():
+        print(f"  x [{m}, {k}] @ W [{k}, {n}]")
+        for product, by_form in products.items():
+            print(f"    {product:<18} " + "  ".join(f"{form} {rate:4.0f}" for form, rate in by_form.items()))
 
 
 def median_step_seconds(step, warmup: int, steps: int) -> float:
@@ -115,14 +176,15 @@ def median_step_seconds(step, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def jgpt_step(shape: Shape, unroll: bool | int):
+def jgpt_step(shape: Shape, unroll: bool | int, blas_products: bool | None = None):
     architecture = shape.architecture
     mesh = sharding.data_mesh()
     optimizer = adamw(CONFIG)
     tokens = np.random.default_rng(0).integers(0, 256, 100_000, dtype=np.int32)
     data = jax.device_put(TokenStream(jnp.asarray(tokens), shape.context), sharding.replicated(mesh))
     train_step = make_train_step(
-        architecture, optimizer, jax.random.key(1), shape.batch, sharding.batch_sharding(mesh), unroll
+        architecture, optimizer, jax.random.key(1), shape.batch, sharding.batch_sharding(mesh), unroll,
+        blas_products=blas_products,
     )
     state = jax.device_put(start(initialize(architecture, 0)[0], optimizer), sharding.replicated(mesh))
     box = [state]
@@ -194,34 +256,59 @@ def torch_step(shape: Shape, compiled: bool):
     return step
 
 
+def alternating_medians(steps: dict[str, Callable[[], None]], warmup: int, count: int, turn: int = 5) -> dict[str, float]:
+    """Median seconds per step of each side, the sides taking turns of `turn` timed steps until each has
+    run `count`: a load that comes and goes falls on every side alike."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    while any(len(observed) < count for observed in times.values()):
+        for name, step in steps.items():
+            for _ in range(min(turn, count - len(times[name]))):
+                start_time = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - start_time)
+    return {name: statistics.median(observed) for name, observed in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--only", choices=sorted(SHAPES))
+    parser.add_argument("--products", action="store_true", help="print each dense product's rate in every form")
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile of the peer")
     parser.add_argument("--scan", action="store_true", help="also time jgpt with a rolled layer scan (unroll=1)")
     args = parser.parse_args()
+    blas = blas_matmul.available()
     print(f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} device(s); "
-          f"torch {torch.__version__} with {torch.get_num_threads()} threads")  # fmt: skip
+          f"torch {torch.__version__} with {torch.get_num_threads()} threads; "
+          f"jgpt's dense products by {'BLAS (jgpt.blas_matmul)' if blas else 'XLA'}")  # fmt: skip
     for shape in [SHAPES[args.only]] if args.only else SHAPES.values():
         tokens = shape.batch * shape.context
         print(f"\n{shape.name}: layers={shape.layers} heads={shape.heads} width={shape.width} "
               f"context={shape.context} batch={shape.batch} ({tokens} tokens/step)")  # fmt: skip
-        peers = {"torch eager": torch_step(shape, compiled=False)}
-        if args.torch_compile:
-            peers["torch compile"] = torch_step(shape, compiled=True)
-        results = {"jgpt": median_step_seconds(jgpt_step(shape, unroll=True), args.warmup, args.steps)}
+        rates = product_rates(shape)
+        if args.products:
+            print_product_rates(rates)
+        steps = {"jgpt": jgpt_step(shape, unroll=True)}
+        if blas:
+            steps["jgpt xla"] = jgpt_step(shape, unroll=True, blas_products=False)
         if args.scan:
-            results["jgpt scan"] = median_step_seconds(jgpt_step(shape, unroll=1), args.warmup, args.steps)
-        results |= {name: median_step_seconds(step, args.warmup, args.steps) for name, step in peers.items()}
+            steps["jgpt scan"] = jgpt_step(shape, unroll=1)
+        peers = ["torch eager"] + (["torch compile"] if args.torch_compile else [])
+        steps |= {name: torch_step(shape, compiled=name == "torch compile") for name in peers}
+        results = alternating_medians(steps, args.warmup, args.steps)
         for name, seconds in results.items():
             print(f"  {name:<14} {seconds * 1e3:8.1f} ms/step  {tokens / seconds:10,.0f} tokens/s")
-        for name in peers:
-            print(f"  ratio jgpt / {name}: {results[name] / results['jgpt']:.2f}x")
-        flops, peak = step_flops(shape), peak_matmul_flops_per_second(shape)
-        floor = flops / peak
-        print(f"  floor: {flops / 1e9:.2f} GFLOP of matmuls at the best measured {peak / 1e9:.0f} GFLOP/s = "
+        for peer in peers:
+            for name in [name for name in results if name.startswith("jgpt")]:
+                print(f"  ratio {name} / {peer}: {results[peer] / results[name]:.2f}x")
+        flops = step_flops(shape)
+        peak = max(rate for products in rates.values() for by_form in products.values() for rate in by_form.values())
+        floor = flops / (peak * 1e9)
+        print(f"  floor: {flops / 1e9:.2f} GFLOP of matmuls at the best measured {peak:.0f} GFLOP/s = "
               f"{floor * 1e3:.1f} ms/step; no step can beat torch eager by more than {results['torch eager'] / floor:.2f}x here")  # fmt: skip
 
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from jgpt.architecture import Architecture
 from jgpt.bf16_matmul import ATTENTION_DTYPE, operand
+from jgpt.blas_matmul import BlasMatrix
 from jgpt.output_major import OutputMajor
 
 F32 = jnp.float32
@@ -32,11 +33,12 @@ def _matmul_precision(operand_dtype) -> jax.lax.Precision | None:
     return jax.lax.Precision.HIGHEST if jnp.dtype(operand_dtype) == F32 else None
 
 
-def dense(x: jax.Array, w: jax.Array | OutputMajor, b: jax.Array | None, dtype) -> jax.Array:
-    """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`; `w` stored [I, O] or OutputMajor."""
+def dense(x: jax.Array, w: jax.Array | OutputMajor | BlasMatrix, b: jax.Array | None, dtype) -> jax.Array:
+    """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`; `w` stored [I, O], OutputMajor or
+    BlasMatrix (the train step's on CPU)."""
     x, w = operand(x, dtype), operand(w, dtype)
     precision = _matmul_precision(x.dtype)
-    if isinstance(w, OutputMajor):
+    if isinstance(w, OutputMajor | BlasMatrix):
         y = w.product(x, precision)
     else:
         y = jnp.dot(x, w, precision=precision, preferred_element_type=F32)

@@ -1,0 +1,161 @@
+"""BlasMatrix: a dense projection whose products run as BLAS sgemm calls, the train step's products on CPU.
+
+XLA's CPU dot ran the train step's dense products at 40-80 GFLOP/s on the bench
+configs' shapes (768 rows of width 128-512) where torch reached 80-160, in every
+operand layout and `dot_general` form tried (`bench/train_step.py --products`
+prints the table; measured on the 2-core development machine under load): the
+layouts that made 16-row decode 2-3x faster (`jgpt.output_major`) change little
+at hundreds of rows, while numpy's OpenBLAS and torch's MKL ran these products
+at the same rate per core (docs/training.md, Speed). So on CPU the train step
+computes each projection's three products (forward `x @ W`, input gradient
+`g @ W^T`, weight gradient `x^T @ g`) with the single-precision GEMM of the
+OpenBLAS numpy ships, through an XLA FFI kernel (`blas_matmul.cc`) that splits a
+product's rows over XLA's own intra-op thread pool, one single-threaded sgemm per
+thread, so no second thread pool competes with XLA's for the cores. BLAS takes
+either operand transposed as stored, so no layout is converted: the weights stay
+`[I, O]` and the optimizer, the artifact and the HF parity see them as always.
+
+The kernel is compiled on first use with the system's C++ compiler (`$CXX`, else
+`g++`) against the FFI headers jaxlib ships, into `~/.cache/jgpt/kernels` (or
+`$XDG_CACHE_HOME/jgpt/kernels`), named by the SHA-256 of its source, the jaxlib
+version and the command; written atomically, so a concurrent first use compiles
+twice at worst. Where it cannot be built or loaded (no compiler, a numpy without
+its bundled OpenBLAS, a backend other than CPU) `available()` is False and the
+train step keeps the pure-JAX products, which stay the reference (parity tested
+to 1e-5 relative).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+from jgpt.weights import ModelWeights
+
+F32 = jnp.float32
+SOURCE = Path(__file__).with_name("blas_matmul.cc")
+TARGET = "jgpt_blas_product"
+# The projections a BlasMatrix holds in the train step: every block projection and the output projection.
+PROJECTIONS = ("query", "key", "value", "attention_output", "ff_gate", "ff_up", "ff_down", "lm_head")
+# The ILP64 CBLAS entry and the per-thread thread count of numpy's bundled OpenBLAS (numpy.libs).
+SGEMM, SET_THREADS_LOCAL = "scipy_cblas_sgemm64_", "openblas_set_num_threads_local"
+
+
+# A plain frozen dataclass registered by hand (as OutputMajor) so the type checker sees its field.
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["matrix"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class BlasMatrix:
+    matrix: jax.Array  # [..., I, O] as stored (a leading layer axis, if stacked)
+
+    @property
+    def dtype(self):
+        return self.matrix.dtype
+
+    def astype(self, dtype) -> BlasMatrix:
+        """Like `jax.Array.astype`, so matmul operands are formed the same way for every held matrix."""
+        return BlasMatrix(self.matrix.astype(dtype))
+
+    def product(self, x: jax.Array, precision) -> jax.Array:
+        """x [N, I] -> x @ W [N, O] float32 (BLAS products are full float32 whatever `precision` asks)."""
+        del precision
+        return matmul(x.astype(F32), self.matrix.astype(F32))
+
+
+def with_blas_products(weights: ModelWeights) -> ModelWeights:
+    """`weights` with every projection held as a BlasMatrix (the same arrays, no copy): use inside the
+    differentiated function, so the gradient is taken with respect to the plain arrays."""
+    tensors: dict[str, Any] = weights.as_dict()
+    return ModelWeights.from_dict(tensors | {name: BlasMatrix(tensors[name]) for name in PROJECTIONS if name in tensors})
+
+
+def available(backend: str | None = None) -> bool:
+    """Whether `backend` (default: JAX's default backend) is a CPU and the kernel builds and loads here."""
+    return (backend or jax.default_backend()) == "cpu" and _kernel() is not None
+
+
+@jax.custom_vjp
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [N, I] @ w [I, O] float32 by the BLAS kernel, differentiable with BLAS backward products."""
+    return product(x, w)
+
+
+def _matmul_forward(x, w):
+    return product(x, w), (x, w)
+
+
+def _matmul_backward(residuals, g):
+    x, w = residuals
+    return product(g, w, transpose_b=True), product(x, g, transpose_a=True)
+
+
+matmul.defvjp(_matmul_forward, _matmul_backward)
+
+
+def product(a: jax.Array, b: jax.Array, transpose_a: bool = False, transpose_b: bool = False) -> jax.Array:
+    """op(a) @ op(b) for float32 matrices, op transposing where asked, with no transposed copy made."""
+    if _kernel() is None:
+        raise RuntimeError("the BLAS kernel is not available here: check blas_matmul.available() first")
+    rows = a.shape[1] if transpose_a else a.shape[0]
+    columns = b.shape[0] if transpose_b else b.shape[1]
+    result = jax.ShapeDtypeStruct((rows, columns), F32)
+    return jax.ffi.ffi_call(TARGET, result)(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+@functools.cache
+def _kernel() -> ctypes.CDLL | None:
+    """The compiled kernel, bound to numpy's OpenBLAS and registered with XLA; None where that fails."""
+    blas = _numpy_openblas()
+    if blas is None:
+        return None
+    try:
+        library = ctypes.CDLL(str(_compiled()))
+    except (OSError, subprocess.CalledProcessError) as error:
+        warnings.warn(f"jgpt: BLAS products unavailable, the train step keeps XLA's dot: {error}", stacklevel=2)
+        return None
+    address = lambda symbol: ctypes.cast(getattr(blas, symbol), ctypes.c_void_p)
+    library.jgpt_bind_blas(address(SGEMM), address(SET_THREADS_LOCAL))
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.jgpt_blas_product), platform="cpu")
+    return library
+
+
+def _numpy_openblas() -> ctypes.CDLL | None:
+    """The OpenBLAS numpy's wheel bundles (already loaded by numpy), or None if this numpy has another."""
+    for path in sorted((Path(np.__file__).parent.parent / "numpy.libs").glob("libscipy_openblas*.so*")):
+        library = ctypes.CDLL(str(path))
+        if all(hasattr(library, symbol) for symbol in (SGEMM, SET_THREADS_LOCAL)):
+            return library
+    return None
+
+
+def _compiled() -> Path:
+    """The kernel's shared library, compiled here the first time (atomically: built aside, then renamed)."""
+    command = [os.environ.get("CXX", "g++"), "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
+               "-I", str(Path(jax.ffi.include_dir()))]  # fmt: skip
+    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode() + " ".join(command).encode()).hexdigest()
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    library = base / "jgpt" / "kernels" / f"blas_matmul-{key[:16]}.so"
+    if library.exists():
+        return library
+    library.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=library.parent, prefix=f".{library.name}.", suffix=".tmp")
+    os.close(descriptor)
+    try:
+        subprocess.run([*command, "-o", temporary, str(SOURCE)], check=True, capture_output=True)
+        os.replace(temporary, library)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return library
