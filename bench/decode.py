@@ -3,16 +3,17 @@
 First the machine's bounds: memory read bandwidth with 1 and 2 threads (a large
 sum in numpy, torch and a jitted sum, a jitted matrix-vector product) and the
 f32 dense-product speed of XLA (stored and output-major weights) and torch on
-the shapes of a batch-16 decode step and a prefill.
+the shapes of a batch-1 and a batch-16 decode step and of a prefill.
 
-Then, for a tiny GPT (layers 4, width 128) and a GPT-2-sized one (layers 12,
-width 768, vocabulary 50257), both built as random GPT2LMHeadModels and imported
-into jgpt: batch 1 greedy decode tokens/s of HF and of jgpt under each layer
-strategy; and at batch 16, with equal-length prompts and with ragged ones, the
-prefill, the decode step and the whole generation (prefill plus every decode
-step) of both sides and their ratios. For the GPT-2-sized model, the floor of a
-step (the bytes it must read over the best measured bandwidth, and its
-arithmetic over the best measured product speed) and each side's fraction of it.
+Then, for a GPT-2-sized model (layers 12, width 768, vocabulary 50257; with
+--tiny also a tiny GPT, layers 4, width 128), built as a random GPT2LMHeadModel
+and imported into jgpt: batch 1 greedy decode of HF and of jgpt (the backend's
+default strategy; with --strategies also the stored layout and the scan); and at
+batch 16, with equal-length prompts and with ragged ones, the prefill, the
+decode step and the whole generation (prefill plus every decode step) of both
+sides and their ratios. For the GPT-2-sized model, the floor of a step (the
+bytes it must read over the best measured bandwidth, and its arithmetic over
+the best measured product speed) and each side's fraction of it.
 
 jgpt's times are its own works' wall times (dispatch to ready, compiled
 beforehand): the prefill and the loop's time per decode step. HF's prefill is
@@ -22,7 +23,9 @@ prompts left-padded. The two sides alternate in every repeat and each figure is
 the best of its repeats: on a shared machine that is what each side can do, and
 the ratios compare runs made minutes apart at most.
 
-    .venv/bin/python bench/decode.py [--quick]
+    .venv/bin/python bench/decode.py [--quick] [--tiny] [--strategies]
+
+The default run takes about 3 minutes on a quiet 2-core machine.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from inference.execution import ModelExecution
+from inference.execution import ModelExecution, window_bucket
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
 from jgpt.hf_import import convert
@@ -53,11 +56,7 @@ SIZES = {
 NO_END = -1  # no id ends a bench run early: both sides decode exactly N tokens
 BATCH = 16
 EQUAL_PROMPT = 32
-STRATEGIES = (
-    (LayerStrategy.unrolled_layers(output_major=True), "unrolled, output-major"),
-    (LayerStrategy.unrolled_layers(), "unrolled layers"),
-    (LayerStrategy.scan(), "scan"),
-)
+STRATEGIES = (LayerStrategy.for_backend(), LayerStrategy.unrolled_layers(), LayerStrategy.scan())  # the default first
 # Dense products of GPT-2 small: (inputs, outputs) of a query/key/value, feed-forward and output projection.
 PRODUCT_SHAPES = ((768, 768), (768, 3072), (3072, 768), (768, 50257))
 
@@ -181,7 +180,7 @@ def print_bounds(repeats: int) -> tuple[float, float]:
     for name, value in found.items():
         print(f"  {name:<26} {value / 1e9:6.1f} GB/s")
     peak = 0.0
-    for rows in (BATCH, BATCH * EQUAL_PROMPT):
+    for rows in (1, BATCH, BATCH * EQUAL_PROMPT):
         print(f"\nf32 dense products, {rows} rows, GFLOP/s:  XLA x@W  XLA output-major  torch linear")
         for (inputs, outputs), *speeds in product_speeds(rows, repeats):
             peak = max(peak, *speeds)
@@ -189,24 +188,30 @@ def print_bounds(repeats: int) -> tuple[float, float]:
     return max(found.values()), peak
 
 
-def compare_batch(model, execution, batch_prompts, new_tokens: int, repeats: int) -> dict[str, tuple]:
-    """Both sides' best (prefill s, step s, ids) on one batch, alternating runs."""
+def compare(model, executions: list[tuple[ModelExecution, str]], batch_prompts, new_tokens: int, repeats: int):
+    """The best (prefill s, step s, ids) of HF ("hf") and of each labelled execution on one batch, runs alternating."""
     hf = HF(model, batch_prompts)
-    jgpt_run(execution, batch_prompts, new_tokens)  # compile
-    runs: dict[str, list] = {"hf": [], "jgpt": []}
+    for execution, _ in executions:
+        jgpt_run(execution, batch_prompts, new_tokens)  # compile
+    runs: dict[str, list] = {"hf": [], **{label: [] for _, label in executions}}
     for _ in range(repeats):
         runs["hf"].append(hf.run(new_tokens))
-        runs["jgpt"].append(jgpt_run(execution, batch_prompts, new_tokens))
+        for execution, label in executions:
+            runs[label].append(jgpt_run(execution, batch_prompts, new_tokens))
     return {side: best_of(r) for side, r in runs.items()}
 
 
-def print_batch_table(name: str, both: dict[str, tuple], new_tokens: int) -> None:
-    (hp, hs, hids), (jp, js, jids) = both["hf"], both["jgpt"]
+def print_batch_table(name: str, results: dict[str, tuple], new_tokens: int) -> None:
+    """HF against jgpt's default execution (the first after "hf"), then any other execution's prefill and step."""
+    (_, (hp, hs, hids)), (default, (jp, js, jids)), *others = results.items()
     he, je = hp + hs * (new_tokens - 1), jp + js * (new_tokens - 1)
-    print(f"  {name:<22} {'HF':>10} {'jgpt':>10} {'jgpt vs HF':>11}")
+    print(f"  {name}\n    {'':<20} {'HF':>10} {'jgpt':>10} {'jgpt vs HF':>11}   (jgpt: {default})")
     for label, h, j in (("prefill ms", hp, jp), ("decode step ms", hs, js), ("end to end ms", he, je)):
         print(f"    {label:<20} {h * 1e3:10.1f} {j * 1e3:10.1f} {h / j:10.2f}x")
     print(f"    {'first row ids':<20} {'same' if hids == jids else 'DIFFER'}")
+    for label, (prefill, step, ids) in others:
+        print(f"    jgpt, {label}: prefill {prefill * 1e3:.1f} ms ({hp / prefill:.2f}x HF), "
+              f"decode step {step * 1e3:.1f} ms ({hs / step:.2f}x HF), ids {'same' if ids == hids else 'DIFFER'}")  # fmt: skip
 
 
 def print_floor(execution: ModelExecution, rows: int, position: int, step: dict[str, float], bounds) -> None:
@@ -224,6 +229,8 @@ def print_floor(execution: ModelExecution, rows: int, position: int, step: dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats (a smoke run)")
+    parser.add_argument("--tiny", action="store_true", help="also the tiny model")
+    parser.add_argument("--strategies", action="store_true", help="jgpt under every layer strategy, not the default only")
     args = parser.parse_args()
     repeats = 2 if args.quick else 3
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch {torch.__version__}, {os.cpu_count()} cores, "
@@ -231,37 +238,36 @@ def main() -> None:
     bounds = print_bounds(repeats + 2)
     for name, config in SIZES.items():
         small = config["n_layer"] == 4
+        if small and not args.tiny:
+            continue
         new_tokens = (32 if args.quick else 128) if small else (8 if args.quick else 32)
         model = hf_model(config)
-        executions = [(jgpt_execution(model, strategy), label) for strategy, label in STRATEGIES]
+        strategies = STRATEGIES if args.strategies else STRATEGIES[:1]
+        executions = [(jgpt_execution(model, strategy), str(strategy)) for strategy in strategies]
         default = executions[0][0]
         print(f"\n{name}: {new_tokens} new tokens, greedy, KV cache on")
         single = prompts(1, config["vocab_size"])
-        hf = HF(model, single)
-        runs: dict[str, list] = {"hf": [], **{label: [] for _, label in executions}}
-        for execution, _ in executions:
-            jgpt_run(execution, single, new_tokens)  # compile
-        for _ in range(repeats):
-            runs["hf"].append(hf.run(new_tokens))
-            for execution, label in executions:
-                runs[label].append(jgpt_run(execution, single, new_tokens))
-        _, hf_step, hf_ids = best_of(runs["hf"])
+        results = compare(model, executions, single, new_tokens, repeats)
+        _, hf_step, hf_ids = results["hf"]
         print(f"  batch 1: HF generate {1 / hf_step:9.1f} tok/s ({hf_step * 1e3:.2f} ms/token)")
         for _, label in executions:
-            _, step, ids = best_of(runs[label])
+            _, step, ids = results[label]
             same = "same ids as HF" if ids == hf_ids else "ids differ from HF"
-            print(f"  jgpt, {label:<22} {1 / step:9.1f} tok/s ({step * 1e3:.2f} ms/token)  "
+            print(f"  jgpt, {label:<30} {1 / step:9.1f} tok/s ({step * 1e3:.2f} ms/token)  "
                   f"ratio {hf_step / step:5.2f}x  [{same}]")  # fmt: skip
         if not small:
             position = len(single[0]) + new_tokens // 2
-            print_floor(default, 1, position, {"HF": hf_step, "jgpt": best_of(runs[executions[0][1]])[1]}, bounds)
+            print_floor(default, 1, position, {"HF": hf_step, "jgpt": results[executions[0][1]][1]}, bounds)
         for equal in (True, False):
             batch = prompts(BATCH, config["vocab_size"], equal)
-            both = compare_batch(model, default, batch, new_tokens, max(2, repeats - 1))
-            print_batch_table(f"batch {BATCH}, prompts of " + (f"{EQUAL_PROMPT} ids" if equal else "8..53 ids"), both, new_tokens)
+            both = compare(model, executions, batch, new_tokens, max(2, repeats - 1))
+            longest = max(map(len, batch))
+            padded = f"jgpt's window {window_bucket(longest, config['n_positions'])}, HF's {longest}"
+            shape = f"{EQUAL_PROMPT} ids" if equal else f"{min(map(len, batch))}..{longest} ids; {padded}"
+            print_batch_table(f"batch {BATCH}, prompts of {shape}", both, new_tokens)
             if not small:
                 position = max(map(len, batch)) + new_tokens // 2
-                print_floor(default, BATCH, position, {"HF": both["hf"][1], "jgpt": both["jgpt"][1]}, bounds)
+                print_floor(default, BATCH, position, {"HF": both["hf"][1], "jgpt": both[executions[0][1]][1]}, bounds)
 
 
 if __name__ == "__main__":
