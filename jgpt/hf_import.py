@@ -287,7 +287,12 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
     if family is None:
         raise ApiError("config.json:model_type", f"{model_type!r} is not one of {', '.join(_MODEL_TYPES)}")
     read_architecture, shapes, read_weights, prefix = _FAMILIES[family]
-    architecture = read_architecture(config)
+    try:
+        architecture = read_architecture(config)
+    except ApiError as error:  # a rule between sizes (the width divides into heads) names jgpt's field, not the file's
+        if error.field.startswith("config.json"):
+            raise
+        raise ApiError("config.json", f"describes no valid architecture: {error}") from None
     if parameter_count(architecture) > PARAMETER_LIMIT:
         raise ApiError("config.json", f"describes {parameter_count(architecture):,} parameters, "
                                       f"more than jgpt's limit of {PARAMETER_LIMIT:,}")

@@ -263,3 +263,15 @@ def test_training_data_that_is_not_a_regular_file_is_refused_as_such(tmp_path, w
     out = tmp_path / "run"
     line = assert_refused([*TINY_TRAIN, "--tokenizer", "bpe", "--data", data, "--out", out], watch=[tmp_path])
     assert line.endswith(f": error: data: {data} is not a regular file"), line
+
+
+def test_import_hf_names_the_config_when_its_sizes_do_not_fit_together(tmp_path):
+    """Found by the import fuzz test at seed 31: n_embd 1 with 2 heads was refused naming 'width', a field of jgpt's."""
+    from tests.test_path_confinement import tiny_gpt2
+
+    model = tiny_gpt2(tmp_path / "hf")
+    config = json.loads((model / "config.json").read_text()) | {"n_embd": 1, "n_head": 2}
+    (model / "config.json").write_text(json.dumps(config))
+    line = assert_refused(["import-hf", model, "--out", tmp_path / "out"], inputs=[model / "config.json"],
+                          watch=[tmp_path])  # fmt: skip
+    assert ": error: config.json: describes no valid architecture: width: 1 is not divisible by heads=2" in line, line
