@@ -11,7 +11,8 @@ an accepted code or refuses as above; inputs are untouched either way.
 
 The hypothesis strategies build the input: `hostile_json()` (wrong types, deep nesting,
 non-finite or oversized numbers, random bytes), `mutated_json(document)` (a valid
-document with one value replaced by something hostile, or a key deleted),
+document with one value replaced by something hostile, a key deleted, or a hostile member
+added: an empty key, a lone surrogate, terminal escapes),
 `extreme_numbers()` (finite numbers at and past the edges), and
 `hostile_outputs(root, input)` (a directory, a missing parent, a file as parent, the
 input itself, a link to the input).
@@ -132,7 +133,10 @@ def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
 
 
 HOSTILE_SCALARS = (-1, 0, 1, -(2**63), 2**63, 10**30, 1e308, -1e308, 5e-324, -0.0, 0.5, "", " ", "-1", "NaN",
-                   "../outside", "/etc/passwd", "<script>alert(1)</script>", "\u2028", "\x00", "a" * 300)
+                   "../outside", "/etc/passwd", "<script>alert(1)</script>", "\u2028", "\x00", "a" * 300,
+                   "\ud800", "x\udfff", "\u202etxt.exe", "\ufeff", "\x1b]0;title\x07", "javascript:alert(1)", "$\\frac{$")
+# Keys a mutation may add to an object: empty, a lone surrogate, terminal escapes, one far too long.
+HOSTILE_KEYS = ("", " ", "\ud800", "\x00", "\x1b[2J", "__proto__", "k" * 300)
 
 
 def deep_json() -> st.SearchStrategy[bytes]:
@@ -191,7 +195,7 @@ def _replace(value: Any, path: tuple, replacement: Any) -> Any:
 @st.composite
 def mutated_json(draw, document: Any, where=lambda path, value: True, wrong_type: bool = False,
                  replacements: st.SearchStrategy[bytes] | None = None) -> bytes:
-    """`document` with one value replaced by hostile JSON text, or one member deleted.
+    """`document` with one value replaced by hostile JSON text, one member deleted, or one added to an object.
 
     `where(path, value)` chooses which values may change (a path is a tuple of keys and indices);
     `wrong_type` replaces a value only by one of another JSON type (never null, which may be
@@ -199,11 +203,18 @@ def mutated_json(draw, document: Any, where=lambda path, value: True, wrong_type
     `replacements` draws the new JSON text instead.
     """
     path = draw(st.sampled_from([p for p in _paths(document) if where(p, _value_at(document, p))]))
-    if path and not wrong_type and replacements is None and draw(st.integers(0, 4)) == 0:
-        return json.dumps(_replace(document, path, _DELETE)).encode()
+    value = _value_at(document, path)
+    if not wrong_type and replacements is None:
+        change = draw(st.integers(0, 9))
+        if path and change < 2:
+            return json.dumps(_replace(document, path, _DELETE)).encode()
+        if isinstance(value, dict) and change == 2:  # a member no reader expects
+            key = draw(st.one_of(st.sampled_from(HOSTILE_KEYS), st.text(max_size=6)).filter(lambda k: k not in value))
+            text = json.dumps(_replace(document, path, {**value, key: _SENTINEL})).encode()
+            return text.replace(json.dumps(_SENTINEL).encode(), draw(hostile_lexemes()), 1)
     text = json.dumps(_replace(document, path, _SENTINEL)).encode()
     if replacements is None:
-        replacements = _other_type(_value_at(document, path)) if wrong_type else hostile_lexemes()
+        replacements = _other_type(value) if wrong_type else hostile_lexemes()
     lexeme = draw(replacements)
     return text.replace(json.dumps(_SENTINEL).encode(), lexeme, 1)
 

@@ -252,7 +252,7 @@ def _azure_rows(draw) -> bytes:
             rows[row] = rows[row][: draw(st.integers(0, len(rows[row])))] + draw(st.lists(hostile, max_size=2))
     text = io.StringIO()
     csv.writer(text).writerows(rows)
-    return text.getvalue().encode()
+    return text.getvalue().encode("utf-8", "surrogatepass")  # a lone surrogate: bytes that are not UTF-8
 
 
 @FUZZ
