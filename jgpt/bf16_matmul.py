@@ -20,7 +20,7 @@ What a bf16 compute dtype rounds: the operands of the dense products (the
 query, key, value and attention-output projections, the feed-forward network
 and the output projection), where nearly all of a step's FLOPs are. Attention's
 own two products, the scores q·k and the softmax-weighted mix of the values,
-take float32 operands (`ATTENTION_DTYPE`), as standard mixed precision keeps
+take operands of at least float32 (`attention_dtype`), as standard mixed precision keeps
 the attention logits and softmax in float32: rounding the softmax weights to
 bf16 (8 significant bits) rounds the gradient reaching them too, and the
 softmax backward takes differences of those. Measured on the shipped model's
@@ -37,13 +37,17 @@ import jax.numpy as jnp
 F32 = jnp.float32
 # Backends without bf16 matrix units: `jax.default_backend()` names.
 ROUNDED_BACKENDS: tuple[str, ...] = ("cpu",)
-# The operand dtype of attention's products (scores and value mix) under every compute dtype.
-ATTENTION_DTYPE = F32
 
 
 def native(backend: str | None = None) -> bool:
     """Whether `backend` (default: JAX's default backend) multiplies bf16 operands on its own units."""
     return (backend or jax.default_backend()) not in ROUNDED_BACKENDS
+
+
+def attention_dtype(dtype) -> jnp.dtype:
+    """The operand dtype of attention's products (scores and value mix) under compute dtype `dtype`:
+    at least float32 (bf16 widens, a float64 reference stays float64)."""
+    return jnp.promote_types(dtype, F32)
 
 
 def operand(x: jax.Array, dtype) -> jax.Array:

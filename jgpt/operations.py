@@ -9,7 +9,7 @@ like the cache they are written into.
 
 Precision: `dtype` is the compute dtype of the dense products' operands. Products
 accumulate in float32 and the residual stream, normalization statistics, attention
-(its scores, softmax and value mix: `jgpt.bf16_matmul.ATTENTION_DTYPE`) and logits
+(its scores, softmax and value mix: `jgpt.bf16_matmul.attention_dtype`) and logits
 stay float32, so bfloat16 changes operand rounding only. Operands are formed by
 `jgpt.bf16_matmul.operand`: real bf16 where the backend has bf16 matrix units,
 bf16-rounded float32 on a CPU (the same products, at float32 speed).
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jgpt.architecture import Architecture
-from jgpt.bf16_matmul import ATTENTION_DTYPE, operand
+from jgpt.bf16_matmul import attention_dtype, operand
 from jgpt.blas_matmul import BlasMatrix
 from jgpt.output_major import OutputMajor
 
@@ -149,10 +149,11 @@ def attention(
     B, T, H, D = q.shape
     K, S = a.kv_heads, keys.shape[2]
     G = H // K
-    keys, values = operand(keys, ATTENTION_DTYPE), operand(values, ATTENTION_DTYPE)
-    precision = _matmul_precision(ATTENTION_DTYPE)
+    over = attention_dtype(dtype)
+    keys, values = operand(keys, over), operand(values, over)
+    precision = _matmul_precision(over)
     # Each key/value head's group of query heads, as one matrix of G*T rows: [B, K, G*T, D].
-    q = operand(q, ATTENTION_DTYPE).reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
+    q = operand(q, over).reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
     over_heads = (((3,), (3,)), ((0, 1), (0, 1)))
     # The cache is the first operand, contracted over its last axis: the product XLA on CPU runs on the
     # buffer as stored. (As the second operand it copies every layer's keys to [B, K, D, S] first.)
@@ -163,7 +164,7 @@ def attention(
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
     over_slots = (((3,), (2,)), ((0, 1), (0, 1)))
     mixed = jax.lax.dot_general(
-        operand(weights.reshape(B, K, G * T, S), ATTENTION_DTYPE), values, over_slots,
+        operand(weights.reshape(B, K, G * T, S), over), values, over_slots,
         precision=precision, preferred_element_type=F32,
     )  # [B, K, G*T, D]
     mixed = mixed.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]

@@ -132,11 +132,11 @@ def test_the_calibrated_fixture_runs(tmp_path):
 def long_input(tmp_path_factory) -> Path:
     """A kvsim input whose run writes its record for seconds."""
     directory = tmp_path_factory.mktemp("long")
-    made = subprocess.run([sys.executable, "-m", "kvsim", "synthesize", "--requests", "4000", "--out",
+    made = subprocess.run([sys.executable, "-m", "kvsim", "synthesize", "--requests", "12000", "--out",
                            str(directory / "computations.json")], cwd=REPO, capture_output=True, text=True,
                           timeout=DEADLINE)  # fmt: skip
     assert made.returncode == 0, made.stderr
-    system = {"max_requests": 4000, "max_new_tokens_cap": 4096, "scheduling": {"max_active_requests": 8},
+    system = {"max_requests": 12000, "max_new_tokens_cap": 4096, "scheduling": {"max_active_requests": 8},
               "kv_cache": {"device_kv_bytes": 1 << 30, "host_kv_bytes": 1 << 31},
               "transfer": {"link_bytes_per_us": 1000, "link_latency_us": 2},
               "compute_service": {"compute_flops_per_us": 1e8, "memory_bytes_per_us": 1e6}}  # fmt: skip
@@ -186,16 +186,21 @@ def test_a_coordinator_address_that_is_not_host_and_port_is_refused_naming_it(mo
     assert error.value.field == "JAX_COORDINATOR_ADDRESS" and "HOST:PORT" in error.value.reason
 
 
-def test_a_coordinator_outside_any_cluster_without_a_process_layout_is_refused_naming_it(monkeypatch):
-    """jax.distributed's ValueError ('Number of processes must be defined') was a traceback."""
-    from training.sharding import initialize_distributed
+def test_a_coordinator_outside_any_cluster_without_a_process_layout_is_refused_naming_it():
+    """jax.distributed's ValueError ('Number of processes must be defined') was a traceback.
 
-    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
-    for name in ("JGPT_NUM_PROCESSES", "JGPT_PROCESS_ID"):
-        monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ApiError) as error:
-        initialize_distributed()
-    assert error.value.field == "JAX_COORDINATOR_ADDRESS" and "set JGPT_NUM_PROCESSES" in error.value.reason
+    In a fresh interpreter, as `jgpt train` joins before its first use of JAX: in this test process JAX's
+    backend may already be up, and jax.distributed then refuses for that reason instead."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("JGPT_NUM_PROCESSES", "JGPT_PROCESS_ID")}
+    environment["JAX_COORDINATOR_ADDRESS"] = "localhost:1234"
+    probe = ("from jgpt.errors import ApiError\n"
+             "from training.sharding import initialize_distributed\n"
+             "try:\n    initialize_distributed()\n"
+             "except ApiError as error:\n    print(error.field)\n    print(error.reason)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=DEADLINE)  # fmt: skip
+    field, reason = (done.stdout.split("\n", 1) + [""])[:2]
+    assert done.returncode == 0 and field == "JAX_COORDINATOR_ADDRESS" and "set JGPT_NUM_PROCESSES" in reason, done.stderr
 
 
 TINY_TRAIN = ["train", "--steps", "1", "--batch-size", "2", "--layers", "1", "--width", "16", "--ffn", "16",

@@ -162,7 +162,7 @@ class ForwardBoundaryTest(chex.TestCase):
             low = dataclasses.replace(architecture, precision="bfloat16")
             out = self.variant(functools.partial(forward, architecture=low))(weights_of(name), token_ids=ids)
             chex.assert_type(out.logits, jnp.float32)
-            # Attention's operands stay float32 (jgpt.bf16_matmul.ATTENTION_DTYPE); only a bf16 KV state rounds them.
+            # Attention's operands stay float32 (jgpt.bf16_matmul.attention_dtype); only a bf16 KV state rounds them.
             self.assertEqual(out.cache.keys.dtype, jnp.float32)
             error = float(jnp.max(jnp.abs(out.logits - reference)))
             # bfloat16 keeps 8 mantissa bits: relative rounding 2^-8 of operands of magnitude ~1.
