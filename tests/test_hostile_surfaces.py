@@ -148,8 +148,10 @@ def long_input(tmp_path_factory) -> Path:
 def test_a_signal_while_a_streamed_record_is_written_keeps_the_old_record(long_input, tmp_path, signum):
     record = tmp_path / "record.jsonl"
     record.write_text("an earlier record\n")
+    # SIGINT as a terminal delivers it: an xdist worker ignores SIGINT, and a child would inherit that.
     run = subprocess.Popen([sys.executable, "-m", "kvsim", "run", str(long_input), "--out", str(record), "--quiet"],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         _wait_for_a_written_temporary_file(tmp_path, run)
     finally:
