@@ -112,23 +112,33 @@ def read_measured_run(value: Any, sha256: str, field: str = "measured") -> Measu
         outcome = validation.loose_mapping(outcome, f"{field}.requests.{request_id}", set(names))
         for name in names:
             validation.integer(outcome[name], f"{field}.requests.{request_id}.{name}")
-    works = tuple(_work(w, f"{field}.works[{i}]") for i, w in enumerate(validation.array(top["works"], f"{field}.works")))
+    works = tuple(
+        _work(w, f"{field}.works[{i}]") for i, w in enumerate(validation.array(top["works"], f"{field}.works"))
+    )
     for index, work in enumerate(works):
         if unknown := [r for r in work["request_ids"] if r not in requests]:
             raise ApiError(f"{field}.works[{index}].request_ids", f"request {unknown[0]!r} is not in {field}.requests")
     for index, arrival in enumerate(parse_workload(top["workload"], f"{field}.workload").requests):
         if arrival.request_id not in requests:
-            raise ApiError(f"{field}.workload.requests[{index}]", f"request {arrival.request_id!r} is not in {field}.requests")
+            raise ApiError(
+                f"{field}.workload.requests[{index}]", f"request {arrival.request_id!r} is not in {field}.requests"
+            )
     _check_totals(top["totals"], f"{field}.totals")
     return MeasuredRun(
         document=top,
         sha256=sha256,
         works=works,
         retained_bytes_per_position=kv_bytes if system.kv_cache.retention_policy == "lru" else 0,
-        slot_rows=validation.integer(engine["slot_rows"], f"{field}.engine.slot_rows", 1) if "slot_rows" in engine else None,
+        slot_rows=validation.integer(engine["slot_rows"], f"{field}.engine.slot_rows", 1)
+        if "slot_rows" in engine
+        else None,
         slot_capacity=validation.integer(engine["slot_capacity"], f"{field}.engine.slot_capacity", 1),
-        prefill_window_buckets=tuple(validation.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)),
-        decode_batch_buckets=tuple(validation.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)),
+        prefill_window_buckets=tuple(
+            validation.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)
+        ),
+        decode_batch_buckets=tuple(
+            validation.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)
+        ),
     )
 
 
@@ -260,7 +270,9 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
         # An engine that says its transfers are synchronous runs them on its serving thread.
         blocks = any(run.document["engine"].get("transfers") == "synchronous" for run in runs)
         fragment["transfer"] = (
-            {"model": CALIBRATED} | {d: transfer[d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)} | {"blocks_compute": blocks}
+            {"model": CALIBRATED}
+            | {d: transfer[d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)}
+            | {"blocks_compute": blocks}
         )
     else:
         notes.append("no transfers were measured: the fragment leaves the system's transfer as it is")
@@ -305,13 +317,21 @@ def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int]]], vary: bo
     """The least idle time after which a work runs cold: of 0 (any idle time) and every idle time measured
     before a work, the one with which least squares fits both kinds of work best (the earliest on a tie)."""
 
+    # Only the last column (woke the engine) depends on the minimum: the others are built and scaled once
+    # (conditioning, as in nnls; the last column's scale is 1), which keeps a fit of many runs fast.
+    fixed = {}
+    for kind, works in compute_works.items():
+        a = np.asarray(_columns(kind, works, vary, 0)[:-1], dtype=np.float64).T
+        a /= np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)
+        idle = np.asarray([idle for _, _, idle in works], dtype=np.float64)
+        fixed[kind] = (a, idle, np.asarray([w["wall_us"] for w, _, _ in works], dtype=np.float64))
+
     def residual(minimum: int) -> float:
         total = 0.0
-        for kind, works in compute_works.items():
-            a = np.asarray(_columns(kind, works, vary, minimum), dtype=np.float64).T
-            a /= np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)  # conditioning, as in nnls
-            wall = np.asarray([w["wall_us"] for w, _, _ in works], dtype=np.float64)
-            total += float(np.sum((a @ np.linalg.lstsq(a, wall, rcond=None)[0] - wall) ** 2))
+        for a, idle, wall in fixed.values():
+            woke = ((idle > 0) & (idle >= minimum)).astype(np.float64)[:, None]
+            columns = np.hstack([a, woke])
+            total += float(np.sum((columns @ np.linalg.lstsq(columns, wall, rcond=None)[0] - wall) ** 2))
         return total
 
     return min(sorted({0, *(idle for works in compute_works.values() for _, _, idle in works)}), key=residual)
@@ -355,7 +375,10 @@ def _nested(kind: str, terms: dict) -> dict:
 
 
 def _fit_kind(
-    kind: str, names: list[str] | tuple[str, ...], columns: list[list[int]], works: list[dict],
+    kind: str,
+    names: list[str] | tuple[str, ...],
+    columns: list[list[int]],
+    works: list[dict],
     shapes: list[tuple[str, ...]],
 ) -> KindFit:
     """Non-negative least squares of the works' walls on the columns; residuals per shape a work has."""

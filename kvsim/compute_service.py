@@ -35,8 +35,9 @@ DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
 # Each kind of work's size term: per executed (bucketed) prefill position; per executed decode batch size.
 SIZE_TERMS = {PREFILL: "per_position_us", DECODE: "per_batch_us"}
 SPREAD_QUANTILES_MAX = 1001  # quantiles per kind of work a spread may give (a bound on what a system holds)
-# Simulated runs a prediction with a spread takes each figure's median over (seeds counting up from the spread's):
-# as many as the engine runs bench/fidelity.py takes the measured median over.
+# Simulated runs a prediction with a spread takes each figure's median over (seeds counting up from the spread's);
+# bench/fidelity.py takes as many per measured repeat. Measured on the saved quiet bench runs, another set of
+# seeds moves a pooled prediction by 1.5% on average (docs/kvsim.md, "Fidelity").
 SPREAD_REPEATS = 5
 
 
@@ -217,8 +218,12 @@ def parse_compute_service(value: Any, field: str) -> ComputeServiceConfig | Cali
     if model == ROOFLINE:
         compute = validation.mapping(value, field, {"compute_flops_per_us", "memory_bytes_per_us"}, {"model"})
         return ComputeServiceConfig(
-            compute_flops_per_us=validation.positive_rate(compute["compute_flops_per_us"], f"{field}.compute_flops_per_us"),
-            memory_bytes_per_us=validation.positive_rate(compute["memory_bytes_per_us"], f"{field}.memory_bytes_per_us"),
+            compute_flops_per_us=validation.positive_rate(
+                compute["compute_flops_per_us"], f"{field}.compute_flops_per_us"
+            ),
+            memory_bytes_per_us=validation.positive_rate(
+                compute["memory_bytes_per_us"], f"{field}.memory_bytes_per_us"
+            ),
         )
     top = validation.mapping(
         value,
@@ -273,7 +278,10 @@ def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService
     }
     if config.finish is not None:  # written only when given, so an older fragment's records keep their bytes
         finish = config.finish
-        written["finish"] = {"fixed_us": validation.json_number(finish.fixed_us), "per_byte_us": validation.json_number(finish.per_byte_us)}
+        written["finish"] = {
+            "fixed_us": validation.json_number(finish.fixed_us),
+            "per_byte_us": validation.json_number(finish.per_byte_us),
+        }
     if config.spread is not None:  # likewise
         spread = config.spread
         written["spread"] = {"seed": spread.seed} | {
@@ -292,7 +300,10 @@ def transfer_json(config: StateTransferConfig | CalibratedTransfer) -> dict:
     return (
         {"model": CALIBRATED}
         | {
-            direction: {"latency_us": validation.json_number(t.latency_us), "per_byte_us": validation.json_number(t.per_byte_us)}
+            direction: {
+                "latency_us": validation.json_number(t.latency_us),
+                "per_byte_us": validation.json_number(t.per_byte_us),
+            }
             for direction, t in ((DEVICE_TO_HOST, config.device_to_host), (HOST_TO_DEVICE, config.host_to_device))
         }
         | {"blocks_compute": config.blocks_compute}
@@ -318,9 +329,18 @@ def _work_terms(value: Any, field: str, phase: str) -> WorkTerms:
 
 
 def _work_terms_json(terms: WorkTerms, phase: str) -> dict:
-    values = (terms.fixed_us, terms.size_us, terms.per_slot_us, terms.per_flop_us, terms.per_byte_us, terms.after_idle_us)
+    values = (
+        terms.fixed_us,
+        terms.size_us,
+        terms.per_slot_us,
+        terms.per_flop_us,
+        terms.per_byte_us,
+        terms.after_idle_us,
+    )
     return {
-        name: {str(rows): validation.json_number(t) for rows, t in v} if isinstance(v, tuple) else validation.json_number(v)
+        name: {str(rows): validation.json_number(t) for rows, t in v}
+        if isinstance(v, tuple)
+        else validation.json_number(v)
         for name, v in zip(term_names(phase), values, strict=True)
     }
 
@@ -332,7 +352,10 @@ def _finish_terms(value: Any, field: str) -> FinishTerms:
 
 def _spread(value: Any, field: str) -> Spread:
     spread = validation.mapping(value, field, {"seed", PREFILL, DECODE})
-    return Spread(validation.integer(spread["seed"], f"{field}.seed"), *(_quantiles(spread[p], f"{field}.{p}") for p in (PREFILL, DECODE)))
+    return Spread(
+        validation.integer(spread["seed"], f"{field}.seed"),
+        *(_quantiles(spread[p], f"{field}.{p}") for p in (PREFILL, DECODE)),
+    )
 
 
 def _quantiles(value: Any, field: str) -> tuple[Fraction, ...]:

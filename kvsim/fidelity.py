@@ -16,7 +16,10 @@ engine's decisions in the engine's order, every outcome agrees exactly.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from kvsim import engine
 from kvsim.cache_run import CacheRun, _outcomes, simulate
@@ -35,6 +38,7 @@ from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_wo
 
 LATENCIES = tuple((name, p) for name in ("ttft", "tpot", "e2e") for p in ("p50", "p90"))
 EXACT = ("hit_rate_device", "hit_rate_host", "token_hit_rate")
+NOISE_DRAWS, NOISE_LEVEL = 4000, 0.9  # resamples of a noise band, and the share of them it holds
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,9 @@ def predict(run: MeasuredRun, fragment: dict | None) -> CacheRun:
     return simulate(**predicted_inputs(run, fragment))
 
 
-def spread_seeds(run: MeasuredRun, fragment: dict | None, repeats: int = SPREAD_REPEATS, first: int = 0) -> tuple[int, ...]:
+def spread_seeds(
+    run: MeasuredRun, fragment: dict | None, repeats: int = SPREAD_REPEATS, first: int = 0
+) -> tuple[int, ...]:
     """The seeds of the simulated runs a prediction takes the median of: `repeats` counting up from the
     spread's own plus `first`; none for a service without a spread (one simulation)."""
     spread = predicted_system(run, fragment)["compute_service"].get("spread")
@@ -102,7 +108,9 @@ def predicted_totals(run: MeasuredRun, fragment: dict | None, repeats: int = SPR
     return median_totals(simulated_totals(run, fragment, repeats))
 
 
-def simulated_totals(run: MeasuredRun, fragment: dict | None, repeats: int = SPREAD_REPEATS, first: int = 0) -> list[dict]:
+def simulated_totals(
+    run: MeasuredRun, fragment: dict | None, repeats: int = SPREAD_REPEATS, first: int = 0
+) -> list[dict]:
     """The totals of kvsim's simulations of the measured run: one, or `repeats` for a service with a spread
     (seeds counting up from the spread's plus `first`: runs of the same workload simulate alike under the
     same seeds, so repeats of one are given seeds of their own)."""
@@ -112,7 +120,10 @@ def simulated_totals(run: MeasuredRun, fragment: dict | None, repeats: int = SPR
     system = predicted_system(run, fragment)
     service = system["compute_service"]
     seeded = [service | {"spread": service["spread"] | {"seed": seed}} for seed in seeds]
-    return [simulate(parse_system(system | {"compute_service": s}, "system"), *_served(run)).outcomes["totals"] for s in seeded]
+    return [
+        simulate(parse_system(system | {"compute_service": s}, "system"), *_served(run)).outcomes["totals"]
+        for s in seeded
+    ]
 
 
 def median_totals(runs: list[dict]) -> dict:
@@ -122,6 +133,19 @@ def median_totals(runs: list[dict]) -> dict:
     for name, p in LATENCIES:
         totals["latency_us"].setdefault(name, {})[p] = median([t["latency_us"][name][p] for t in runs])
     return totals
+
+
+def noise_band(values: Sequence[float], repeats: int | None = None, draws: int = NOISE_DRAWS, seed: int = 0) -> float:
+    """How far the median of `repeats` engine runs (default: as many as `values`) strays from the median of
+    `values` by the runs' own noise: NOISE_LEVEL of the medians of `repeats` runs drawn with replacement from
+    `values` (a bootstrap; seeded, so a table is reproducible) lie within this fraction of it. A prediction
+    off by less cannot be told from a perfect one by these measurements."""
+    measured = np.asarray(values, dtype=np.float64)
+    median = float(np.median(measured))
+    if median <= 0:
+        return 0.0
+    drawn = np.random.default_rng(seed).choice(measured, size=(draws, repeats or len(measured)))
+    return float(np.quantile(np.abs(np.median(drawn, axis=1) / median - 1), NOISE_LEVEL))
 
 
 def replay(run: MeasuredRun) -> dict:
@@ -146,7 +170,9 @@ class _MeasuredDurations:
             if work["kind"] in (PREFILL, DECODE):
                 self.works.append((gap, work["wall_us"]))
             else:
-                self.transfers[DEVICE_TO_HOST if work["kind"] == "offload" else HOST_TO_DEVICE].append(gap + work["wall_us"])
+                self.transfers[DEVICE_TO_HOST if work["kind"] == "offload" else HOST_TO_DEVICE].append(
+                    gap + work["wall_us"]
+                )
         self.works.reverse()
         for times in self.transfers.values():
             times.reverse()

@@ -44,7 +44,7 @@ from kvsim.compute_service import (
     WorkTerms,
     compute_service_json,
 )
-from kvsim.fidelity import compare, predict, predicted_totals
+from kvsim.fidelity import compare, noise_band, predict, predicted_totals
 from kvsim.recorded import document_json
 from kvsim.synthetic import conversations
 from kvsim.system import system_json
@@ -55,10 +55,22 @@ WINDOWS, BATCHES = [16, 32, 64, 128, 256], [1, 2, 4, 8]
 TRUTH = {
     "compute_service": {
         "model": "calibrated",
-        "prefill": {"fixed_us": 400, "per_position_us": 12, "per_slot_us": 3, "per_flop_us": 2e-06, "per_byte_us": 0,
-                    "after_idle_us": 250},
-        "decode": {"fixed_us": 150, "per_batch_us": {"2": 40, "4": 120, "8": 280}, "per_slot_us": 0.5, "per_flop_us": 0, "per_byte_us": 0.0001,
-                   "after_idle_us": 0},
+        "prefill": {
+            "fixed_us": 400,
+            "per_position_us": 12,
+            "per_slot_us": 3,
+            "per_flop_us": 2e-06,
+            "per_byte_us": 0,
+            "after_idle_us": 250,
+        },
+        "decode": {
+            "fixed_us": 150,
+            "per_batch_us": {"2": 40, "4": 120, "8": 280},
+            "per_slot_us": 0.5,
+            "per_flop_us": 0,
+            "per_byte_us": 0.0001,
+            "after_idle_us": 0,
+        },
         "step_overhead_us": 30,
         "after_idle_min_us": 0,
         "slot_capacity": 256,
@@ -135,8 +147,13 @@ def measured_run(system: dict, document: dict, service: dict, slots: int = 256) 
         "execution": document["execution"],
         "machine": MACHINE,
         "system": system_json(parse_system(system)),
-        "engine": {"prefill_window_buckets": WINDOWS, "decode_batch_buckets": BATCHES, "slot_capacity": slots, "slot_rows": 8,
-                   "transfers": "synchronous"},
+        "engine": {
+            "prefill_window_buckets": WINDOWS,
+            "decode_batch_buckets": BATCHES,
+            "slot_capacity": slots,
+            "slot_rows": 8,
+            "transfers": "synchronous",
+        },
         "workload": record["declaration"]["workload"],
         "customer_interaction": None,
         "computations": document,
@@ -214,9 +231,11 @@ def test_a_roofline_system_is_written_as_before_and_calibrated_records_replay(do
     before = system_json(parse_system(EXAMPLE["system"]))
     explicit = copy.deepcopy(EXAMPLE["system"])
     explicit["compute_service"]["model"] = explicit["transfer"]["model"] = "roofline"
-    assert system_json(parse_system(explicit)) == before == EXAMPLE["system"] | {
-        "scheduling": before["scheduling"], "kv_cache": before["kv_cache"]
-    }
+    assert (
+        system_json(parse_system(explicit))
+        == before
+        == EXAMPLE["system"] | {"scheduling": before["scheduling"], "kv_cache": before["kv_cache"]}
+    )
     calibration = {"backend": {"compute_device": "cpu"}, "machine": MACHINE, "sources": ["ab"], "works": 3}
     system = merge_service(conversation_system("continuous_batching"), TRUTH | {"calibration": calibration})
     run = simulate(parse_system(system), parse_document(document))
@@ -230,33 +249,90 @@ def test_a_roofline_system_is_written_as_before_and_calibrated_records_replay(do
     "change, field",
     [
         (lambda s: s["compute_service"].update(model="measured"), "system.compute_service.model"),
-        (lambda s: s["compute_service"]["prefill"].pop("per_position_us"), "system.compute_service.prefill.per_position_us"),
-        (lambda s: s["compute_service"]["decode"].update(per_position_us=1), "system.compute_service.decode.per_position_us"),
+        (
+            lambda s: s["compute_service"]["prefill"].pop("per_position_us"),
+            "system.compute_service.prefill.per_position_us",
+        ),
+        (
+            lambda s: s["compute_service"]["decode"].update(per_position_us=1),
+            "system.compute_service.decode.per_position_us",
+        ),
         (lambda s: s["compute_service"]["decode"].update(fixed_us=-1), "system.compute_service.decode.fixed_us"),
-        (lambda s: s["compute_service"]["decode"].update(per_batch_us={"1": 5}), "system.compute_service.decode.per_batch_us.1"),
-        (lambda s: s["compute_service"]["decode"].update(per_batch_us={"4": 5, "2": 1}), "system.compute_service.decode.per_batch_us"),
-        (lambda s: s["compute_service"]["decode"].update(per_batch_us={"2": -1}), "system.compute_service.decode.per_batch_us.2"),
-        (lambda s: s["compute_service"].update(decode_batch_buckets=[1, 4, 2]), "system.compute_service.decode_batch_buckets"),
-        (lambda s: s["compute_service"].update(prefill_window_buckets=[]), "system.compute_service.prefill_window_buckets"),
+        (
+            lambda s: s["compute_service"]["decode"].update(per_batch_us={"1": 5}),
+            "system.compute_service.decode.per_batch_us.1",
+        ),
+        (
+            lambda s: s["compute_service"]["decode"].update(per_batch_us={"4": 5, "2": 1}),
+            "system.compute_service.decode.per_batch_us",
+        ),
+        (
+            lambda s: s["compute_service"]["decode"].update(per_batch_us={"2": -1}),
+            "system.compute_service.decode.per_batch_us.2",
+        ),
+        (
+            lambda s: s["compute_service"].update(decode_batch_buckets=[1, 4, 2]),
+            "system.compute_service.decode_batch_buckets",
+        ),
+        (
+            lambda s: s["compute_service"].update(prefill_window_buckets=[]),
+            "system.compute_service.prefill_window_buckets",
+        ),
         (lambda s: s["compute_service"].update(slot_capacity=0), "system.compute_service.slot_capacity"),
-        (lambda s: s["transfer"]["host_to_device"].update(per_byte_us="1"), "system.transfer.host_to_device.per_byte_us"),
+        (
+            lambda s: s["transfer"]["host_to_device"].update(per_byte_us="1"),
+            "system.transfer.host_to_device.per_byte_us",
+        ),
         (lambda s: s["transfer"].pop("device_to_host"), "system.transfer.device_to_host"),
         (lambda s: s.update(calibration={"backend": {}}), "system.calibration.machine"),
-        (lambda s: s["compute_service"].update(finish={"fixed_us": -1, "per_byte_us": 0}), "system.compute_service.finish.fixed_us"),
-        (lambda s: s["compute_service"].update(finish={"fixed_us": 1, "per_byte_us": "0"}), "system.compute_service.finish.per_byte_us"),
+        (
+            lambda s: s["compute_service"].update(finish={"fixed_us": -1, "per_byte_us": 0}),
+            "system.compute_service.finish.fixed_us",
+        ),
+        (
+            lambda s: s["compute_service"].update(finish={"fixed_us": 1, "per_byte_us": "0"}),
+            "system.compute_service.finish.per_byte_us",
+        ),
         (lambda s: s["compute_service"].update(finish={"fixed_us": 1}), "system.compute_service.finish.per_byte_us"),
-        (lambda s: s["compute_service"].update(finish={"fixed_us": 1, "per_byte_us": 0, "per_us": 0}), "system.compute_service.finish.per_us"),
+        (
+            lambda s: s["compute_service"].update(finish={"fixed_us": 1, "per_byte_us": 0, "per_us": 0}),
+            "system.compute_service.finish.per_us",
+        ),
         (lambda s: s["compute_service"].update(finish=[1, 0]), "system.compute_service.finish"),
-        (lambda s: s["compute_service"].update(finish={"fixed_us": True, "per_byte_us": 0}), "system.compute_service.finish.fixed_us"),
+        (
+            lambda s: s["compute_service"].update(finish={"fixed_us": True, "per_byte_us": 0}),
+            "system.compute_service.finish.fixed_us",
+        ),
         (lambda s: s["compute_service"].update(spread=SPREAD | {"seed": -1}), "system.compute_service.spread.seed"),
         (lambda s: s["compute_service"].update(spread=SPREAD | {"seed": 0.5}), "system.compute_service.spread.seed"),
-        (lambda s: s["compute_service"].update(spread={"seed": 0, "prefill": [1, 1]}), "system.compute_service.spread.decode"),
-        (lambda s: s["compute_service"].update(spread=SPREAD | {"prefill": [1]}), "system.compute_service.spread.prefill"),
-        (lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1.2, 0.9]}), "system.compute_service.spread.decode"),
-        (lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [-1, 1]}), "system.compute_service.spread.decode[0]"),
-        (lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1, "2"]}), "system.compute_service.spread.decode[1]"),
-        (lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1] * 1002}), "system.compute_service.spread.decode"),
-        (lambda s: s["compute_service"].update(spread=SPREAD | {"transfer": [1, 1]}), "system.compute_service.spread.transfer"),
+        (
+            lambda s: s["compute_service"].update(spread={"seed": 0, "prefill": [1, 1]}),
+            "system.compute_service.spread.decode",
+        ),
+        (
+            lambda s: s["compute_service"].update(spread=SPREAD | {"prefill": [1]}),
+            "system.compute_service.spread.prefill",
+        ),
+        (
+            lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1.2, 0.9]}),
+            "system.compute_service.spread.decode",
+        ),
+        (
+            lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [-1, 1]}),
+            "system.compute_service.spread.decode[0]",
+        ),
+        (
+            lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1, "2"]}),
+            "system.compute_service.spread.decode[1]",
+        ),
+        (
+            lambda s: s["compute_service"].update(spread=SPREAD | {"decode": [1] * 1002}),
+            "system.compute_service.spread.decode",
+        ),
+        (
+            lambda s: s["compute_service"].update(spread=SPREAD | {"transfer": [1, 1]}),
+            "system.compute_service.spread.transfer",
+        ),
     ],
 )
 def test_bad_calibrated_systems_are_refused_naming_the_field(change, field):
@@ -291,7 +367,9 @@ def test_calibration_recovers_the_service_that_produced_the_works(document, poli
     # batch size they ran.
     batches = compute["decode"]["per_batch_us"]
     if policy == "continuous_batching":
-        assert batches and all(t == pytest.approx(truth["decode"]["per_batch_us"][rows], abs=1) for rows, t in batches.items())
+        assert batches and all(
+            t == pytest.approx(truth["decode"]["per_batch_us"][rows], abs=1) for rows, t in batches.items()
+        )
     else:
         assert batches == {}
     for direction in ("device_to_host", "host_to_device"):
@@ -341,7 +419,9 @@ def test_the_finish_time_holds_the_serving_thread_and_busies_no_compute(document
             continue
         spec, outcome = specs[admit["request_id"]], held["outcomes"]["requests"][admit["request_id"]]
         reused = outcome["reuse_positions"]
-        overhead, prefill = held_compute.work_us("prefill", len(spec.prompt_ids) - reused, 1, *spec.prefill_cost(reused), 0)
+        overhead, prefill = held_compute.work_us(
+            "prefill", len(spec.prompt_ids) - reused, 1, *spec.prefill_cost(reused), 0
+        )
         first_token = outcome["first_token_us"]
         waits.append(first_token - admit["time_us"] - (700 + overhead + prefill))
     assert len(waits) > 10 and set(waits) == {0}
@@ -375,7 +455,9 @@ def test_calibration_recovers_the_finish_term(document, policy):
     assert fitted_terms(fragment) == ("finish", "spread") and fitted_terms(before) == ()
     assert fit([measured, smaller], fitted_terms(before))[0] == before
     worse = compare(measured.document["totals"], predict(measured, before).outcomes["totals"])
-    assert max(abs(r.error) for r in worse if r.error is not None) > max(abs(r.error) for r in rows if r.error is not None)
+    assert max(abs(r.error) for r in worse if r.error is not None) > max(
+        abs(r.error) for r in rows if r.error is not None
+    )
 
 
 # A per-work spread with a known distribution: each work's mean time times a multiplier uniform on [0.8, 1.2].
@@ -395,8 +477,13 @@ def test_a_spread_draws_each_work_from_its_quantiles_and_replays_byte_for_byte(d
     run = record_json(simulate(parse_system(system), parse_document(document)))
     declared = json.loads(run)["declaration"]["system"]["compute_service"]
     assert declared["spread"] == SPREAD and record_json(rerun(json.loads(run))) == run
-    reseeded = merge_service(system, {"compute_service": WITH_SPREAD["compute_service"] | {"spread": SPREAD | {"seed": 8}}})
-    assert json.loads(record_json(simulate(parse_system(reseeded), parse_document(document))))["events"] != json.loads(run)["events"]
+    reseeded = merge_service(
+        system, {"compute_service": WITH_SPREAD["compute_service"] | {"spread": SPREAD | {"seed": 8}}}
+    )
+    assert (
+        json.loads(record_json(simulate(parse_system(reseeded), parse_document(document))))["events"]
+        != json.loads(run)["events"]
+    )
     # A spread of a single point, 1, is no spread: the same events and outcomes as the mean times alone.
     ones = {"compute_service": TRUTH["compute_service"] | {"spread": {"seed": 7, "prefill": [1, 1], "decode": [1, 1]}}}
     same, base = (record_value(simulate(parse_system(merge_service(system, service)), parse_document(document)))
@@ -436,6 +523,19 @@ def test_a_prediction_with_a_spread_is_the_median_over_seeds(document):
     assert predicted["token_hit_rate"] == totals[0]["token_hit_rate"]
     measured = run.document["totals"]  # without a spread, one simulation: its own figures
     assert compare(measured, predicted_totals(run, TRUTH)) == compare(measured, predict(run, TRUTH).outcomes["totals"])
+
+
+def test_the_noise_band_is_how_far_the_median_of_n_runs_strays():
+    """noise_band resamples the measured runs; checked against medians of runs drawn afresh from the
+    distribution they came from (log-normal, sigma 0.2: a figure's spread between engine runs), within 15%."""
+    rng = np.random.default_rng(1)
+    measured = np.exp(0.2 * rng.standard_normal(3000))
+    for repeats in (1, 5, 15):
+        fresh = np.median(np.exp(0.2 * rng.standard_normal((20000, repeats))), axis=1)
+        reference = float(np.quantile(np.abs(fresh - 1), 0.9))  # the distribution's median is exactly 1
+        assert noise_band(measured, repeats) == pytest.approx(reference, rel=0.15)
+    assert noise_band(measured[:15], 45) < noise_band(measured[:15], 15) < noise_band(measured[:15], 5)
+    assert noise_band([7.0] * 5) == 0 and noise_band(measured[:9]) == noise_band(list(measured[:9]))
 
 
 def test_predict_reports_the_median_over_seeds_and_writes_one_seeds_run(document, tmp_path, capsys):
@@ -497,7 +597,14 @@ def test_step_overhead_is_the_host_time_before_compute_works_and_waking_an_idle_
                 "b": {"arrival_us": 4990, "prompt_positions": 5, "selected_tokens": 1}}  # fmt: skip
     run = type("Run", (), {"document": {"requests": requests}, "works": works, "retained_bytes_per_position": 100})
     assert host_gaps(run) == [0, 50, 20, 50, 70, 10]
-    assert idle_us(run) == [1, 0, 0, 0, 0, 4490]  # a's prefill and b's woke the engine (idle since before 0, and 4490 us)
+    assert idle_us(run) == [
+        1,
+        0,
+        0,
+        0,
+        0,
+        4490,
+    ]  # a's prefill and b's woke the engine (idle since before 0, and 4490 us)
     assert step_overhead_us([run]) == (0 + 50 + 50 + 70 + 10) / 5
     # a ends with its last decode and retains 10 + 3 - 1 positions, b with its prefill (5 positions).
     assert finishes(run) == [(0, 0)] * 4 + [(1, 1200), (1, 500)]
@@ -528,7 +635,11 @@ def test_calibrate_and_predict_commands(document, tmp_path, capsys):
     assert fragment["calibration"]["machine"] == MACHINE and fragment["calibration"]["works"] > 100
     code, out, _ = run_cli(capsys, "predict", str(other), "--service", str(service), "--json")
     rows = {row["field"]: row for row in json.loads(out)}
-    assert code == 0 and abs(rows["e2e.p90"]["error"]) < 0.01 and rows["hit_rate_device"]["measured"] == rows["hit_rate_device"]["predicted"]
+    assert (
+        code == 0
+        and abs(rows["e2e.p90"]["error"]) < 0.01
+        and rows["hit_rate_device"]["measured"] == rows["hit_rate_device"]["predicted"]
+    )
     code, out, _ = run_cli(capsys, "predict", str(other))
     assert code == 0 and "own rates" in out.splitlines()[0] and "ttft.p50" in out
     # Bad input: exit 2, one line naming the field, nothing written.
@@ -602,5 +713,9 @@ def test_a_work_for_no_request_is_refused_naming_it(small_measured, tmp_path):
         read_measured_run(bad, "0" * 64)
     assert error.value.field.endswith("works[0].request_ids"), error.value
     (tmp_path / "measured.json").write_text(json.dumps(bad))
-    assert_refused(["kvsim", "calibrate", tmp_path / "measured.json", "--out", tmp_path / "out.json"],
-                   inputs=[tmp_path / "measured.json"], watch=[tmp_path], field="works[0].request_ids")
+    assert_refused(
+        ["kvsim", "calibrate", tmp_path / "measured.json", "--out", tmp_path / "out.json"],
+        inputs=[tmp_path / "measured.json"],
+        watch=[tmp_path],
+        field="works[0].request_ids",
+    )
