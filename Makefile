@@ -3,8 +3,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Huge-page mallocs for XLA's per-step temporaries (see HUGE_PAGES in jgpt/cli.py).
-export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
+# Huge-page mallocs kept in one heap for XLA's per-step temporaries (see MALLOC_TUNABLES in jgpt/cli.py).
+export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=0x10000000000
 
 .PHONY: demo test lint bench clean chromium
 

@@ -23,8 +23,8 @@ taking turns in one run.
 
     python bench/train_step.py [--steps 20] [--only small|large] [--products] [--scan] [--torch-compile]
 
-`make bench` runs it with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, as `jgpt train` runs
-(see docs/training.md, Speed); both sides of the comparison get the same allocator.
+`make bench` runs it with the malloc tunables `jgpt train` runs with (`jgpt.cli.MALLOC_TUNABLES`: huge
+pages, one arena, no mmap'd or trimmed blocks; docs/training.md, Speed); both sides get the same allocator.
 """
 
 from __future__ import annotations
@@ -183,7 +183,12 @@ def jgpt_step(shape: Shape, unroll: bool | int, blas_products: bool | None = Non
     tokens = np.random.default_rng(0).integers(0, 256, 100_000, dtype=np.int32)
     data = jax.device_put(TokenStream(jnp.asarray(tokens), shape.context), sharding.replicated(mesh))
     train_step = make_train_step(
-        architecture, optimizer, jax.random.key(1), shape.batch, sharding.batch_sharding(mesh), unroll,
+        architecture,
+        optimizer,
+        jax.random.key(1),
+        shape.batch,
+        sharding.batch_sharding(mesh),
+        unroll,
         blas_products=blas_products,
     )
     state = jax.device_put(start(initialize(architecture, 0)[0], optimizer), sharding.replicated(mesh))
@@ -256,15 +261,21 @@ def torch_step(shape: Shape, compiled: bool):
     return step
 
 
-def alternating_medians(steps: dict[str, Callable[[], None]], warmup: int, count: int, turn: int = 5) -> dict[str, float]:
+def alternating_medians(
+    steps: dict[str, Callable[[], None]], warmup: int, count: int, turn: int = 5
+) -> dict[str, float]:
     """Median seconds per step of each side, the sides taking turns of `turn` timed steps until each has
-    run `count`: a load that comes and goes falls on every side alike."""
+    run `count`: a load that comes and goes falls on every side alike. Each round starts one side later, so
+    no side always runs right after the peer's turn (in probes the side that did ran up to 2x slower in some processes,
+    whichever side it was)."""
     for step in steps.values():
         for _ in range(warmup):
             step()
     times: dict[str, list[float]] = {name: [] for name in steps}
+    order = list(steps.items())
     while any(len(observed) < count for observed in times.values()):
-        for name, step in steps.items():
+        order = order[1:] + order[:1]
+        for name, step in order:
             for _ in range(min(turn, count - len(times[name]))):
                 start_time = time.perf_counter()
                 step()

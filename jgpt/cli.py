@@ -82,8 +82,17 @@ def _dispatch(args: list[str]) -> int:
 
 # XLA on CPU allocates a step's temporaries afresh at every call; glibc maps large blocks
 # in 4 KiB pages, and faulting them in cost a third of a training step's CPU time
-# (282k page faults/s). Backing them with transparent huge pages is a start-up tunable.
-HUGE_PAGES = "glibc.malloc.hugetlb=1"
+# (282k page faults/s). Transparent huge pages cut that 18x, but each step still faulted its
+# blocks in afresh (about 360 faults per small bench step, 1,000 huge pages per large one, some
+# stalled on compaction), from whichever arena the executing thread had: one arena, no mmap'd
+# blocks and no trimming keep freed temporaries in the heap for the next step (0 faults per step).
+# Start-up tunables, each added unless the user set it.
+MALLOC_TUNABLES = {
+    "glibc.malloc.hugetlb": "1",
+    "glibc.malloc.arena_max": "1",
+    "glibc.malloc.mmap_max": "0",
+    "glibc.malloc.trim_threshold": "0x10000000000",
+}
 
 
 def _accelerator_backend() -> bool:
@@ -99,12 +108,13 @@ def _accelerator_backend() -> bool:
 
 
 def entry() -> None:
-    """The console script: on Linux with XLA's CPU backend, restart once with huge-page mallocs, then run
+    """The console script: on Linux with XLA's CPU backend, restart once with `MALLOC_TUNABLES`, then run
     `main` with the persistent compilation cache on (`jgpt.compilation_cache`)."""
     cache = compilation_cache.environment(os.environ)
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if sys.platform == "linux" and "glibc.malloc.hugetlb" not in tunables and not _accelerator_backend():
-        environment = {**os.environ, **cache, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, HUGE_PAGES)))}
+    missing = [f"{name}={value}" for name, value in MALLOC_TUNABLES.items() if name not in tunables]
+    if sys.platform == "linux" and missing and not _accelerator_backend():
+        environment = {**os.environ, **cache, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, *missing)))}
         os.execve(sys.executable, [sys.executable, "-m", "jgpt.cli", *sys.argv[1:]], environment)
     os.environ.update(cache)  # before any command imports jax, which reads them once
     exit_now(main())

@@ -40,12 +40,14 @@ def test_entry_restarts_with_the_tunable_added_to_the_users_own(monkeypatch):
     [(path, argv, environment)] = calls
     assert path == sys.executable
     assert argv == [sys.executable, "-m", "jgpt.cli", "train", "--steps", "3"]
-    assert environment["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert environment["GLIBC_TUNABLES"] == ("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:"
+                                             "glibc.malloc.trim_threshold=0x10000000000")  # fmt: skip
 
 
 def test_entry_runs_main_directly_once_the_tunable_is_set(monkeypatch, capsys):
     calls = _capture_execve(monkeypatch)
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")  # the user's choice wins
+    user = "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=4:glibc.malloc.mmap_max=9:glibc.malloc.trim_threshold=0"
+    monkeypatch.setenv("GLIBC_TUNABLES", user)  # the user's choices win
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/nonexistent/user-choice")  # so entry() adds nothing here
     monkeypatch.setattr(cli.sys, "argv", ["jgpt", "--help"])
     with pytest.raises(SystemExit) as exit_:
