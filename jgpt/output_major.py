@@ -10,7 +10,11 @@ matrix-vector product bound by the bytes it reads) and 512 rows (a prefill) ran
 the same on either layout within the noise. So an execution on CPU holds its
 projections this way instead of as stored, converted once when it is bound
 (`jgpt.layer_strategy.LayerStrategy.held_weights`), and
-`jgpt.operations.dense` multiplies an OutputMajor as `(W^T x^T)^T`.
+`jgpt.operations.dense` multiplies an OutputMajor as `(W^T x^T)^T` for a few rows.
+For one row and for many (a prefill's hundreds) the same matrix is multiplied as
+`x W` in one product without the barrier: quiet and alternating, a GPT-2-small
+prefill of 16 x 32 ids took 767 ms this way against 837 ms in the barrier form,
+and single rows ran at least as fast (docs/inference.md, Speed).
 
 The product is the same sum over the same inputs; only the order XLA adds them
 in may differ (tested against `x @ W` to 1e-5).
@@ -26,6 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 F32 = jnp.float32
+# Rows from which `x W` (one product, no barrier) ran as fast as `(W^T x^T)^T` or faster on GPT-2-small's
+# projections (quiet, alternating: the barrier form won at 16-64 rows, the two traded at 128, `x W` won at 256-512).
+MANY_ROWS = 128
 
 
 # A plain frozen dataclass registered by hand (not `jgpt.pytree.dataclass`) so the type checker sees its fields.
@@ -61,8 +68,10 @@ class OutputMajor:
         return OutputMajor(self.matrix.astype(dtype))
 
     def product(self, x: jax.Array, precision) -> jax.Array:
-        """x [N, I] -> x @ W [N, O] float32, computed as (W^T x^T)^T."""
+        """x [N, I] -> x @ W [N, O] float32: as (W^T x^T)^T for a few rows (2 <= N < MANY_ROWS), else as x W."""
         over_inputs = (((1,), (1,)), ((), ()))
+        if x.shape[0] == 1 or x.shape[0] >= MANY_ROWS:
+            return jax.lax.dot_general(x, self.matrix, over_inputs, precision=precision, preferred_element_type=F32)
         y = jax.lax.dot_general(self.matrix, x, over_inputs, precision=precision, preferred_element_type=F32)  # [O, N]
         # The barrier keeps the product's [O, N] result: without it XLA folds the transpose into the dot's
         # output layout and runs the slow product again.

@@ -17,7 +17,8 @@ GPT = ModelArchitecture(vocabulary=61, width=32, ffn=80, context=24, layers=2, h
 LLAMA = LlamaArchitecture(vocabulary=61, width=32, ffn=48, context=24, layers=3, heads=4, kv_heads=2)
 
 
-@pytest.mark.parametrize("rows", [1, 16, 70])
+# One row, a few and many: each of OutputMajor.product's forms (MANY_ROWS = 128).
+@pytest.mark.parametrize("rows", [1, 16, 130])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 def test_an_output_major_product_is_x_at_w_within_1e_5(rows, dtype):
     keys = jax.random.split(jax.random.PRNGKey(rows), 3)
