@@ -71,8 +71,11 @@ class _CumulativeFlops:
         return self.layers * (self.linear * i + self.quadratic * i * (i + 1) // 2)
 
     def increments(self, n: int) -> list[int]:
-        """position_flops(p) for p < n."""
-        return [self.layers * (self.linear + self.quadratic * (p + 1)) for p in range(n)]
+        """position_flops(p) for p < n: linear in p, so a range (summed per position, these were a sixth of a
+        streamed run's time)."""
+        step = self.layers * self.quadratic
+        first = self.layers * self.linear + step
+        return list(range(first, first + n * step, step))
 
 
 class _CumulativeBytes:
@@ -108,47 +111,52 @@ def framing_ids() -> dict[str, int]:
     return {**ROLE_IDS, "turn_end": TURN_END_ID}
 
 
-def analytic_request(model: AnalyticModel, item: Conversation) -> RecordedRequest:
-    n, output, complete = len(item.prompt_ids), item.output_ids, item.complete
-    positions = tuple(range(n, n + len(output) - 1))
+def _requests(model: AnalyticModel) -> Callable[[Conversation], RecordedRequest]:
+    """Makes the model's requests; what they share is worked out once (a streamed run makes each request three
+    times). A decode step's FLOPs and bytes are linear in its position, so each request's are a range."""
+    cum_flops, cum_bytes = _CumulativeFlops(model), _CumulativeBytes(model.kv_bytes_per_position)
     weights, kv_bytes, logits = model.weight_bytes, model.kv_bytes_per_position, model.logits_flops
-    return RecordedRequest(
-        request_id=item.request_id,
-        arrival_us=item.arrival_us,
-        prompt_ids=item.prompt_ids,
-        max_new_tokens=item.max_new_tokens,
-        output_ids=output,
-        outcome={
-            "selected_tokens": len(output),
-            "published_tokens": len(output) - complete,
-            "unused_budget": item.max_new_tokens - len(output),
-            "stop_reason": "turn_end" if complete else "max_new_tokens",
-            "complete": complete,
-        },
-        fixed_matmul_flops=logits,
-        fixed_memory_bytes=weights,
-        cum_flops=_CumulativeFlops(model),
-        cum_bytes=_CumulativeBytes(model.kv_bytes_per_position),
-        decode_positions=positions,
-        decode_flops=tuple(model.position_flops(p) + logits for p in positions),
-        decode_bytes=tuple(weights + (p + 1) * kv_bytes for p in positions),
-    )
+    flops_step = model.position_flops(1) - model.position_flops(0)
+
+    def request(item: Conversation) -> RecordedRequest:
+        n, output, complete = len(item.prompt_ids), item.output_ids, item.complete
+        steps = len(output) - 1  # at positions n .. n + steps - 1
+        first_flops, first_bytes = model.position_flops(n) + logits, weights + (n + 1) * kv_bytes
+        return RecordedRequest(
+            request_id=item.request_id,
+            arrival_us=item.arrival_us,
+            prompt_ids=item.prompt_ids,
+            max_new_tokens=item.max_new_tokens,
+            output_ids=output,
+            outcome={
+                "selected_tokens": len(output),
+                "published_tokens": len(output) - complete,
+                "unused_budget": item.max_new_tokens - len(output),
+                "stop_reason": "turn_end" if complete else "max_new_tokens",
+                "complete": complete,
+            },
+            fixed_matmul_flops=logits,
+            fixed_memory_bytes=weights,
+            cum_flops=cum_flops,
+            cum_bytes=cum_bytes,
+            decode_positions=tuple(range(n, n + steps)),
+            decode_flops=tuple(range(first_flops, first_flops + steps * flops_step, flops_step)),
+            decode_bytes=tuple(range(first_bytes, first_bytes + steps * kv_bytes, kv_bytes)),
+        )
+
+    return request
 
 
 def analytic_computations(model: AnalyticModel, items: list[Conversation], source: str) -> RecordedComputations:
     """A recorded computation document whose counts are the analytic ones above."""
-    return RecordedComputations(
-        **_document(model, source), requests=tuple(analytic_request(model, item) for item in items)
-    )
+    return RecordedComputations(**_document(model, source), requests=tuple(map(_requests(model), items)))
 
 
 def analytic_stream(
     model: AnalyticModel, items: Callable[[], Iterable[Conversation]], source: str
 ) -> StreamedComputations:
     """The same document made one request at a time (`items` makes them anew each call, in arrival order)."""
-    return StreamedComputations(
-        **_document(model, source), requests=lambda: (analytic_request(model, item) for item in items())
-    )
+    return StreamedComputations(**_document(model, source), requests=lambda: map(_requests(model), items()))
 
 
 def _document(model: AnalyticModel, source: str) -> dict:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+import orjson
+
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
 from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
@@ -121,7 +123,9 @@ def declare(
 ) -> tuple[dict, Workload]:
     """The record's declaration (KVRunBinding plus the optional parts) and the arrivals the run uses."""
     workload = resolve_workload(computations, workload, interaction)
-    declared = declaration(system, computations.model, workload_json(workload), interaction, resource_graph, ontology_binding)
+    declared = declaration(
+        system, computations.model, workload_json(workload), interaction, resource_graph, ontology_binding
+    )
     return declared, workload
 
 
@@ -210,7 +214,8 @@ def run_totals(result: engine.EngineResult, tally: Tally, outcomes: OutcomeTally
 
 @dataclass(frozen=True)
 class Array:
-    """A JSON array written in batches as it is produced (records of 100,000 requests are gigabytes)."""
+    """A JSON array written in batches as it is produced (records of 100,000 requests are gigabytes); its items
+    hold no float (they are encoded by `dumps_without_floats`)."""
 
     items: Callable[[], Iterable[Any]]
 
@@ -266,7 +271,7 @@ class InputDigest:
 
 def run_id(run: CacheRun) -> str:
     """Names the simulated question: a hash of everything a replay reads, nothing it produces."""
-    requests = (dumps(request_json(r)) for r in run.computations.requests)
+    requests = (dumps_without_floats(request_json(r)) for r in run.computations.requests)
     return input_digest(record_inputs(run.declaration, run.computations), requests)
 
 
@@ -317,13 +322,32 @@ def _array(items: Iterable[Any], batch: int = 4096) -> Iterator[bytes]:
     yield b"["
     items, separator = iter(items), b""
     while chunk := list(islice(items, batch)):
-        yield separator + dumps(chunk)[1:-1]
+        yield separator + dumps_without_floats(chunk)[1:-1]
         separator = b","
     yield b"]"
 
 
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()
+
+
+# One encoder for every call: json.dumps with options builds a new JSONEncoder each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def dumps_without_floats(value: Any) -> bytes:
+    """`dumps(value)` for a value that holds no float (events, measurements, computations, arrivals: the bulk of
+    a record), encoded by orjson five to ten times faster where the two agree byte for byte: compact, keys in
+    order, integers in decimal, and every string plain printable ASCII with no quote or backslash (json escapes
+    anything else as \\uXXXX; orjson writes UTF-8, or escapes it otherwise). Floats are left out because the
+    two format some differently (1e+16 and 1e16)."""
+    try:
+        encoded = orjson.dumps(value)
+    except orjson.JSONEncodeError:  # an integer past 64 bits, a lone surrogate
+        return dumps(value)
+    if encoded.isascii() and b"\\" not in encoded and b"\x7f" not in encoded:
+        return encoded
+    return dumps(value)
 
 
 def load_json(data: bytes, field: str) -> Any:

@@ -52,11 +52,12 @@ from kvsim.cache_run import (
     declaration,
     declare,
     dumps,
+    dumps_without_floats,
     record_inputs,
     rerun_inputs,
     run_totals,
 )
-from kvsim.outcomes import TOTALS, OutcomeTally
+from kvsim.outcomes import TOTALS, OutcomeTally, RequestOutcome
 from kvsim.record_view import OUTCOME
 from kvsim.recorded import RecordedComputations, RecordedRequest, StreamedComputations, request_json
 from kvsim.resource_graph import ResourceGraph
@@ -73,6 +74,7 @@ HEAD = Object(
 # The order of a record's lines: each line's section is at or after the one before it.
 SECTIONS = {"computation": 1, "event": 2, "measurement": 2, "outcome": 2, "state": 2, "totals": 3, "end": 4}
 ONCE = ("totals", "end")
+_OUTCOME_KEYS = ("request_id", *RequestOutcome._fields)  # an outcome line's object
 _CHUNK_BYTES = 1 << 16  # computation lines are written in chunks of about this size
 Write = Callable[[bytes], object]
 
@@ -132,7 +134,7 @@ def write_lines(
             outcomes.add(outcome)
         lines[0] += len(batch.events) + len(batch.measurements) + len(batch.outcomes) + len(batch.states)
         write(_rows(b"event", batch.events.rows) + _rows(b"measurement", batch.measurements.rows)
-              + b"".join(_line("outcome", {"request_id": r, **o._asdict()}) for r, o in batch.outcomes)
+              + b"".join(_line("outcome", dict(zip(_OUTCOME_KEYS, (r, *o)))) for r, o in batch.outcomes)
               + _states(batch.states))  # fmt: skip
 
     result = checked(simulated(hand_over))
@@ -164,7 +166,7 @@ def _written_requests(write: Write, requests: Iterator[RecordedRequest], lines: 
     pending = bytearray()
     for request in requests:
         lines[0] += 1
-        item = dumps(request_json(request))
+        item = dumps_without_floats(request_json(request))
         pending += b'{"computation":%b}\n' % item
         if len(pending) >= _CHUNK_BYTES:
             write(bytes(pending))
@@ -178,15 +180,15 @@ def _line(section: str, value: Any) -> bytes:
 
 
 def _rows(section: bytes, rows: list) -> bytes:
-    """`rows` (flat tuples but for a list that is never followed by another) as lines {"section":[...]}, encoded
-    with one json call: between rows, and only there, the encoding has "],[" unless a string holds it."""
+    """`rows` (flat tuples of no float but for a list that is never followed by another) as lines
+    {"section":[...]}, encoded with one call: between rows, and only there, the encoding has "],[" unless a
+    string holds it."""
     if not rows:
         return b""
-    parts = dumps(rows)[2:-2].split(b"],[")
-    if len(parts) != len(rows):  # some string holds "],[": encode row by row
-        parts = [dumps(row)[1:-1] for row in rows]
-    start = b'{"%b":[' % section
-    return start + (b"]}\n" + start).join(parts) + b"]}\n"
+    encoded = dumps_without_floats(rows)
+    if encoded.count(b"],[") != len(rows) - 1:  # some string holds "],[": encode row by row
+        return b"".join(b'{"%b":%b}\n' % (section, dumps_without_floats(row)) for row in rows)
+    return b'{"%b":%b}\n' % (section, encoded[1:-1].replace(b"],[", b']}\n{"%b":[' % section))
 
 
 def pulled(produce: Callable[[Write], object]) -> Iterator[bytes]:
@@ -274,7 +276,7 @@ def _checked_lines(file: BinaryIO) -> Iterator[tuple[int, str, Any]]:
         entry = parse_json(line, at)
         if not isinstance(entry, dict) or len(entry) != 1 or next(iter(entry)) not in SECTIONS:
             raise ApiError(at, f"expected an object with one key of {', '.join(SECTIONS)}")
-        (section, value), = entry.items()
+        ((section, value),) = entry.items()
         if SECTIONS[section] < rank or (section in ONCE and section in seen):
             raise ApiError(at, f"a {section} line cannot come here (sections: {', '.join(SECTIONS)}, in that order)")
         rank = SECTIONS[section]
@@ -313,7 +315,9 @@ _MEASURES = {m.value: m for m in MeasurementKind}
 def event_row(row: Any, at: str, index: int) -> CacheEvent:
     """A CacheEvent from its line's array: the record's `index`th event, caused by earlier ones only."""
     if not isinstance(row, list) or len(row) != len(CacheEvent._fields):
-        raise ApiError(at, f"an event is an array of {len(CacheEvent._fields)} values ({', '.join(CacheEvent._fields)})")
+        raise ApiError(
+            at, f"an event is an array of {len(CacheEvent._fields)} values ({', '.join(CacheEvent._fields)})"
+        )
     event_id, request_id, time_us, kind, state_id, size, device, host, detail, causes, phase, direction = row
     if event_id != index or type(event_id) is not int:
         raise ApiError(f"{at}.event_id", f"expected {index} (events are numbered in order), got {event_id!r}")

@@ -169,13 +169,18 @@ def _check_turn_end(requests: tuple[RecordedRequest, ...], field: str) -> None:
     first, turn_end = complete[0][0], complete[0][1].output_ids[-1]
     for index, request in complete:
         if request.output_ids[-1] != turn_end:
-            raise ApiError(f"{field}.requests[{index}].output_ids", f"a complete request ends with the turn end "
-                           f"{turn_end} (as requests[{first}] does), got {request.output_ids[-1]}")
+            raise ApiError(
+                f"{field}.requests[{index}].output_ids",
+                f"a complete request ends with the turn end "
+                f"{turn_end} (as requests[{first}] does), got {request.output_ids[-1]}",
+            )
     for index, request in enumerate(requests):
         published = request.output_ids[: request.outcome["published_tokens"]]
         if turn_end in published:
-            raise ApiError(f"{field}.requests[{index}].output_ids[{published.index(turn_end)}]",
-                           f"is the turn end {turn_end} complete requests end with; generation stops at the first")
+            raise ApiError(
+                f"{field}.requests[{index}].output_ids[{published.index(turn_end)}]",
+                f"is the turn end {turn_end} complete requests end with; generation stops at the first",
+            )
 
 
 def _parse_request(item: dict, field: str) -> RecordedRequest:
@@ -284,6 +289,8 @@ def request_json(request: RecordedRequest) -> dict:
 
 
 def _differences(cumulative: PrefixCosts, n: int) -> list[int]:
-    if isinstance(cumulative, Sequence):
-        return [b - a for a, b in zip(cumulative[:n], cumulative[1 : n + 1], strict=True)]
-    return cumulative.increments(n)  # closed-form tables give theirs directly
+    # Closed-form tables give theirs directly. Told apart by the method: an isinstance check against the
+    # Sequence ABC took a sixth of request_json's time.
+    if hasattr(cumulative, "increments"):
+        return cumulative.increments(n)
+    return [b - a for a, b in zip(cumulative[:n], cumulative[1 : n + 1], strict=True)]

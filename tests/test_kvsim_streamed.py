@@ -16,10 +16,12 @@ from jgpt.identity import write_atomically
 from kvsim import engine, parse_interaction, parse_system, record_value, run_id, simulate
 from kvsim.analytic import AnalyticModel, analytic_computations, analytic_stream
 from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind
+from kvsim.cache_run import dumps_without_floats
 from kvsim.outcomes import RequestOutcome, Status
 from kvsim.perfetto import trace_chunks
-from kvsim.record_lines import pulled, read_lines, replay_lines, streamed_view, whole_view, write_lines
+from kvsim.record_lines import _rows, pulled, read_lines, replay_lines, streamed_view, whole_view, write_lines
 from kvsim.record_view import check_viewable
+from kvsim.recorded import request_json
 from kvsim.synthetic import ConversationMix, arriving, conversations
 
 MODEL = AnalyticModel(layers=1, width=16, ffn=32, vocabulary=260, precision_bytes=4)
@@ -96,7 +98,11 @@ def test_a_cut_or_corrupted_streamed_record_is_refused_naming_a_line(streamed, t
         damaged = original[: data.draw(st.integers(0, len(original) - 1), label="length")]
     else:
         at = data.draw(st.integers(0, len(original) - 1), label="at")
-        damaged = original[:at] + data.draw(st.sampled_from([b"{", b"]", b'"', b"\n", b"9", b"x", b"\xff"])) + original[at + 1 :]
+        damaged = (
+            original[:at]
+            + data.draw(st.sampled_from([b"{", b"]", b'"', b"\n", b"9", b"x", b"\xff"]))
+            + original[at + 1 :]
+        )
     if damaged == original:
         return
     path = tmp_path_factory.mktemp("damaged") / "record.jsonl"
@@ -198,3 +204,70 @@ def test_a_streamed_run_keeps_next_to_nothing_per_finished_request(monkeypatch):
     n = 100
     small, large = held(n), held(4 * n)
     assert (large - small) / (3 * n) < 300, (small, large)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON)
+def test_the_fast_encoder_writes_what_json_writes(value):
+    """orjson encodes records' float-free values only where it writes json's bytes: any string (quotes,
+    backslashes, control characters, DEL, non-ASCII, lone surrogates) and any integer (past 64 bits too)."""
+    assert dumps_without_floats(value) == json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def test_rows_whose_strings_hold_the_row_separator_are_encoded_row_by_row():
+    rows = [(0, "a],[b", None, (1, 2)), (1, "caf\u00e9", "x", ()), (2, "plain", None, (0,))]
+    expected = b"".join(b'{"event":%b}\n' % json.dumps(row, separators=(",", ":")).encode() for row in rows)
+    assert _rows(b"event", rows) == expected
+    assert _rows(b"event", rows[2:]) == expected.split(b"\n", 2)[2]
+
+
+def test_analytic_counts_are_the_per_position_formulas():
+    model = AnalyticModel(layers=3, width=24, ffn=40, vocabulary=300, precision_bytes=2)
+    item = ITEMS[7]
+    request = analytic_computations(model, [item], "formulas").requests[0]
+    n, w, layers = len(item.prompt_ids), 24, 3
+    position_flops = [layers * (8 * w * w + 4 * w * 40 + 4 * w * (p + 1)) for p in range(n + len(item.output_ids))]
+    document = request_json(request)
+    assert document["prefill_costs"]["position_matmul_flops"] == position_flops[:n]
+    assert document["prefill_costs"]["position_memory_bytes"] == [2 * layers * w * 2] * n
+    steps = range(n, n + len(item.output_ids) - 1)
+    assert [s["position"] for s in document["decode_steps"]] == list(steps)
+    assert [s["matmul_flops"] for s in document["decode_steps"]] == [position_flops[p] + 2 * w * 300 for p in steps]
+    weights = model.weight_bytes
+    assert [s["logical_memory_bytes"] for s in document["decode_steps"]] == [
+        weights + (p + 1) * 2 * layers * w * 2 for p in steps
+    ]
+    assert request.prefill_cost(5) == (2 * w * 300 + sum(position_flops[5:n]), weights + (n - 5) * 2 * layers * w * 2)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_in_a_run_and_left_as_it_was(enabled):
+    """A run makes no reference cycles (the collector, paused while the engine runs, would free nothing); it is
+    resumed after, even when the run fails, and left off if it was off."""
+    gc.collect()
+    gc.disable()
+    try:
+        seen = []
+        system = parse_system({**SYSTEM, "max_requests": 1_000})
+        write_lines(lambda chunk: seen.append(gc.isenabled()), system, SCENARIO["computations"])
+        assert seen and not any(seen)
+        assert gc.collect() == 0
+        if enabled:
+            gc.enable()
+
+        def failing(chunk: bytes) -> None:
+            if chunk.startswith(b'{"event"'):
+                raise OSError("disk full")
+
+        with pytest.raises(OSError):
+            write_lines(failing, system, SCENARIO["computations"])
+        assert gc.isenabled() == enabled
+    finally:
+        gc.enable()
