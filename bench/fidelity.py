@@ -11,9 +11,12 @@ other workload's runs from their systems, arrivals and recorded computations
 the median over simulated repeats of every measured repeat), with the same service fitted without its
 spread (every work its mean time), without finish either (the model before
 both), and with the hypothetical default rates of docs/experiments.md. Printed per workload, policy
-and field: the measured median over repeats with its noise band (the repeats'
-minimum and maximum), each prediction and its error; then how many latencies
-each model predicts within 10% and the worst; and per repeat the stalled works
+and field: the measured median over repeats with the repeats' minimum and
+maximum and its noise band (`kvsim.fidelity.noise_band`: how far a median of
+that many runs strays by their own noise), each prediction and its error; then
+how many latencies each model predicts within 10% and the worst, and how many
+misses lie beyond the noise band; the noise band of the median of 1 to 45
+repeats per field (`noise_table`); and per repeat the stalled works
 (`stall_table`) with what the machine did meanwhile (`machine_counters`).
 
     .venv/bin/python bench/fidelity.py [--repeats 15] [--out-dir runs/fidelity] [--write-docs] [--gc-compare]
@@ -26,7 +29,8 @@ calibration runs and predicts its other runs, and prints the same tables
 quiet machine; it writes no file).
 
 --write-docs rewrites the generated part of docs/kvsim.md's Fidelity section
-(between its fidelity-bench markers) and docs/kvsim-fidelity.png from this run.
+(between its fidelity-bench markers: the fit, the tables, the noise table and
+the stalled works) and docs/kvsim-fidelity.png from this run.
 --gc-compare also serves each predicted workload with the collector left on,
 interleaved, and compares the measured tails. The measured-run documents and
 the service fragment are written to --out-dir, so `jgpt kvsim calibrate` and
@@ -226,7 +230,10 @@ def main() -> None:
                   f"{load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end; the bench took {took:.0f} s). "
                   f"Fitted on the {calibration} calibration runs:")  # fmt: skip
         stalls = stall_table(runs, machine).strip()  # how clean each repeat's measurement was
-        write_docs(f"{header}\n\n```\n{fit_text}\n```\n\n{markdown(table)}\n```\n{summary}\n\n{stalls}\n```\n")
+        noise = noise_table(table).strip()
+        write_docs(
+            f"{header}\n\n```\n{fit_text}\n```\n\n{markdown(table)}\n```\n{summary}\n\n{noise}\n\n{stalls}\n```\n"
+        )
         plot(table, PLOT)
         print(f"rewrote the table in {DOCS} and {PLOT}")
 
