@@ -3,7 +3,9 @@
 XLA's CPU dot ran the train step's dense products at 40-80 GFLOP/s on the bench
 configs' shapes (768 rows of width 128-512) where torch reached 80-160, in every
 operand layout and `dot_general` form tried (`bench/train_step.py --products`
-prints the table; measured on the 2-core development machine under load): the
+prints the table; measured on the 2-core development machine under load; quiet,
+at 3,072 rows, XLA's dot, this kernel and torch ran 94-164 GFLOP/s alike, and
+the step was faster with this kernel in 7 of 9 processes: docs/training.md, Speed): the
 layouts that made 16-row decode 2-3x faster (`jgpt.output_major`) change little
 at hundreds of rows, while numpy's OpenBLAS and torch's MKL ran these products
 at the same rate per core (docs/training.md, Speed). So on CPU the train step
@@ -78,7 +80,9 @@ def with_blas_products(weights: ModelWeights) -> ModelWeights:
     """`weights` with every projection held as a BlasMatrix (the same arrays, no copy): use inside the
     differentiated function, so the gradient is taken with respect to the plain arrays."""
     tensors: dict[str, Any] = weights.as_dict()
-    return ModelWeights.from_dict(tensors | {name: BlasMatrix(tensors[name]) for name in PROJECTIONS if name in tensors})
+    return ModelWeights.from_dict(
+        tensors | {name: BlasMatrix(tensors[name]) for name in PROJECTIONS if name in tensors}
+    )
 
 
 def available(backend: str | None = None) -> bool:
