@@ -118,7 +118,7 @@ def main() -> None:
                         help="requests of the streamed-record runs (none: skip them)")
     parser.add_argument("--streamed-one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--record-dir", help="where the streamed records are written, then removed (default: the "
-                                             "system's temporary directory; 1,000,000 requests take some 6 GB)")
+                                             "system's temporary directory; 1,000,000 requests take some 7.8 GB)")
     parser.add_argument("--policy", default="serialized", choices=["serialized", "continuous_batching"])
     parser.add_argument("--why-batch", action="store_true", help="instead: both policies on a saturating workload")
     args = parser.parse_args()
