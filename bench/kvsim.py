@@ -87,7 +87,9 @@ def streamed_one(size: int, policy: str, record_dir: str | None) -> None:
     with tempfile.TemporaryDirectory(dir=record_dir) as directory:
         path = Path(directory) / "record.jsonl"
         done = []
-        write_atomically(path, pulled(lambda write: done.append(write_lines(write, parse_system(system(policy)), computations))))
+        write_atomically(
+            path, pulled(lambda write: done.append(write_lines(write, parse_system(system(policy)), computations)))
+        )
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         size_bytes = path.stat().st_size
     totals = done[0].outcomes["totals"]
@@ -98,8 +100,10 @@ def streamed_one(size: int, policy: str, record_dir: str | None) -> None:
 
 
 def streamed(sizes: list[int], policy: str, record_dir: str | None) -> None:
-    print(f"\nstreamed record (JSON Lines) of a streamed document, one process per size; targets "
-          f"{STREAMED_TARGET_S:.0f} s and {STREAMED_TARGET_BYTES / 2**30:.0f} GiB at 1,000,000 requests")
+    print(
+        f"\nstreamed record (JSON Lines) of a streamed document, one process per size; targets "
+        f"{STREAMED_TARGET_S:.0f} s and {STREAMED_TARGET_BYTES / 2**30:.0f} GiB at 1,000,000 requests"
+    )
     print(f"{'requests':>9} {'events':>11} {'wall s':>8} {'cpu s':>8} {'record GB':>10} {'peak RSS MiB':>13}  verdict")
     for size in sizes:
         command = [sys.executable, __file__, "--streamed-one", str(size), "--policy", policy]
@@ -114,11 +118,20 @@ def streamed(sizes: list[int], policy: str, record_dir: str | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[1_000, 10_000, 100_000])
-    parser.add_argument("--streamed", type=int, nargs="*", default=[1_000_000], metavar="N",
-                        help="requests of the streamed-record runs (none: skip them)")
+    parser.add_argument(
+        "--streamed",
+        type=int,
+        nargs="*",
+        default=[1_000_000],
+        metavar="N",
+        help="requests of the streamed-record runs (none: skip them)",
+    )
     parser.add_argument("--streamed-one", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--record-dir", help="where the streamed records are written, then removed (default: the "
-                                             "system's temporary directory; 1,000,000 requests take some 7.8 GB)")
+    parser.add_argument(
+        "--record-dir",
+        help="where the streamed records are written, then removed (default: the "
+        "system's temporary directory; 1,000,000 requests take some 7.8 GB)",
+    )
     parser.add_argument("--policy", default="serialized", choices=["serialized", "continuous_batching"])
     parser.add_argument("--why-batch", action="store_true", help="instead: both policies on a saturating workload")
     args = parser.parse_args()
