@@ -28,9 +28,11 @@ chromium:
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the report test"; \
 	  $$([ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq chromium >/dev/null'; }
 
-# ruff (defects and import order) over the tree, mypy over jgpt/, inference/ and kvsim/; both configured in pyproject.toml.
+# ruff (defects, import order and the formatter's layout) over the tree, mypy over jgpt/, inference/ and kvsim/;
+# all configured in pyproject.toml.
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 test: lint chromium

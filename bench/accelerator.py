@@ -81,7 +81,13 @@ PEAKS = {
 }
 GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
 TRAIN_ARCHITECTURE = {
-    "vocabulary": 8192, "width": 768, "ffn": 3072, "context": 1024, "layers": 12, "heads": 12, "activation": "gelu_tanh",
+    "vocabulary": 8192,
+    "width": 768,
+    "ffn": 3072,
+    "context": 1024,
+    "layers": 12,
+    "heads": 12,
+    "activation": "gelu_tanh",
 }
 NO_END = -1  # no id ends a bench run early: every row decodes exactly N tokens
 PRECISIONS = ("float32", "bfloat16")
@@ -123,7 +129,9 @@ def device_peak(on_cpu: bool) -> tuple[Peak, str]:
     for name, peak in PEAKS.items():
         if name in kind:
             f32 = "n/a" if peak.float32 is None else f"{peak.float32 / 1e12:.1f}"
-            print(f"  datasheet ({name}): {peak.bandwidth / 1e9:.0f} GB/s; f32 {f32} TFLOP/s, bf16 {peak.bfloat16 / 1e12:.0f} TFLOP/s")
+            print(
+                f"  datasheet ({name}): {peak.bandwidth / 1e9:.0f} GB/s; f32 {f32} TFLOP/s, bf16 {peak.bfloat16 / 1e12:.0f} TFLOP/s"
+            )
             return peak, f"datasheet {name}"
     return measured, "measured here"
 
@@ -154,7 +162,10 @@ def parity(model, architecture, weights, tokens: int) -> float:
 def decode_seconds(execution: ModelExecution, batch: int, new_tokens: int) -> float:
     """Seconds per decode step of the jitted loop (compiled beforehand), batch rows with 16-id prompts."""
     rng = np.random.default_rng(1)
-    requests = [InferenceRequest(f"r{b}", rng.integers(0, 1000, 16).tolist(), GenerationPolicy(new_tokens)) for b in range(batch)]
+    requests = [
+        InferenceRequest(f"r{b}", rng.integers(0, 1000, 16).tolist(), GenerationPolicy(new_tokens))
+        for b in range(batch)
+    ]
     first = generate(execution, requests).responses[0]
     return first.computations[1].wall_time_us * 1e-6
 
@@ -167,9 +178,13 @@ def decode_table(architecture, weights, peak: Peak, new_tokens: int) -> None:
         costs, position = execution.costs, 16 + new_tokens // 2
         for batch in (1, 32):
             step = decode_seconds(execution, batch, new_tokens)
-            step_bytes = costs.fixed_memory_bytes + batch * (costs.memory_bytes(position, position + 1) - costs.fixed_memory_bytes)
+            step_bytes = costs.fixed_memory_bytes + batch * (
+                costs.memory_bytes(position, position + 1) - costs.fixed_memory_bytes
+            )
             roofline = batch * peak.bandwidth / step_bytes
-            print(f"  {precision:<9} {batch:>5} {batch / step:>9.1f} {roofline:>15.1f} {batch / step / roofline:>11.0%}")
+            print(
+                f"  {precision:<9} {batch:>5} {batch / step:>9.1f} {roofline:>15.1f} {batch / step / roofline:>11.0%}"
+            )
 
 
 def train_flops_per_token(architecture: ModelArchitecture, context: int) -> float:
@@ -201,7 +216,9 @@ def train_table(peak: Peak, batch: int, context: int, steps: int) -> None:
         achieved = train_flops_per_token(architecture, context) * batch * context / seconds
         device_peak_ = peak.float32 if precision == "float32" else peak.bfloat16
         mfu = "n/a" if device_peak_ is None else f"{achieved / device_peak_:.1%}"
-        print(f"  {precision:<9} {seconds * 1e3:>9.1f} {batch * context / seconds:>10,.0f} {achieved / 1e12:>9.3f} {mfu:>6}")
+        print(
+            f"  {precision:<9} {seconds * 1e3:>9.1f} {batch * context / seconds:>10,.0f} {achieved / 1e12:>9.3f} {mfu:>6}"
+        )
 
 
 def main() -> None:

@@ -63,7 +63,9 @@ PRODUCT_SHAPES = ((768, 768), (768, 3072), (3072, 768), (768, 50257))
 
 def hf_model(config: dict, seed: int = 0) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(**config, activation_function="gelu_new", attn_pdrop=0, resid_pdrop=0, embd_pdrop=0))
+    model = GPT2LMHeadModel(
+        GPT2Config(**config, activation_function="gelu_new", attn_pdrop=0, resid_pdrop=0, embd_pdrop=0)
+    )
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()
@@ -107,7 +109,9 @@ class HF:
     def _generate(self, n: int) -> tuple[float, torch.Tensor]:
         started = time.perf_counter()
         with torch.inference_mode():
-            out = self.model.generate(self.ids, attention_mask=self.mask, max_new_tokens=n, do_sample=False, use_cache=True)
+            out = self.model.generate(
+                self.ids, attention_mask=self.mask, max_new_tokens=n, do_sample=False, use_cache=True
+            )
         return time.perf_counter() - started, out
 
     def run(self, new_tokens: int) -> tuple[float, float, tuple]:
@@ -184,7 +188,9 @@ def print_bounds(repeats: int) -> tuple[float, float]:
         print(f"\nf32 dense products, {rows} rows, GFLOP/s:  XLA x@W  XLA output-major  torch linear")
         for (inputs, outputs), *speeds in product_speeds(rows, repeats):
             peak = max(peak, *speeds)
-            print(f"  [{rows}, {inputs}] @ [{inputs}, {outputs}]".ljust(34) + "".join(f"{s / 1e9:14.1f}" for s in speeds))
+            print(
+                f"  [{rows}, {inputs}] @ [{inputs}, {outputs}]".ljust(34) + "".join(f"{s / 1e9:14.1f}" for s in speeds)
+            )
     return max(found.values()), peak
 
 
@@ -230,7 +236,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats (a smoke run)")
     parser.add_argument("--tiny", action="store_true", help="also the tiny model")
-    parser.add_argument("--strategies", action="store_true", help="jgpt under every layer strategy, not the default only")
+    parser.add_argument(
+        "--strategies", action="store_true", help="jgpt under every layer strategy, not the default only"
+    )
     args = parser.parse_args()
     repeats = 2 if args.quick else 3
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch {torch.__version__}, {os.cpu_count()} cores, "

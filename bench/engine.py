@@ -72,9 +72,13 @@ def engine_step_us(execution, requests) -> tuple[float, float, object]:
     of it outside the work's own wall (dispatch of the jitted call to the ids on the host): the run's
     bookkeeping between works. And the run."""
     B = len(requests)
-    served = InferenceEngine(execution, parse_system(system("continuous_batching", B, GIB, GIB))).serve(requests, as_fast_as_possible=True)
+    served = InferenceEngine(execution, parse_system(system("continuous_batching", B, GIB, GIB))).serve(
+        requests, as_fast_as_possible=True
+    )
     works = [w for w in served.works if w["kind"] == "decode" and w["rows"] == B]
-    intervals = [(b["end_us"] - a["end_us"], b["end_us"] - a["end_us"] - b["wall_us"]) for a, b in zip(works, works[1:])]
+    intervals = [
+        (b["end_us"] - a["end_us"], b["end_us"] - a["end_us"] - b["wall_us"]) for a, b in zip(works, works[1:])
+    ]
     return statistics.median(i for i, _ in intervals), statistics.median(between for _, between in intervals), served
 
 
@@ -100,7 +104,9 @@ def generate_step_us(run, execution, requests) -> float:
 
 def decode_bench(execution, batches) -> None:
     print(f"steady-state decode, prompts of {PROMPT}, {BUDGET} new tokens each (tokens/s; per-step wall in ms)")
-    print(f"{'batch':>5}  {'engine':>16}  {'bare call':>16}  {'generate loop':>16}  {'generate step':>16}  overhead   between")
+    print(
+        f"{'batch':>5}  {'engine':>16}  {'bare call':>16}  {'generate loop':>16}  {'generate step':>16}  overhead   between"
+    )
     requests = babbling(execution, max(batches))
     for B in batches:
         chosen = requests[:B]
@@ -118,7 +124,9 @@ def decode_bench(execution, batches) -> None:
         step_us = generate_step_us(generate_stepwise, execution, chosen)
         cell = lambda us: f"{B / us * 1e6:8.0f} ({us / 1000:5.2f})"  # noqa: E731, B023 (used in this iteration)
         between = between_us / engine_us
-        print(f"{B:>5}  {cell(engine_us)}  {cell(bare_us)}  {cell(loop_us)}  {cell(step_us)}  {overhead:8.1%}  {between:8.1%}")
+        print(
+            f"{B:>5}  {cell(engine_us)}  {cell(bare_us)}  {cell(loop_us)}  {cell(step_us)}  {overhead:8.1%}  {between:8.1%}"
+        )
     print("overhead = median over adjacent engine/bare-call pairs of (engine step - bare call) / engine step;")
     print("between = the engine's time outside its jitted call and host read, within one run;")
     print("the issue asks overhead <= 10% at batch 8")
@@ -156,7 +164,9 @@ def workload_bench(execution, tokenizer, quick: bool) -> None:
     long = babbling(execution, n)
     print(f"bursts of {n} requests at once, max_active_requests {n}, retention none (tokens/s over the run):")
     for policy in ("serialized", "continuous_batching"):
-        document = serve_document(execution, tokenizer, burst, system(policy, n, GIB, GIB, "none"), as_fast_as_possible=True)
+        document = serve_document(
+            execution, tokenizer, burst, system(policy, n, GIB, GIB, "none"), as_fast_as_possible=True
+        )
         config = parse_system(system(policy, n, GIB, GIB, "none"))
         served = InferenceEngine(execution, config).serve(long, as_fast_as_possible=True)
         figures = []

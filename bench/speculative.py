@@ -94,7 +94,9 @@ def random_pair(width: int = 768) -> tuple[ModelExecution, ModelExecution]:
             GPT2LMHeadModel(config).save_pretrained(directory)
             architecture, weights, _ = convert(directory)
         weights = jax.tree.map(jnp.asarray, weights)
-        executions.append(ModelExecution(weights, architecture, StateIdentity(f"random-{layers}", "gpt2", "float32"), NO_END))
+        executions.append(
+            ModelExecution(weights, architecture, StateIdentity(f"random-{layers}", "gpt2", "float32"), NO_END)
+        )
     return executions[0], executions[1]
 
 
@@ -149,8 +151,15 @@ def bound(target: ModelExecution, draft: ModelExecution, prompt, greedy, repeats
 
     def forward(model: ModelExecution, width: int):
         start = model.prefill([prompt], capacity=target.architecture.context)[1]
-        return functools.partial(verify, model.weights, model.layer_weights, model.architecture, start,
-                                 jnp.ones((1, width), jnp.int32), model.scan_unroll)
+        return functools.partial(
+            verify,
+            model.weights,
+            model.layer_weights,
+            model.architecture,
+            start,
+            jnp.ones((1, width), jnp.int32),
+            model.scan_unroll,
+        )
 
     calls = {w: forward(target, w) for w in (1, *(k + 1 for k in KS))} | {"draft": forward(draft, 1)}
     for call in calls.values():
@@ -164,9 +173,13 @@ def bound(target: ModelExecution, draft: ModelExecution, prompt, greedy, repeats
     step = statistics.median(times[1])
     drafting = statistics.median(times["draft"]) / step
     decoded = [len(r.output_ids) - 1 for responses in greedy for r in responses]
-    print(f"\nBound: {len(decoded)} replies decoding {sum(decoded)} ids; one target forward over 1 id {step * 1e6:.0f} us, "
-          f"the draft's {drafting:.2f}x that")
-    print(f"  {'K':>2} {'verify us':>9} {'vs step':>7} {'oracle rounds':>13} {'oracle speed-up':>15} {'at the draft cost':>17}")
+    print(
+        f"\nBound: {len(decoded)} replies decoding {sum(decoded)} ids; one target forward over 1 id {step * 1e6:.0f} us, "
+        f"the draft's {drafting:.2f}x that"
+    )
+    print(
+        f"  {'K':>2} {'verify us':>9} {'vs step':>7} {'oracle rounds':>13} {'oracle speed-up':>15} {'at the draft cost':>17}"
+    )
     for k in KS:
         ratio = statistics.median(times[k + 1]) / step
         rounds = sum(-(-n // (k + 1)) for n in decoded)
@@ -181,10 +194,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="held-out exercises of the chat workload")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+    )
     target, draft = catalog_execution("chat"), catalog_execution("chat-draft")
     count = 10 if args.quick else args.requests
-    requests = [InferenceRequest(f"skill-{i}", p, GenerationPolicy(CHAT_BUDGET)) for i, p in enumerate(skill_prompts(target, count))]
+    requests = [
+        InferenceRequest(f"skill-{i}", p, GenerationPolicy(CHAT_BUDGET))
+        for i, p in enumerate(skill_prompts(target, count))
+    ]
     a, d = target.architecture, draft.architecture
     pair = f"chat (L{a.layers} C{a.width}) with chat-draft (L{d.layers} C{d.width})"
     drafts = [("draft", draft), ("lookup", PromptLookup())]

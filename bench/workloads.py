@@ -99,7 +99,11 @@ def _document(kind: str, arrivals: list, max_new_tokens: int) -> dict:
     return {
         "kind": kind,
         "requests": [
-            {"request_id": rid, "arrival_us": at, "request": {"turns": turns, "generation": {"max_new_tokens": max_new_tokens}}}
+            {
+                "request_id": rid,
+                "arrival_us": at,
+                "request": {"turns": turns, "generation": {"max_new_tokens": max_new_tokens}},
+            }
             for at, rid, turns in arrivals
         ],
     }

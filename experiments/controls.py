@@ -61,30 +61,102 @@ class Control:
 CONTROLS: dict[str, Control] = {
     control.name: control
     for control in (
-        Control("model.model_id", "ModelArtifact", str, "catalog id or artifact directory of the model; 'default' is the catalog's default"),
-        Control("generation.max_new_tokens", "GenerationPolicy", int, "output-token budget per request, TURN_END included", minimum=1),
+        Control(
+            "model.model_id",
+            "ModelArtifact",
+            str,
+            "catalog id or artifact directory of the model; 'default' is the catalog's default",
+        ),
+        Control(
+            "generation.max_new_tokens",
+            "GenerationPolicy",
+            int,
+            "output-token budget per request, TURN_END included",
+            minimum=1,
+        ),
         Control("generation.selection", "GenerationPolicy", str, "token selection rule", choices=("greedy",)),
         Control("generation.stopping", "GenerationPolicy", str, "termination rule", choices=("turn_end_or_budget",)),
         Control("max_requests", "InferenceSystem", int, "most requests the system accepts in one run", minimum=1),
-        Control("max_new_tokens_cap", "InferenceSystem", int, "system ceiling on any request's output budget", minimum=1),
-        Control("scheduling.max_active_requests", "RequestScheduling", int, "admission slots: requests active at once", minimum=1),
-        Control("scheduling.policy", "RequestScheduling", str, "how active requests share service", choices=("serialized", "continuous_batching")),
+        Control(
+            "max_new_tokens_cap", "InferenceSystem", int, "system ceiling on any request's output budget", minimum=1
+        ),
+        Control(
+            "scheduling.max_active_requests",
+            "RequestScheduling",
+            int,
+            "admission slots: requests active at once",
+            minimum=1,
+        ),
+        Control(
+            "scheduling.policy",
+            "RequestScheduling",
+            str,
+            "how active requests share service",
+            choices=("serialized", "continuous_batching"),
+        ),
         Control("kv_cache.device_kv_bytes", "KVCache", int, "logical device KV budget in bytes", minimum=1),
-        Control("kv_cache.host_kv_bytes", "KVCache", int, "logical host KV budget in bytes (0: no host tier)", minimum=0),
-        Control("kv_cache.retention_policy", "KVCache", str, "which finished prefixes are kept for reuse", choices=("lru", "none")),
-        Control("transfer.link_bytes_per_us", "StateTransfer", float, "host<->device link bandwidth", strictly_positive=True),
+        Control(
+            "kv_cache.host_kv_bytes", "KVCache", int, "logical host KV budget in bytes (0: no host tier)", minimum=0
+        ),
+        Control(
+            "kv_cache.retention_policy",
+            "KVCache",
+            str,
+            "which finished prefixes are kept for reuse",
+            choices=("lru", "none"),
+        ),
+        Control(
+            "transfer.link_bytes_per_us", "StateTransfer", float, "host<->device link bandwidth", strictly_positive=True
+        ),
         Control("transfer.link_latency_us", "StateTransfer", float, "startup delay of one transfer", minimum=0),
-        Control("compute_service.compute_flops_per_us", "ComputeService", float, "hypothetical matmul rate", strictly_positive=True),
-        Control("compute_service.memory_bytes_per_us", "ComputeService", float, "hypothetical memory-traffic rate", strictly_positive=True),
-        Control("execution.runner", "InferenceEngine", str, "kvsim simulates the arm, the InferenceEngine serves it on the wall "
-                "clock, or generate decodes its requests one at a time on the wall clock (the decoding.* controls)",
-                choices=("kvsim", "engine", "generate"), default="kvsim"),
-        Control("compute_service.model", "ComputeService", str, "kvsim's service: hypothetical roofline rates, or calibrated on "
-                "engine runs of the lab's calibration_workload", choices=("roofline", "calibrated"), default="roofline"),
-        Control("decoding.rule", "Decoding", str, "greedy decoding, or greedy-exact speculative decoding (draft, then one "
-                "target verify)", choices=("greedy", "speculative"), default="greedy"),
-        Control("decoding.draft_model_id", "Decoding", str, "what proposes ids: a catalog id or artifact directory with the "
-                "target's tokenizer, or 'prompt-lookup'; 'none' for greedy", default=NO_DRAFT),
+        Control(
+            "compute_service.compute_flops_per_us",
+            "ComputeService",
+            float,
+            "hypothetical matmul rate",
+            strictly_positive=True,
+        ),
+        Control(
+            "compute_service.memory_bytes_per_us",
+            "ComputeService",
+            float,
+            "hypothetical memory-traffic rate",
+            strictly_positive=True,
+        ),
+        Control(
+            "execution.runner",
+            "InferenceEngine",
+            str,
+            "kvsim simulates the arm, the InferenceEngine serves it on the wall "
+            "clock, or generate decodes its requests one at a time on the wall clock (the decoding.* controls)",
+            choices=("kvsim", "engine", "generate"),
+            default="kvsim",
+        ),
+        Control(
+            "compute_service.model",
+            "ComputeService",
+            str,
+            "kvsim's service: hypothetical roofline rates, or calibrated on "
+            "engine runs of the lab's calibration_workload",
+            choices=("roofline", "calibrated"),
+            default="roofline",
+        ),
+        Control(
+            "decoding.rule",
+            "Decoding",
+            str,
+            "greedy decoding, or greedy-exact speculative decoding (draft, then one target verify)",
+            choices=("greedy", "speculative"),
+            default="greedy",
+        ),
+        Control(
+            "decoding.draft_model_id",
+            "Decoding",
+            str,
+            "what proposes ids: a catalog id or artifact directory with the "
+            "target's tokenizer, or 'prompt-lookup'; 'none' for greedy",
+            default=NO_DRAFT,
+        ),
         Control("decoding.speculation_tokens", "Decoding", int, "ids drafted per round (K)", minimum=1, default=4),
     )
 }

@@ -34,9 +34,11 @@ from jgpt.validation import is_integer, is_number
 FORMAT = "jgpt-decoding-run"
 VERSION = 1
 REPEATS = 3  # decodes of the workload per arm; an arm's time is the median of their sums
-MEASUREMENT = ("each request alone (batch 1), decoded once untimed, then REPEATS times; "
-               "decode_us: the decode loop from dispatch to ready, plus a draft model's own prefill; prefill_us: the "
-               "target's prefill")
+MEASUREMENT = (
+    "each request alone (batch 1), decoded once untimed, then REPEATS times; "
+    "decode_us: the decode loop from dispatch to ready, plus a draft model's own prefill; prefill_us: the "
+    "target's prefill"
+)
 # check_draft names its fields for the CLI; an arm names the controls that set them
 CONTROL_OF = {"speculate": "decoding.speculation_tokens", "draft": "decoding.draft_model_id"}
 
@@ -46,12 +48,22 @@ def decoding_of(execution: ExecutionSpec) -> dict[str, Any]:
     assignments = execution.assignments
     if chosen(assignments, "decoding.rule") == "greedy":
         return {"rule": "greedy", "draft_model_id": None, "speculation_tokens": None}
-    return {"rule": "speculative", "draft_model_id": chosen(assignments, "decoding.draft_model_id"),
-            "speculation_tokens": chosen(assignments, "decoding.speculation_tokens")}
+    return {
+        "rule": "speculative",
+        "draft_model_id": chosen(assignments, "decoding.draft_model_id"),
+        "speculation_tokens": chosen(assignments, "decoding.speculation_tokens"),
+    }
 
 
-def decoding_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording: Recording, workload: LabWorkload,
-                 files: dict[str, bytes]) -> dict[str, Any]:
+def decoding_arm(
+    i: int,
+    label: str,
+    execution: ExecutionSpec,
+    n: int,
+    recording: Recording,
+    workload: LabWorkload,
+    files: dict[str, bytes],
+) -> dict[str, Any]:
     """Decode the arm's requests REPEATS times; its outcomes are the decoding run's totals."""
     try:
         run = _decode(execution, recording, workload)
@@ -59,8 +71,13 @@ def decoding_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording
         raise ApiError(f"arm {label!r}: {CONTROL_OF.get(error.field, error.field)}", error.reason) from None
     name = f"decoding-run-{i}.json"
     files[name] = _dumps(run)
-    return {"label": label, "execution": execution.to_json(), "recording": n,
-            "decoding_run": _file_entry(name, files[name]), "outcomes": run["totals"]}
+    return {
+        "label": label,
+        "execution": execution.to_json(),
+        "recording": n,
+        "decoding_run": _file_entry(name, files[name]),
+        "outcomes": run["totals"],
+    }
 
 
 def _decode(execution: ExecutionSpec, recording: Recording, workload: LabWorkload) -> dict[str, Any]:
@@ -130,22 +147,38 @@ def summary_row(arm: Mapping[str, Any], greedy_rate: float | None) -> dict[str, 
     """A generate arm's row of summary.json; `greedy_rate` is the record's greedy generate arm's decode tokens/s."""
     totals, decoding = arm["outcomes"], decoding_of(ExecutionSpec.from_json(arm["execution"], "execution"))
     rate = totals["decode_tokens_per_s"]
-    return {"label": arm["label"], "rule": decoding["rule"], "draft": decoding["draft_model_id"],
-            "speculation_tokens": decoding["speculation_tokens"]} | {
-        name: totals[name] for name in ("requests", "decode_ids", "rounds", "acceptance_rate", "ids_per_round",
-                                        "decode_tokens_per_s")
-    } | {"vs_greedy": rate / greedy_rate if rate and greedy_rate else None, "same_ids_as_greedy": totals["same_ids_as_greedy"]}
+    return (
+        {
+            "label": arm["label"],
+            "rule": decoding["rule"],
+            "draft": decoding["draft_model_id"],
+            "speculation_tokens": decoding["speculation_tokens"],
+        }
+        | {
+            name: totals[name]
+            for name in ("requests", "decode_ids", "rounds", "acceptance_rate", "ids_per_round", "decode_tokens_per_s")
+        }
+        | {
+            "vs_greedy": rate / greedy_rate if rate and greedy_rate else None,
+            "same_ids_as_greedy": totals["same_ids_as_greedy"],
+        }
+    )
 
 
 def greedy_rate(arms: Sequence[Mapping[str, Any]]) -> float | None:
     """The decode tokens/s of the record's first greedy generate arm, which every arm is compared with."""
-    greedy = [arm for arm in arms if "decoding_run" in arm
-              and decoding_of(ExecutionSpec.from_json(arm["execution"], "execution"))["rule"] == "greedy"]
+    greedy = [
+        arm
+        for arm in arms
+        if "decoding_run" in arm
+        and decoding_of(ExecutionSpec.from_json(arm["execution"], "execution"))["rule"] == "greedy"
+    ]
     return greedy[0]["outcomes"]["decode_tokens_per_s"] if greedy else None
 
 
-def replay_decoding_arm(directory: Path, arm: Mapping[str, Any], field: str, execution: ExecutionSpec,
-                        document: dict) -> None:
+def replay_decoding_arm(
+    directory: Path, arm: Mapping[str, Any], field: str, execution: ExecutionSpec, document: dict
+) -> None:
     """A generate arm cannot be measured again: its decoding run is intact, decoded the recording's prompts
     with the arm's model and decoding, and its totals (same ids as greedy included) are what its requests give."""
     entry = arm.get("decoding_run")
@@ -159,9 +192,11 @@ def replay_decoding_arm(directory: Path, arm: Mapping[str, Any], field: str, exe
     if run.get("model") != document.get("model"):
         raise ApiError(f"{at}.model", "is not the model of the arm's recorded computations")
     decoding = run.get("decoding")
-    if not isinstance(decoding, dict) or {k: v for k, v in decoding.items() if k != "draft_checkpoint_sha256"} \
-            != decoding_of(execution) or not (decoding.get("draft_checkpoint_sha256") is None
-                                              or isinstance(decoding["draft_checkpoint_sha256"], str)):
+    if (
+        not isinstance(decoding, dict)
+        or {k: v for k, v in decoding.items() if k != "draft_checkpoint_sha256"} != decoding_of(execution)
+        or not (decoding.get("draft_checkpoint_sha256") is None or isinstance(decoding["draft_checkpoint_sha256"], str))
+    ):
         raise ApiError(f"{at}.decoding", "is not the decoding the arm's controls choose")
     if run.get("repeats") != REPEATS or run.get("measurement") != MEASUREMENT:
         raise ApiError(f"{at}.repeats", f"must be {REPEATS} repeats measured as {FORMAT} {VERSION} measures")
@@ -172,8 +207,17 @@ def replay_decoding_arm(directory: Path, arm: Mapping[str, Any], field: str, exe
         raise ApiError(at, "holds other fields than a decoding run's")
 
 
-REQUEST_FIELDS = {"request_id", "prompt_ids", "output_ids", "same_ids_every_repeat", "rounds", "drafted", "accepted",
-                  "prefill_us", "decode_us"}
+REQUEST_FIELDS = {
+    "request_id",
+    "prompt_ids",
+    "output_ids",
+    "same_ids_every_repeat",
+    "rounds",
+    "drafted",
+    "accepted",
+    "prefill_us",
+    "decode_us",
+}
 
 
 def _entries(value: Any, document: Mapping[str, Any], field: str) -> list[dict[str, Any]]:
@@ -189,10 +233,17 @@ def _entries(value: Any, document: Mapping[str, Any], field: str) -> list[dict[s
             raise ApiError(at, f"did not decode the recording's request {request_id!r} with its prompt")
         counts = [entry[name] for name in ("rounds", "drafted", "accepted")]
         ids = entry["output_ids"]
-        if not all(is_integer(c) and c >= 0 for c in counts) or not isinstance(ids, list) or not ids \
-                or not all(is_integer(t) for t in ids) or not isinstance(entry["same_ids_every_repeat"], bool):
+        if (
+            not all(is_integer(c) and c >= 0 for c in counts)
+            or not isinstance(ids, list)
+            or not ids
+            or not all(is_integer(t) for t in ids)
+            or not isinstance(entry["same_ids_every_repeat"], bool)
+        ):
             raise ApiError(at, "needs output ids, whole counts of rounds, drafted and accepted ids, and a boolean")
         times = [entry["prefill_us"], entry["decode_us"]]
-        if not all(isinstance(t, list) and len(t) == REPEATS and all(is_number(x) and x >= 0 for x in t) for t in times):
+        if not all(
+            isinstance(t, list) and len(t) == REPEATS and all(is_number(x) and x >= 0 for x in t) for t in times
+        ):
             raise ApiError(at, f"prefill_us and decode_us must each be {REPEATS} times in microseconds")
     return value

@@ -46,20 +46,34 @@ def served_requests(workload: LabWorkload, computations: dict, generation: dict)
     """The workload's requests with the prompts its recorded computations hold, at their declared arrivals."""
     prompts = {r["request_id"]: tuple(r["prompt_ids"]) for r in computations["requests"]}
     policy = GenerationPolicy.from_json(generation, "generation")
-    return tuple(InferenceRequest(r.request_id, prompts[r.request_id], policy, r.arrival_us, r.text) for r in workload.requests)
+    return tuple(
+        InferenceRequest(r.request_id, prompts[r.request_id], policy, r.arrival_us, r.text) for r in workload.requests
+    )
 
 
-def serve(model_id: str, system_json: dict, workload: LabWorkload, computations: dict, generation: dict, label: str) -> dict:
+def serve(
+    model_id: str, system_json: dict, workload: LabWorkload, computations: dict, generation: dict, label: str
+) -> dict:
     """The measured-run document of the engine serving `workload` under `system_json`."""
     execution, tokenizer = model_execution(model_id)
     system = parse_system(system_json, "system")
     requests = served_requests(workload, computations, generation)
-    print(f"engine: {label}: compiling, then serving {len(requests)} requests on the wall clock", file=sys.stderr, flush=True)
+    print(
+        f"engine: {label}: compiling, then serving {len(requests)} requests on the wall clock",
+        file=sys.stderr,
+        flush=True,
+    )
     served = InferenceEngine(execution, system).serve(requests, workload.interaction)
-    document = measured_run(execution, system, served, kind=workload.kind, interaction=workload.interaction, tokenizer=tokenizer)
+    document = measured_run(
+        execution, system, served, kind=workload.kind, interaction=workload.interaction, tokenizer=tokenizer
+    )
     totals = document["totals"]
-    print(f"engine: {label}: {totals['completed']} completed in {totals['end_us'] / 1e6:.2f} s "
-          f"({served.compile_wall_us / 1e6:.1f} s compiling before the clock)", file=sys.stderr, flush=True)
+    print(
+        f"engine: {label}: {totals['completed']} completed in {totals['end_us'] / 1e6:.2f} s "
+        f"({served.compile_wall_us / 1e6:.1f} s compiling before the clock)",
+        file=sys.stderr,
+        flush=True,
+    )
     return document
 
 

@@ -66,8 +66,10 @@ class ExperimentSource:
         return cls(**SOURCE.read(value, field))
 
 
-CONTRACT = Object({f.name: Text() for f in dataclasses.fields(AbstractionContract)},
-                  about="AbstractionContract: what the lab's model keeps, leaves out, and how far it reaches.")
+CONTRACT = Object(
+    {f.name: Text() for f in dataclasses.fields(AbstractionContract)},
+    about="AbstractionContract: what the lab's model keeps, leaves out, and how far it reaches.",
+)
 SOURCE = Object({"title": Text(), "url": String(pattern="^https://", meaning="an https URL")})
 # An axis with `control` lists that control's values; one without lists points of {control: value, ...}.
 SWEEP_AXIS = Object({"values": ListOf(Anything("values of the axis's control, or {control: value} points"), 2)},
@@ -125,7 +127,8 @@ class ExperimentDesign:
     def served(self) -> bool:
         """Whether running the lab measures anything on the wall clock (engine or generate arms, or a calibration)."""
         return self.calibration_workload is not None or any(
-            chosen(arm.execution.assignments, "execution.runner") != "kvsim" for arm in self.arms())
+            chosen(arm.execution.assignments, "execution.runner") != "kvsim" for arm in self.arms()
+        )
 
     def arms(self) -> tuple[Arm, ...]:
         """Every point of the sweep (one arm, labelled 'settings', when there is none)."""
@@ -164,7 +167,8 @@ class ExperimentDesign:
             workload=read_workload(value["workload"], at("workload")) if "workload" in value else None,
             sweep=_sweep(value.get("sweep", []), settings, at("sweep")),
             calibration_workload=read_workload(value["calibration_workload"], at("calibration_workload"))
-            if "calibration_workload" in value else None,
+            if "calibration_workload" in value
+            else None,
         )
         _check_runners(design, at)
         return design
@@ -184,8 +188,9 @@ class ExperimentDesign:
         if self.workload is not None:
             document["workload"] = self.workload.source
         if self.sweep:
-            document["sweep"] = [({} if a.control is None else {"control": a.control}) | {"values": list(a.values)}
-                                 for a in self.sweep]
+            document["sweep"] = [
+                ({} if a.control is None else {"control": a.control}) | {"values": list(a.values)} for a in self.sweep
+            ]
         if self.calibration_workload is not None:
             document["calibration_workload"] = self.calibration_workload.source
         return document
@@ -199,17 +204,25 @@ def _check_runners(design: ExperimentDesign, at) -> None:
         assignments = arm.execution.assignments
         refusal = decoding_refusal(assignments)
         if refusal is not None:
-            raise ApiError(at("sweep") if design.sweep else at("settings"), f"arm {arm.label!r}: {refusal[0]}: {refusal[1]}")
+            raise ApiError(
+                at("sweep") if design.sweep else at("settings"), f"arm {arm.label!r}: {refusal[0]}: {refusal[1]}"
+            )
         if chosen(assignments, "compute_service.model") == "calibrated":
             calibrated = True
             if chosen(assignments, "execution.runner") != "kvsim":
-                raise ApiError(at("sweep") if design.sweep else at("settings"),
-                               f"arm {arm.label!r}: compute_service.model chooses kvsim's service; an engine or generate "
-                               "arm is measured")
+                raise ApiError(
+                    at("sweep") if design.sweep else at("settings"),
+                    f"arm {arm.label!r}: compute_service.model chooses kvsim's service; an engine or generate "
+                    "arm is measured",
+                )
     if calibrated and design.calibration_workload is None:
-        raise ApiError(at("calibration_workload"), "a calibrated arm needs a calibration workload to fit its service on")
+        raise ApiError(
+            at("calibration_workload"), "a calibrated arm needs a calibration workload to fit its service on"
+        )
     if design.calibration_workload is not None and not calibrated:
-        raise ApiError(at("calibration_workload"), "is served only to calibrate; no arm sets compute_service.model to calibrated")
+        raise ApiError(
+            at("calibration_workload"), "is served only to calibrate; no arm sets compute_service.model to calibrated"
+        )
 
 
 def _sweep(value: Any, settings: ExecutionSpec, field: str) -> tuple[SweepAxis, ...]:

@@ -168,7 +168,10 @@ def run_lab(
         "version": VERSION,
         "id": _execution_id(lab, arm_entries, recording_entries, workload, calibration),
         "lab": lab.to_json(),
-        "bindings": {"workload": workload.to_json(_generation(arms[0][1])), "models": [r["model"] for r in recording_entries]},
+        "bindings": {
+            "workload": workload.to_json(_generation(arms[0][1])),
+            "models": [r["model"] for r in recording_entries],
+        },
         "provenance": first["execution"]["provenance"] | {"backend": first["execution"]["backend"]},
         "recordings": recording_entries,
         "arms": arm_entries,
@@ -206,8 +209,9 @@ def _check_replaceable(out: Path) -> None:
     (a foreign record.json, a person's own file beside a run's) would be deleted with it: refused."""
     if not out.exists() or (out.is_dir() and not out.is_symlink() and not any(out.iterdir())):
         return
-    refused = ApiError("out", f"{out} is a non-empty directory that is not a lab run's (or holds other files); "
-                              "choose another")
+    refused = ApiError(
+        "out", f"{out} is a non-empty directory that is not a lab run's (or holds other files); choose another"
+    )
     if out.is_symlink() or not (out / RECORD).is_file():
         raise refused
     try:
@@ -219,8 +223,13 @@ def _check_replaceable(out: Path) -> None:
     written = {RECORD, "summary.json", "report.html", *_named_paths(record)}
     for entry in out.iterdir():
         plots = entry.name == "plots" and entry.is_dir() and not entry.is_symlink()
-        if not (plots and all(p.suffix == ".png" and p.is_file() for p in entry.iterdir())
-                or entry.name in written and entry.is_file() and not entry.is_symlink()):
+        if not (
+            plots
+            and all(p.suffix == ".png" and p.is_file() for p in entry.iterdir())
+            or entry.name in written
+            and entry.is_file()
+            and not entry.is_symlink()
+        ):
             raise refused
 
 
@@ -251,10 +260,14 @@ def replay(record_path: Path) -> dict[str, Any]:
     documents = []
     for n, entry in enumerate(recordings):
         field = f"record.recordings[{n}]"
-        document = parse_json(verified_file(record_path.parent, entry.get("computations"), f"{field}.computations"),
-                              f"{field}.computations")
-        observations = parse_json(verified_file(record_path.parent, entry.get("observations"), f"{field}.observations"),
-                                  f"{field}.observations")
+        document = parse_json(
+            verified_file(record_path.parent, entry.get("computations"), f"{field}.computations"),
+            f"{field}.computations",
+        )
+        observations = parse_json(
+            verified_file(record_path.parent, entry.get("observations"), f"{field}.observations"),
+            f"{field}.observations",
+        )
         for name in ("computations", "observations"):
             if set(entry[name]) != {"path", "sha256", "bytes"}:
                 raise ApiError(f"{field}.{name}", "must be a file entry {path, sha256, bytes}")
@@ -262,11 +275,24 @@ def replay(record_path: Path) -> dict[str, Any]:
         documents.append(document)
     from experiments.measured_arms import replay_calibration, replay_engine_arm  # they read this module's helpers
 
-    executions = [ExecutionSpec.from_json(arm.get("execution"), f"record.arms[{i}].execution") for i, arm in enumerate(arms)]
+    executions = [
+        ExecutionSpec.from_json(arm.get("execution"), f"record.arms[{i}].execution") for i, arm in enumerate(arms)
+    ]
     if ("calibration" in record) != (lab.calibration_workload is not None):
-        raise ApiError("record.calibration", "a record holds a calibration exactly when its lab declares a calibration_workload")
-    fragment = None if lab.calibration_workload is None else replay_calibration(
-        record_path.parent, record["calibration"], lab, executions, [document.get("model") for document in documents])
+        raise ApiError(
+            "record.calibration", "a record holds a calibration exactly when its lab declares a calibration_workload"
+        )
+    fragment = (
+        None
+        if lab.calibration_workload is None
+        else replay_calibration(
+            record_path.parent,
+            record["calibration"],
+            lab,
+            executions,
+            [document.get("model") for document in documents],
+        )
+    )
     declared = lab.arms()
     if len(arms) != len(declared):
         raise ApiError("record.arms", f"must be the {len(declared)} arms of its lab")
@@ -310,8 +336,13 @@ def _list(record: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
     return value
 
 
-def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: LabWorkload,
-                   executions: list[ExecutionSpec], documents: list[dict]) -> None:
+def _check_derived(
+    record: Mapping[str, Any],
+    lab: ExperimentDesign,
+    workload: LabWorkload,
+    executions: list[ExecutionSpec],
+    documents: list[dict],
+) -> None:
     """Every field the run derived from what it consumed must be derived again, so none can be edited alone."""
     recordings, arms = record["recordings"], record["arms"]
     execution = documents[0].get("execution")
@@ -328,7 +359,9 @@ def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: L
         inference = {"model.model_id": model_id} | {f"generation.{k}": v for k, v in generations[-1].items()}
         # "default" is resolved to the catalog's default model when the lab runs
         if recordings[arm["recording"]].get("inference") != inference or named not in (model_id, "default"):
-            raise ApiError(f"record.recordings[{arm['recording']}].inference", f"is not what arm {i}'s controls resolve to")
+            raise ApiError(
+                f"record.recordings[{arm['recording']}].inference", f"is not what arm {i}'s controls resolve to"
+            )
     expected = {
         "id": _execution_id(lab, arms, recordings, workload, record.get("calibration")),
         "bindings": {"workload": workload.to_json(generations[0]), "models": [r["model"] for r in recordings]},
@@ -345,7 +378,9 @@ def _check_derived(record: Mapping[str, Any], lab: ExperimentDesign, workload: L
         except ApiError as error:
             raise ApiError(f"record.recordings[{n}].model.architecture.{error.field}", error.reason) from None
         if entry.get("walkthrough") != walkthrough(architecture).to_json():
-            raise ApiError(f"record.recordings[{n}].walkthrough", "is not the walkthrough of the recorded model's architecture")
+            raise ApiError(
+                f"record.recordings[{n}].walkthrough", "is not the walkthrough of the recorded model's architecture"
+            )
 
 
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -387,8 +422,10 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
     if all(mode == ("kvsim", "roofline") for mode, _ in modes):
         return table  # a kvsim-only lab's summary is what it always was
     for row, ((runner, service), _) in zip(rows, modes):
-        row["source"] = {"engine": "measured on the engine", "generate": "measured with generate, one request at a time"}.get(
-            runner, f"simulated by kvsim ({service})")
+        row["source"] = {
+            "engine": "measured on the engine",
+            "generate": "measured with generate, one request at a time",
+        }.get(runner, f"simulated by kvsim ({service})")
     return table | {"fidelity": _fidelity(record["arms"], modes)}
 
 
@@ -412,7 +449,9 @@ def _fidelity(arms: list, modes: list) -> list[dict[str, Any]]:
     return pairs
 
 
-def _simulate(execution: ExecutionSpec, document: dict, workload: LabWorkload, lab: ExperimentDesign, fragment: dict | None = None):
+def _simulate(
+    execution: ExecutionSpec, document: dict, workload: LabWorkload, lab: ExperimentDesign, fragment: dict | None = None
+):
     computations = parse_document(document)  # checked before the engine's shapes are read from it
     system = execution.system_config_json()
     if chosen(execution.assignments, "compute_service.model") == "calibrated":
@@ -421,7 +460,9 @@ def _simulate(execution: ExecutionSpec, document: dict, workload: LabWorkload, l
         if fragment is None:
             raise ApiError("compute_service.model", "a calibrated arm needs its lab's calibration_workload")
         system = merge_service(system, fragment)
-        system = system | {"compute_service": system["compute_service"] | engine_shapes(document, system, _generation(execution))}
+        system = system | {
+            "compute_service": system["compute_service"] | engine_shapes(document, system, _generation(execution))
+        }
     system = parse_system(system, "system")
     return simulate(
         system,
@@ -442,8 +483,13 @@ def _recording_key(execution: ExecutionSpec, workload: LabWorkload) -> str:
     return json.dumps([inference, workload.to_json({})], sort_keys=True)
 
 
-def _execution_id(lab: ExperimentDesign, arms: list, recordings: list, workload: LabWorkload,
-                  calibration: Mapping[str, Any] | None = None) -> str:
+def _execution_id(
+    lab: ExperimentDesign,
+    arms: list,
+    recordings: list,
+    workload: LabWorkload,
+    calibration: Mapping[str, Any] | None = None,
+) -> str:
     """Names what was consumed: the lab, every arm's controls, the recorded computations' identity and any
     measured runs (engine arms', then the calibration's)."""
     consumed = {
@@ -465,8 +511,13 @@ def _file_entry(name: str, data: bytes) -> dict[str, Any]:
 
 def verified_file(directory: Path, entry: Any, field: str) -> bytes:
     """The bytes of the file a record's entry names, checked before use."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or not is_integer(entry.get("bytes")) \
-            or not 0 <= entry["bytes"] <= RECORD_FILE_LIMIT or set(entry) - {"path", "sha256", "bytes", "id"}:
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("sha256"), str)
+        or not is_integer(entry.get("bytes"))
+        or not 0 <= entry["bytes"] <= RECORD_FILE_LIMIT
+        or set(entry) - {"path", "sha256", "bytes", "id"}
+    ):
         raise ApiError(field, f"must be a file entry {{path, sha256, bytes}} of at most {RECORD_FILE_LIMIT} bytes")
     path = confined(directory, entry.get("path"), f"{field}.path")
     if path.is_file() and path.stat().st_size != entry["bytes"]:  # refused before a byte is read

@@ -65,8 +65,11 @@ def write_report(record_path: Path, out: Path) -> Path:
     data = {
         "record": {k: record[k] for k in ("id", "lab", "provenance", "bindings")},
         "summary": summary(record),
-        "inspectable": {"observations": observations, "walkthrough": recording["walkthrough"],
-                        "computations": inspectable.computations},
+        "inspectable": {
+            "observations": observations,
+            "walkthrough": recording["walkthrough"],
+            "computations": inspectable.computations,
+        },
         "initial": inspectable.initial().to_json(),
         "map": default_inference_map().to_json(),
         "events": _events_of(record, directory, inspected),
@@ -77,8 +80,10 @@ def write_report(record_path: Path, out: Path) -> Path:
         if not all(confined(directory, f"plots/{name}", "plots").is_file() for name in _plot_names(record)):
             plots = Path(scratch) / "plots"  # a record run without plots: draw them for the page only
             for _, arm in simulated_arms(record):  # only the files the record names, verified by the replay above
-                shutil.copyfile(confined(directory, arm["cache_run"]["path"], "cache_run.path"),
-                                confined(scratch, arm["cache_run"]["path"], "cache_run.path"))
+                shutil.copyfile(
+                    confined(directory, arm["cache_run"]["path"], "cache_run.path"),
+                    confined(scratch, arm["cache_run"]["path"], "cache_run.path"),
+                )
             draw_plots(record, Path(scratch))
         page = _page(record, data, plots)
     out = Path(out)
@@ -93,8 +98,10 @@ def _image(path: Path, alt: str) -> str:
 
 def _events_of(record: dict[str, Any], directory: Path, request_ids: set[str]) -> list[list[dict[str, Any]]]:
     """Per arm, the kvsim events of the inspected requests, with their causes (none for an engine arm)."""
-    runs = (_read(directory, arm["cache_run"], "cache_run") if "cache_run" in arm else {"events": []}
-            for arm in record["arms"])
+    runs = (
+        _read(directory, arm["cache_run"], "cache_run") if "cache_run" in arm else {"events": []}
+        for arm in record["arms"]
+    )
     return [[event for event in run["events"] if event["request_id"] in request_ids] for run in runs]
 
 
@@ -110,12 +117,14 @@ def _plot_names(record: dict[str, Any]) -> list[str]:
 def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
     lab = record["lab"]
     timelines = "".join(
-        f'<details{" open" if i == 0 else ""}><summary>{html.escape(arm["label"])}</summary>'
-        f'{_image(plots / f"arm-{i}-timeline.png", "kvsim timeline " + arm["label"])}</details>'
+        f"<details{' open' if i == 0 else ''}><summary>{html.escape(arm['label'])}</summary>"
+        f"{_image(plots / f'arm-{i}-timeline.png', 'kvsim timeline ' + arm['label'])}</details>"
         for i, arm in simulated_arms(record)
     )
     contract = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in lab["contract"].items())
-    sources = "".join(f'<li><a href="{html.escape(s["url"])}">{html.escape(s["title"])}</a></li>' for s in lab["sources"])
+    sources = "".join(
+        f'<li><a href="{html.escape(s["url"])}">{html.escape(s["title"])}</a></li>' for s in lab["sources"]
+    )
     nav = "".join(f'<a href="#{key}-section">{html.escape(title)}</a>' for key, title in SECTIONS)
     payload = json.dumps(data, separators=(",", ":")).translate(_SCRIPT_SAFE)
     bodies = {
@@ -126,7 +135,7 @@ def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
     }
     sections = "".join(
         f'<section id="{key}-section"><h2>{html.escape(title)}</h2>'
-        f'{bodies.get(key, f"<div id={chr(34)}{key}-panel{chr(34)}></div>")}</section>'
+        f"{bodies.get(key, f'<div id={chr(34)}{key}-panel{chr(34)}></div>')}</section>"
         for key, title in SECTIONS
     )
     return f"""<!DOCTYPE html>
@@ -382,5 +391,7 @@ window.addEventListener('hashchange', fromHash);
 """
 
 # Only the page's own style and script, by hash: nothing a record could smuggle in runs or applies.
-CONTENT_SECURITY_POLICY = (f"default-src 'none'; img-src data:; style-src {_digest(_CSS)}; script-src {_digest(_SCRIPT)}; "
-                           "base-uri 'none'; form-action 'none'")
+CONTENT_SECURITY_POLICY = (
+    f"default-src 'none'; img-src data:; style-src {_digest(_CSS)}; script-src {_digest(_SCRIPT)}; "
+    "base-uri 'none'; form-action 'none'"
+)

@@ -168,7 +168,14 @@ def draw(inference_map: InferenceMap, path: Path) -> Path:
     shown = [edge for edge in inference_map.relationships if edge.source in positions and edge.target in positions]
     for node_id in {end for edge in shown for end in (edge.source, edge.target)}:
         x, y = positions[node_id]
-        ax.plot([x * column + 0.105 * len(by_id[node_id].owner) + 0.2, lane], [y, y], color="#fca5a5", lw=0.6, ls=":", zorder=1)
+        ax.plot(
+            [x * column + 0.105 * len(by_id[node_id].owner) + 0.2, lane],
+            [y, y],
+            color="#fca5a5",
+            lw=0.6,
+            ls=":",
+            zorder=1,
+        )
     for edge in shown:
         sy, ty = positions[edge.source][1], positions[edge.target][1]
         bulge = 0.9 + 0.55 * abs(ty - sy)
@@ -178,7 +185,13 @@ def draw(inference_map: InferenceMap, path: Path) -> Path:
     for node_id, (x, y) in positions.items():
         node = by_id[node_id]
         ax.text(
-            x * column, y, node.owner, ha="left", va="center", fontsize=8, zorder=3,
+            x * column,
+            y,
+            node.owner,
+            ha="left",
+            va="center",
+            fontsize=8,
+            zorder=3,
             bbox={"boxstyle": "round,pad=0.3", "fc": _VIEW_COLORS[node.view], "ec": "#374151", "lw": 0.6},
         )
     handles = [plt.Rectangle((0, 0), 1, 1, fc=color, ec="#374151") for color in _VIEW_COLORS.values()]

@@ -84,7 +84,9 @@ class Inspectable:
             raise ApiError("observation_id", "the model surface shows an observation; select one")
         stages = len(self.walkthrough["stages"])
         if not isinstance(state.architecture_step, int) or not 0 <= state.architecture_step < stages:
-            raise ApiError("architecture_step", f"must be a stage index 0..{stages - 1}, got {state.architecture_step!r}")
+            raise ApiError(
+                "architecture_step", f"must be a stage index 0..{stages - 1}, got {state.architecture_step!r}"
+            )
         works = len(self.computations.get(request["request_id"], ()))
         if state.computation_index is not None and not 0 <= state.computation_index < works:
             raise ApiError("computation_index", f"must be 0..{works - 1} or null, got {state.computation_index!r}")
@@ -97,7 +99,9 @@ class Inspectable:
         return {
             "token": request["tokens"][state.position],
             "prediction": request["predictions"][state.position],
-            "attention_row": None if observation is None else [heads for heads in observation["values"][state.position]],
+            "attention_row": None
+            if observation is None
+            else [heads for heads in observation["values"][state.position]],
             "stage": self.walkthrough["stages"][state.architecture_step],
             "computation": None
             if state.computation_index is None

@@ -44,7 +44,9 @@ def record_workload(execution: ExecutionSpec, workload: LabWorkload) -> Recordin
         raise ApiError("model.model_id", f"{model_id!r}: {error}") from None
     tokenizer = artifact.tokenizer()
     model = ModelExecution.from_artifact(artifact, tokenizer)
-    generation = {name.split(".")[1]: execution.value(name) for name in execution.assignments if name.startswith("generation.")}
+    generation = {
+        name.split(".")[1]: execution.value(name) for name in execution.assignments if name.startswith("generation.")
+    }
     policy = GenerationPolicy.from_json(generation, "generation")
     document = _record_in_stages(model, tokenizer, workload, policy)
     return Recording(
@@ -56,7 +58,9 @@ def record_workload(execution: ExecutionSpec, workload: LabWorkload) -> Recordin
     )
 
 
-def _record_in_stages(model: ModelExecution, tokenizer: Tokenizer, workload: LabWorkload, policy: GenerationPolicy) -> dict:
+def _record_in_stages(
+    model: ModelExecution, tokenizer: Tokenizer, workload: LabWorkload, policy: GenerationPolicy
+) -> dict:
     """Record requests whose prompts are known, then those that continue them, until all are recorded.
 
     A continuing request's prompt holds the model's reply to the request it
@@ -65,9 +69,14 @@ def _record_in_stages(model: ModelExecution, tokenizer: Tokenizer, workload: Lab
     recorded: dict[str, dict] = {}
     first = None
     while len(recorded) < len(workload.requests):
-        ready = [r for r in workload.requests if r.request_id not in recorded and (r.continues is None or r.continues in recorded)]
+        ready = [
+            r
+            for r in workload.requests
+            if r.request_id not in recorded and (r.continues is None or r.continues in recorded)
+        ]
         requests = [
-            InferenceRequest(r.request_id, _prompt_ids(r, recorded, tokenizer), policy, r.arrival_us, r.text) for r in ready
+            InferenceRequest(r.request_id, _prompt_ids(r, recorded, tokenizer), policy, r.arrival_us, r.text)
+            for r in ready
         ]
         document = record(model, requests, kind=workload.kind)
         first = first or document
@@ -126,9 +135,18 @@ def _spans(by_id: dict, recorded: dict, tokenizer: Tokenizer, request_id: str) -
     spans = _spans(by_id, recorded, tokenizer, request.continues)
     start = len(previous["prompt_ids"])
     end = len(previous["prompt_ids"]) + len(previous["output_ids"])
-    spans.append({"kind": "reply", "reason": f"the model's reply to {request.continues}", "token_start": start,
-                  "token_end": end, "turn": None})
-    offset = len(_prompt_ids(request, recorded, tokenizer)) - len(tokenizer.encode_turns(request.turns, open_turn="assistant").ids)
+    spans.append(
+        {
+            "kind": "reply",
+            "reason": f"the model's reply to {request.continues}",
+            "token_start": start,
+            "token_end": end,
+            "turn": None,
+        }
+    )
+    offset = len(_prompt_ids(request, recorded, tokenizer)) - len(
+        tokenizer.encode_turns(request.turns, open_turn="assistant").ids
+    )
     for span in tokenizer.encode_turns(request.turns, open_turn="assistant").spans:
         shifted = span.to_json()
         shifted["token_start"] += offset
@@ -154,7 +172,9 @@ def _inspect(model, tokenizer, run_id, request_id, spans, entry, sequence) -> di
             "position": p,
             "next_id": sequence[p + 1],
             "next_probability": round(float(probabilities[p, sequence[p + 1]]), 6),
-            "candidates": [{"id": int(i), "piece": piece(i), "probability": round(float(probabilities[p, i]), 6)} for i in top[p]],
+            "candidates": [
+                {"id": int(i), "piece": piece(i), "probability": round(float(probabilities[p, i]), 6)} for i in top[p]
+            ],
         }
         for p in range(len(sequence) - 1)
     ]
@@ -166,7 +186,10 @@ def _inspect(model, tokenizer, run_id, request_id, spans, entry, sequence) -> di
             "axes": list(o.axes),
             "shape": list(o.shape),
             # [position][head][slot <= position]: the causal lower triangle, 4 decimals
-            "values": [[[round(float(w), 4) for w in o.values[q, h, : q + 1]] for h in range(o.shape[1])] for q in range(o.shape[0])],
+            "values": [
+                [[round(float(w), 4) for w in o.values[q, h, : q + 1]] for h in range(o.shape[1])]
+                for q in range(o.shape[0])
+            ],
         }
         for o in observations
         if o.id.endswith("/attention_weights")

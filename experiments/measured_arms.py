@@ -37,13 +37,26 @@ from jgpt.json_input import parse_json
 from kvsim import fit, fitted_terms, parse_system, read_measured_run, system_json
 
 
-def engine_arm(i: int, label: str, execution: ExecutionSpec, n: int, recording: Recording, workload: LabWorkload,
-                files: dict[str, bytes]) -> dict[str, Any]:
+def engine_arm(
+    i: int,
+    label: str,
+    execution: ExecutionSpec,
+    n: int,
+    recording: Recording,
+    workload: LabWorkload,
+    files: dict[str, bytes],
+) -> dict[str, Any]:
     """Serve the arm on the InferenceEngine; its outcomes are the measured totals (kvsim's field names)."""
     from experiments.engine_serving import serve  # jax: only when an arm runs on the engine
 
-    measured = serve(recording.model["model_id"], execution.system_config_json(), workload, recording.document,
-                     _generation(execution), f"arm {label!r}")
+    measured = serve(
+        recording.model["model_id"],
+        execution.system_config_json(),
+        workload,
+        recording.document,
+        _generation(execution),
+        f"arm {label!r}",
+    )
     name = f"measured-run-{i}.json"
     files[name] = _dumps(measured)
     return {
@@ -81,19 +94,31 @@ def calibrate(lab: ExperimentDesign, arms: list, recordings: dict, files: dict[s
         if key not in recordings:  # the prompts its conversations send, with the model's own replies
             recordings[key] = record_workload(execution, workload)
         recording = recordings[key]
-        measured = serve(recording.model["model_id"], system, workload, recording.document, _generation(execution),
-                         f"calibration run {n}")
+        measured = serve(
+            recording.model["model_id"],
+            system,
+            workload,
+            recording.document,
+            _generation(execution),
+            f"calibration run {n}",
+        )
         name = f"calibration-run-{n}.json"
         files[name] = _dumps(measured)
         runs.append(read_measured_run(json.loads(files[name]), hashlib.sha256(files[name]).hexdigest(), name))
-        entries.append({"execution": execution.to_json(), "system": measured["system"],
-                        "measured_run": _file_entry(name, files[name])})
+        entries.append(
+            {
+                "execution": execution.to_json(),
+                "system": measured["system"],
+                "measured_run": _file_entry(name, files[name]),
+            }
+        )
     fragment, _, _ = fit(runs)
     return {"runs": entries, "fragment": fragment}
 
 
-def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign, executions: list[ExecutionSpec],
-                       models: list[Any]) -> dict:
+def replay_calibration(
+    directory: Path, calibration: Any, lab: ExperimentDesign, executions: list[ExecutionSpec], models: list[Any]
+) -> dict:
     """The recorded calibration runs are the planned ones, intact, on a model the record's recordings name, and
     fitting them again gives the recorded fragment."""
     field = "record.calibration"
@@ -107,7 +132,11 @@ def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign,
         data = verified_file(directory, entry.get("measured_run"), f"{at}.measured_run")
         measured = parse_json(data, f"{at}.measured_run")
         check_measured_run(measured, f"{at}.measured_run")
-        if entry.get("execution") != execution.to_json() or entry.get("system") != system or measured["system"] != system:
+        if (
+            entry.get("execution") != execution.to_json()
+            or entry.get("system") != system
+            or measured["system"] != system
+        ):
             raise ApiError(at, "is not the engine run its calibrated arms plan (their controls and system)")
         _check_arrivals(measured, lab.calibration_workload, f"{at}.measured_run")
         if measured.get("model") not in models:
@@ -119,8 +148,9 @@ def replay_calibration(directory: Path, calibration: Any, lab: ExperimentDesign,
     return fragment
 
 
-def replay_engine_arm(directory: Path, arm: Mapping[str, Any], field: str, execution: ExecutionSpec,
-                       document: dict, workload: LabWorkload) -> None:
+def replay_engine_arm(
+    directory: Path, arm: Mapping[str, Any], field: str, execution: ExecutionSpec, document: dict, workload: LabWorkload
+) -> None:
     """An engine arm cannot be measured again: its measured run is intact, is of this arm's system, model,
     prompts and arrivals, and its totals are what its requests and works give; the arm's outcomes are them."""
     data = verified_file(directory, arm.get("measured_run"), f"{field}.measured_run")
@@ -132,10 +162,15 @@ def replay_engine_arm(directory: Path, arm: Mapping[str, Any], field: str, execu
     if measured.get("model") != document.get("model"):
         raise ApiError(f"{field}.measured_run.model", "is not the model of the arm's recorded computations")
     _check_arrivals(measured, workload, f"{field}.measured_run")
-    prompts = lambda computations: {r.get("request_id"): r.get("prompt_ids")  # noqa: E731
-                                    for r in computations.get("requests") or [] if isinstance(r, dict)}
+    prompts = lambda computations: {
+        r.get("request_id"): r.get("prompt_ids")  # noqa: E731
+        for r in computations.get("requests") or []
+        if isinstance(r, dict)
+    }
     if prompts(measured["computations"]) != prompts(document):
-        raise ApiError(f"{field}.measured_run.computations", "did not serve the prompts of the arm's recorded computations")
+        raise ApiError(
+            f"{field}.measured_run.computations", "did not serve the prompts of the arm's recorded computations"
+        )
     if measured["totals"] != arm.get("outcomes"):
         raise ApiError(f"{field}.outcomes", "are not the totals of its measured run")
 

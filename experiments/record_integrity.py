@@ -30,14 +30,24 @@ DERIVED_TOTALS = (
 def check_recording(entry: Mapping[str, Any], document: Any, observations: Any, field: str) -> None:
     """The recording's model binding is its computations' model, and its observations are of their sequences."""
     model = entry.get("model")
-    if not isinstance(model, dict) or not isinstance(document, dict) \
-            or {k: v for k, v in model.items() if k != "model_id"} != document.get("model"):
+    if (
+        not isinstance(model, dict)
+        or not isinstance(document, dict)
+        or {k: v for k, v in model.items() if k != "model_id"} != document.get("model")
+    ):
         raise ApiError(f"{field}.model", "is not the model its recorded computations name")
     checkpoint = model.get("checkpoint_sha256")
-    if not isinstance(observations, dict) or not isinstance(checkpoint, str) or observations.get("run_id") != checkpoint[:12]:
+    if (
+        not isinstance(observations, dict)
+        or not isinstance(checkpoint, str)
+        or observations.get("run_id") != checkpoint[:12]
+    ):
         raise ApiError(f"{field}.observations", "were not observed on the model of its recorded computations")
-    recorded = {r["request_id"]: r for r in document.get("requests") or []
-                if isinstance(r, dict) and isinstance(r.get("request_id"), str)}
+    recorded = {
+        r["request_id"]: r
+        for r in document.get("requests") or []
+        if isinstance(r, dict) and isinstance(r.get("request_id"), str)
+    }
     inspected = observations.get("requests")
     if not isinstance(inspected, list) or not inspected:
         raise ApiError(f"{field}.observations", "must inspect at least one request")
@@ -49,14 +59,21 @@ def check_recording(entry: Mapping[str, Any], document: Any, observations: Any, 
             raise ApiError(where, "is not a request of the recorded computations")
         prompt, output = computed.get("prompt_ids"), computed.get("output_ids")
         if not isinstance(prompt, list) or not isinstance(output, list):
-            raise ApiError(f"{field}.computations", f"request {computed['request_id']!r} lacks its prompt_ids or output_ids")
+            raise ApiError(
+                f"{field}.computations", f"request {computed['request_id']!r} lacks its prompt_ids or output_ids"
+            )
         sequence = prompt + output
         tokens, predictions = request.get("tokens"), request.get("predictions")
-        if not isinstance(tokens, list) or [t.get("id") if isinstance(t, dict) else None for t in tokens] != sequence \
-                or request.get("prompt_length") != len(prompt):
+        if (
+            not isinstance(tokens, list)
+            or [t.get("id") if isinstance(t, dict) else None for t in tokens] != sequence
+            or request.get("prompt_length") != len(prompt)
+        ):
             raise ApiError(f"{where}.tokens", "are not the sequence the recorded computations hold")
-        if not isinstance(predictions, list) or [p.get("next_id") if isinstance(p, dict) else None
-                                                 for p in predictions] != sequence[1:]:
+        if (
+            not isinstance(predictions, list)
+            or [p.get("next_id") if isinstance(p, dict) else None for p in predictions] != sequence[1:]
+        ):
             raise ApiError(f"{where}.predictions", "do not predict the recorded sequence position by position")
         _check_inspected(request, where)
 
@@ -66,20 +83,41 @@ def _check_inspected(request: Mapping[str, Any], where: str) -> None:
     n = len(request["tokens"])
     shaped = {
         "tokens": all(isinstance(t.get("piece"), str) and isinstance(t.get("kind"), str) for t in request["tokens"]),
-        "spans": isinstance(request.get("spans"), list) and all(
-            isinstance(s, dict) and is_integer(s.get("token_start")) and is_integer(s.get("token_end"))
-            and 0 <= s["token_start"] <= s["token_end"] <= n and (s.get("turn") is None or is_integer(s["turn"]))
-            for s in request["spans"]),
+        "spans": isinstance(request.get("spans"), list)
+        and all(
+            isinstance(s, dict)
+            and is_integer(s.get("token_start"))
+            and is_integer(s.get("token_end"))
+            and 0 <= s["token_start"] <= s["token_end"] <= n
+            and (s.get("turn") is None or is_integer(s["turn"]))
+            for s in request["spans"]
+        ),
         "predictions": all(
-            p.get("position") == k and is_number(p.get("next_probability")) and isinstance(p.get("candidates"), list)
-            and all(isinstance(c, dict) and is_integer(c.get("id")) and isinstance(c.get("piece"), str)
-                    and is_number(c.get("probability")) for c in p["candidates"])
-            for k, p in enumerate(request["predictions"])),
-        "attention": isinstance(request.get("attention"), list) and bool(request["attention"]) and all(
-            isinstance(o, dict) and isinstance(o.get("id"), str) and is_integer(o.get("layer"))
-            and isinstance(o.get("shape"), list) and len(o["shape"]) >= 2 and all(map(is_integer, o["shape"]))
-            and o["shape"][0] == n - 1 and _causal(o.get("values"), n - 1, o["shape"][1])
-            for o in request["attention"]),
+            p.get("position") == k
+            and is_number(p.get("next_probability"))
+            and isinstance(p.get("candidates"), list)
+            and all(
+                isinstance(c, dict)
+                and is_integer(c.get("id"))
+                and isinstance(c.get("piece"), str)
+                and is_number(c.get("probability"))
+                for c in p["candidates"]
+            )
+            for k, p in enumerate(request["predictions"])
+        ),
+        "attention": isinstance(request.get("attention"), list)
+        and bool(request["attention"])
+        and all(
+            isinstance(o, dict)
+            and isinstance(o.get("id"), str)
+            and is_integer(o.get("layer"))
+            and isinstance(o.get("shape"), list)
+            and len(o["shape"]) >= 2
+            and all(map(is_integer, o["shape"]))
+            and o["shape"][0] == n - 1
+            and _causal(o.get("values"), n - 1, o["shape"][1])
+            for o in request["attention"]
+        ),
         "observation_ids": isinstance(request.get("observation_ids"), list)
         and all(isinstance(i, str) for i in request["observation_ids"])
         and isinstance(request.get("attention"), list)
@@ -92,10 +130,16 @@ def _check_inspected(request: Mapping[str, Any], where: str) -> None:
 
 def _causal(values: Any, positions: int, heads: int) -> bool:
     """[position][head][slot <= position] numbers, as recording writes attention weights."""
-    return isinstance(values, list) and len(values) == positions and all(
-        isinstance(row, list) and len(row) == heads
-        and all(isinstance(slots, list) and len(slots) == q + 1 and all(map(is_number, slots)) for slots in row)
-        for q, row in enumerate(values))
+    return (
+        isinstance(values, list)
+        and len(values) == positions
+        and all(
+            isinstance(row, list)
+            and len(row) == heads
+            and all(isinstance(slots, list) and len(slots) == q + 1 and all(map(is_number, slots)) for slots in row)
+            for q, row in enumerate(values)
+        )
+    )
 
 
 def check_measured_run(document: Any, field: str) -> None:
@@ -119,11 +163,16 @@ def _measured_totals(document: Mapping[str, Any]) -> dict[str, Any]:
     busy = sum(w["wall_us"] for w in works if w["kind"] in ("prefill", "decode"))
     outcomes = list(document["requests"].values())
     end = max([*(o["end_us"] for o in outcomes), *(w["end_us"] for w in works)])
-    moved = {direction: sum(w["bytes"] for w in works if w["kind"] == kind)
-             for direction, kind in (("device_to_host", "offload"), ("host_to_device", "reload"))}
-    counts = {kind: sum(w["kind"] == kind for w in works) for kind in ("offload", "reload")} | {"drop": written["drops"]}
-    return totals(outcomes, saved_matmul_flops=written["saved_matmul_flops"], moved=moved, counts=counts,
-                  busy_us=busy, end_us=end)
+    moved = {
+        direction: sum(w["bytes"] for w in works if w["kind"] == kind)
+        for direction, kind in (("device_to_host", "offload"), ("host_to_device", "reload"))
+    }
+    counts = {kind: sum(w["kind"] == kind for w in works) for kind in ("offload", "reload")} | {
+        "drop": written["drops"]
+    }
+    return totals(
+        outcomes, saved_matmul_flops=written["saved_matmul_flops"], moved=moved, counts=counts, busy_us=busy, end_us=end
+    )
 
 
 def model_bindings(record: Mapping[str, Any]) -> list[str]:
@@ -143,6 +192,8 @@ def model_bindings(record: Mapping[str, Any]) -> list[str]:
         source, identities = declared
         for name, value in identities.items():
             if model.get(name) != value:
-                raise ApiError(f"record.bindings.models[{n}].{name}", f"{model.get(name)} is not the {value} of {source}")
+                raise ApiError(
+                    f"record.bindings.models[{n}].{name}", f"{model.get(name)} is not the {value} of {source}"
+                )
         lines.append(f"{model['model_id']}: checkpoint_sha256 and tokenizer_sha256 match {source}")
     return lines

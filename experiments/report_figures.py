@@ -71,7 +71,10 @@ def _timeline(run: Mapping[str, Any], label: str, path: Path) -> Path:
     requests = list(run["outcomes"]["requests"])
     row = {request_id: i for i, request_id in enumerate(requests)}
     fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(12, 2.2 + 0.28 * len(requests) + 2.4), sharex=True,
+        2,
+        1,
+        figsize=(12, 2.2 + 0.28 * len(requests) + 2.4),
+        sharex=True,
         gridspec_kw={"height_ratios": [max(2, 0.28 * len(requests)), 2.4]},
     )
     starts: dict[str, Mapping[str, Any]] = {}

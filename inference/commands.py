@@ -32,26 +32,49 @@ def main(command: str, argv: list[str]) -> int:
 
 def _parser(command: str) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=f"jgpt {command}", description=SUMMARIES[command])
-    parser.add_argument("--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)")
-    parser.add_argument("--precision", choices=PRECISION_NAMES,
-                        help="compute, weight matrices and KV state in this precision (default: the model's)")
+    parser.add_argument(
+        "--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISION_NAMES,
+        help="compute, weight matrices and KV state in this precision (default: the model's)",
+    )
     return parser
 
 
 def _generate(argv: list[str]) -> int:
     parser = _parser("generate")
     parser.add_argument("prompt", nargs="*", metavar="PROMPT", help="user text (words are joined by spaces)")
-    parser.add_argument("--ids", metavar="ID,ID,...", help="raw prompt token ids instead of text, e.g. 257,72,105,259,258")
-    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="budget of selected ids, TURN_END included")
+    parser.add_argument(
+        "--ids", metavar="ID,ID,...", help="raw prompt token ids instead of text, e.g. 257,72,105,259,258"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=64, metavar="N", help="budget of selected ids, TURN_END included"
+    )
     parser.add_argument("--json", action="store_true", help="print the response with all evidence as one JSON object")
     parser.add_argument("--observe", type=int, metavar="STEP", help="record every model operation's tensors at STEP")
-    parser.add_argument("--sample", action="store_true", help="draw each id (seeded sampling) instead of greedy selection")
-    parser.add_argument("--temperature", type=float, metavar="T", help="with --sample: logits divided by T (0: greedy; default 1)")
-    parser.add_argument("--top-k", type=int, metavar="K", help="with --sample: draw among the K most probable ids (default: all)")
-    parser.add_argument("--top-p", type=float, metavar="P", help="with --sample: draw among the most probable ids reaching P")
-    parser.add_argument("--seed", type=int, metavar="S", help="with --sample: the seed the draws' keys derive from (default 0)")
-    parser.add_argument("--draft", metavar="MODEL", help="decode speculatively: this catalog id or artifact proposes ids "
-                        "('prompt-lookup': the row's own earlier ids and the last verify's guesses, no model)")
+    parser.add_argument(
+        "--sample", action="store_true", help="draw each id (seeded sampling) instead of greedy selection"
+    )
+    parser.add_argument(
+        "--temperature", type=float, metavar="T", help="with --sample: logits divided by T (0: greedy; default 1)"
+    )
+    parser.add_argument(
+        "--top-k", type=int, metavar="K", help="with --sample: draw among the K most probable ids (default: all)"
+    )
+    parser.add_argument(
+        "--top-p", type=float, metavar="P", help="with --sample: draw among the most probable ids reaching P"
+    )
+    parser.add_argument(
+        "--seed", type=int, metavar="S", help="with --sample: the seed the draws' keys derive from (default 0)"
+    )
+    parser.add_argument(
+        "--draft",
+        metavar="MODEL",
+        help="decode speculatively: this catalog id or artifact proposes ids "
+        "('prompt-lookup': the row's own earlier ids and the last verify's guesses, no model)",
+    )
     parser.add_argument("--speculate", type=int, metavar="K", help="with --draft: ids drafted per round (default 4)")
     args = parser.parse_args(argv)
     if bool(args.prompt) == bool(args.ids):
@@ -65,11 +88,17 @@ def _generate(argv: list[str]) -> int:
     from inference.policy import GenerationPolicy, InferenceRequest
     from jgpt.tokenizer import Turn
 
-    sampling = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "seed") if getattr(args, name) is not None}
+    sampling = {
+        name: getattr(args, name)
+        for name in ("temperature", "top_k", "top_p", "seed")
+        if getattr(args, name) is not None
+    }
     policy = GenerationPolicy(args.max_new_tokens, "sample" if args.sample else "greedy", **sampling)
     given_ids = _parse_ids(args.ids) if args.ids else None
     if args.observe is not None and not 0 <= args.observe < args.max_new_tokens:
-        raise ApiError("observe", f"step {args.observe} is outside 0..{args.max_new_tokens - 1}, the steps the budget allows")
+        raise ApiError(
+            "observe", f"step {args.observe} is outside 0..{args.max_new_tokens - 1}, the steps the budget allows"
+        )
     execution, tokenizer = _load(args.model, args.precision)
     text = " ".join(args.prompt) if args.prompt else None
     prompt_ids = given_ids or tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
@@ -81,7 +110,9 @@ def _generate(argv: list[str]) -> int:
         draft = PromptLookup() if args.draft == PROMPT_LOOKUP else _load(args.draft, args.precision)[0]
         k = 4 if args.speculate is None else args.speculate
         (response,) = generate_speculative(execution, draft, [request], k).responses
-        for token in [] if stream is None else response.output_ids:  # the loop is one program: the text comes at its end
+        for token in (
+            [] if stream is None else response.output_ids
+        ):  # the loop is one program: the text comes at its end
             stream.select(0, token)
     elif stream is None and args.observe is None:
         (response,) = generate(execution, [request], reference=True).responses
@@ -117,7 +148,9 @@ def _record(argv: list[str]) -> int:
         with progress.stage("loading model"):
             execution, tokenizer = _load(args.model, args.precision)
         requests = read_workload(document, tokenizer)
-        computations = record(execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"])
+        computations = record(
+            execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"]
+        )
     write_document(computations, args.out)
     works = sum(len(r["computations"]) for r in computations["requests"])
     if args.json:
@@ -130,8 +163,12 @@ def _record(argv: list[str]) -> int:
 def _serve(argv: list[str]) -> int:
     parser = _parser("serve")
     parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document (optional customer_interaction)")
-    parser.add_argument("--system", required=True, metavar="SYSTEM.json", help="the KVResidencySystemConfig kvsim reads")
-    parser.add_argument("--out", required=True, metavar="MEASURED.json", help="where to write the measured-run document")
+    parser.add_argument(
+        "--system", required=True, metavar="SYSTEM.json", help="the KVResidencySystemConfig kvsim reads"
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="MEASURED.json", help="where to write the measured-run document"
+    )
     parser.add_argument("--as-fast-as-possible", action="store_true", help="every request arrives at the run's start")
     parser.add_argument("--json", action="store_true", help="print the whole document instead of the summary")
     parser.add_argument("--quiet", action="store_true", help="print nothing, not even progress")
@@ -154,7 +191,9 @@ def _serve(argv: list[str]) -> int:
         # A stage draws only before and after: nothing writes to the terminal while the clock runs.
         with progress.stage(f"compiling and serving {len(requests)} requests"):
             served = engine.serve(requests, interaction, as_fast_as_possible=args.as_fast_as_possible)
-    measured = measured_run(execution, system, served, kind=document["kind"], interaction=interaction, tokenizer=tokenizer)
+    measured = measured_run(
+        execution, system, served, kind=document["kind"], interaction=interaction, tokenizer=tokenizer
+    )
     write_document(measured, args.out)
     if args.json:
         print(json.dumps(measured, indent=1))
@@ -212,7 +251,10 @@ class _TextStream:
         outcome = response.outcome
         print(decoded.text[self.printed :])
         note = f"; {decoded.note}" if decoded.note else ""
-        print(f"[{outcome.stop_reason}: {outcome.selected_tokens} selected, {outcome.published_tokens} published{note}]", file=sys.stderr)
+        print(
+            f"[{outcome.stop_reason}: {outcome.selected_tokens} selected, {outcome.published_tokens} published{note}]",
+            file=sys.stderr,
+        )
         if response.speculation is not None:
             s = response.speculation
             rate = "" if s.acceptance_rate is None else f" ({s.acceptance_rate:.0%})"
@@ -240,7 +282,10 @@ def _response_json(response, tokenizer, execution) -> dict:
         "work": response.work.to_json(),
         "observations": [o.to_json() for o in response.observations],
         **({} if response.speculation is None else {"speculation": response.speculation.to_json()}),
-        "state": {"checkpoint_sha256": execution.identity.checkpoint_sha256, "tokenizer_sha256": execution.identity.tokenizer_sha256,
-                  "precision": execution.identity.precision},
+        "state": {
+            "checkpoint_sha256": execution.identity.checkpoint_sha256,
+            "tokenizer_sha256": execution.identity.tokenizer_sha256,
+            "precision": execution.identity.precision,
+        },
         "execution": {"backend": backend.to_json(), "provenance": ExecutionProvenance.current(backend).to_json()},
     }

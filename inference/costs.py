@@ -52,7 +52,9 @@ class WorkCosts:
     def of(cls, architecture: Architecture, weights: ModelWeights, kv_itemsize: int) -> WorkCosts:
         a = architecture
         feed_forward_matrices = 3 if a.activation == "swiglu" else 2
-        per_layer = 2 * a.width * (2 * a.heads * a.head_dim + 2 * a.kv_width) + feed_forward_matrices * 2 * a.width * a.ffn
+        per_layer = (
+            2 * a.width * (2 * a.heads * a.head_dim + 2 * a.kv_width) + feed_forward_matrices * 2 * a.width * a.ffn
+        )
         tensors = weights.as_dict()
         nbytes = lambda x: int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
         gathered = [tensors[name] for name in GATHERED_TABLES if name in tensors]

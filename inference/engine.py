@@ -401,14 +401,18 @@ class _Serving:
                 ids[request.row], counts[request.row], steps[request.row] = request.output[-1], 1, request.step
                 specs[request.row] = request.spec
             rule = self.programs.rule(specs)
-            chosen, self.slots = self.programs.decode_rows(self.slots, ids, counts, rule, None if rule is None else steps)
+            chosen, self.slots = self.programs.decode_rows(
+                self.slots, ids, counts, rule, None if rule is None else steps
+            )
             chosen = np.asarray(chosen)  # the one host read of the step
             selected = [int(chosen[r.row]) for r in batch]
         else:
             (request,) = batch
             rows = 1
             rule = self.programs.rule([request.spec])
-            chosen, self.slots = self.programs.decode_row(self.slots, request.row, request.output[-1], rule, request.step)
+            chosen, self.slots = self.programs.decode_row(
+                self.slots, request.row, request.output[-1], rule, request.step
+            )
             selected = [int(np.asarray(chosen)[0])]
         # A batch reads the fixed bytes of a work (the weights) once, not once per request.
         memory = sum(costs.memory_bytes(p, p + 1) for p in positions) - costs.fixed_memory_bytes * (len(batch) - 1)
@@ -432,7 +436,9 @@ class _Serving:
             code = stop_codes(_Scalars, selected, request.step, budget, prompt, context, turn_end)
             if code:
                 request.stop_reason = STOP_REASONS[code]
-                self.finish(request, "complete" if request.stop_reason == STOP_TURN_END else "stop", request.stop_reason)
+                self.finish(
+                    request, "complete" if request.stop_reason == STOP_TURN_END else "stop", request.stop_reason
+                )
             elif request.cancel:
                 self.finish(request, "cancel", "cancelled at step boundary")
             else:
@@ -443,7 +449,9 @@ class _Serving:
         """The request ends exactly once: release its reservation and retain what it computed."""
         spec, pool = request.spec, self.pool
         request.ended = True
-        request.outcome = self.outcome(request, {"complete": "completed", "stop": "stopped"}.get(kind, "cancelled"), reason)
+        request.outcome = self.outcome(
+            request, {"complete": "completed", "stop": "stopped"}.get(kind, "cancelled"), reason
+        )
         if not admitted:
             return
         self.active -= 1
@@ -453,7 +461,11 @@ class _Serving:
         if self.retain_states and computed > 0:
             key = token_key((*spec.prompt_ids, *request.output)[:computed])
             if not pool.has(key):
-                pool.retain(key, spec.request_id, request.held if request.row is None else self.row_arrays(request.row, computed))
+                pool.retain(
+                    key,
+                    spec.request_id,
+                    request.held if request.row is None else self.row_arrays(request.row, computed),
+                )
         request.held = None
         if request.row is not None:
             self.release_row(request)
@@ -539,7 +551,8 @@ class InferenceEngine:
         finally:
             jax.monitoring.unregister_event_duration_listener(listener)
         served = tuple(
-            ServedRequest(r.spec, r.outcome, tuple(r.output), r.reused, tuple(r.seconds), r.stop_reason) for r in ordered
+            ServedRequest(r.spec, r.outcome, tuple(r.output), r.reused, tuple(r.seconds), r.stop_reason)
+            for r in ordered
         )
         end_us = max([serving.now, *(w["end_us"] for w in serving.works)])
         return ServedRun(
@@ -580,7 +593,11 @@ def read_served_workload(
     known = {r.request_id for r in requests}
     for index, action in enumerate(interaction.actions):
         if action.kind == "submit":
-            raise ApiError("customer_interaction.actions", "give arrivals either as a workload or as submit actions, not both")
+            raise ApiError(
+                "customer_interaction.actions", "give arrivals either as a workload or as submit actions, not both"
+            )
         if action.request_id not in known:
-            raise ApiError(f"customer_interaction.actions[{index}].request_id", f"unknown request {action.request_id!r}")
+            raise ApiError(
+                f"customer_interaction.actions[{index}].request_id", f"unknown request {action.request_id!r}"
+            )
     return requests, interaction

@@ -197,7 +197,9 @@ class ModelExecution:
     def advance(self, state: KVState, window_ids, counts) -> tuple[jax.Array, KVState]:
         """The jitted work: `counts[b]` ids of `window_ids[b]` processed after row b's prefix."""
         window_ids, counts = jnp.asarray(window_ids, jnp.int32), jnp.asarray(counts, jnp.int32)
-        return _advance(self.weights, self.architecture, state, window_ids, counts, self.scan_unroll, self.layer_weights)
+        return _advance(
+            self.weights, self.architecture, state, window_ids, counts, self.scan_unroll, self.layer_weights
+        )
 
     def decode(self, state: KVState, token_ids: Sequence[int]) -> tuple[jax.Array, KVState]:
         """Process one id per row after the row's prefix: logits [B, V] and the continued state."""
@@ -220,7 +222,9 @@ class ModelExecution:
         ids = np.zeros((len(sequences), bucket(longest, self.architecture.context)), np.int32)
         for b, sequence in enumerate(sequences):
             ids[b, : len(sequence)] = sequence
-        logits = _full_prefix_logits(self.weights, self.architecture, jnp.asarray(ids), self.scan_unroll, self.layer_weights)
+        logits = _full_prefix_logits(
+            self.weights, self.architecture, jnp.asarray(ids), self.scan_unroll, self.layer_weights
+        )
         return np.asarray(logits)[:, :longest]
 
 
@@ -230,7 +234,9 @@ def prefill(weights, architecture, token_ids, *, identity: StateIdentity, state:
     The functional form scans the stacked layers; bind a ModelExecution for repeated, faster use.
     """
     single = len(token_ids) == 0 or isinstance(token_ids[0], (int, np.integer))
-    return ModelExecution(weights, architecture, identity, strategy=LayerStrategy.scan()).prefill([token_ids] if single else token_ids, state)
+    return ModelExecution(weights, architecture, identity, strategy=LayerStrategy.scan()).prefill(
+        [token_ids] if single else token_ids, state
+    )
 
 
 def decode(weights, architecture, state: KVState, token_id):

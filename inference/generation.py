@@ -54,7 +54,9 @@ def stop_codes(xp, selected_id, selected, budget, prefix_length, context, turn_e
     prefix_length + selected - 1, which must lie inside the context.
     """
     return xp.where(
-        selected_id == turn_end_id, 1, xp.where(selected >= budget, 2, xp.where(prefix_length + selected > context, 3, 0))
+        selected_id == turn_end_id,
+        1,
+        xp.where(selected >= budget, 2, xp.where(prefix_length + selected > context, 3, 0)),
     )
 
 
@@ -76,7 +78,9 @@ def _decode_loop(
     first = select(first_logits, rule, jnp.zeros((B,), jnp.int32))
     one = jnp.ones((B,), jnp.int32)
     outputs = jnp.zeros((B, steps), jnp.int32).at[:, 0].set(first)
-    logits_seen = jnp.zeros((B, steps, architecture.vocabulary), jnp.float32).at[:, 0].set(first_logits) if keep_logits else None
+    logits_seen = (
+        jnp.zeros((B, steps, architecture.vocabulary), jnp.float32).at[:, 0].set(first_logits) if keep_logits else None
+    )
     seen = None
     if rule is not None:
         ids, probabilities = candidates(first_logits, rule)
@@ -99,7 +103,10 @@ def _decode_loop(
             logits_seen = logits_seen.at[rows, column].set(logits, mode="drop")
         if rule is not None:
             ids, probabilities = candidates(logits, rule)
-            seen = (seen[0].at[rows, column].set(ids, mode="drop"), seen[1].at[rows, column].set(probabilities, mode="drop"))
+            seen = (
+                seen[0].at[rows, column].set(ids, mode="drop"),
+                seen[1].at[rows, column].set(probabilities, mode="drop"),
+            )
         selected = selected + active
         new_stop = stop_codes(jnp, chosen, selected, budget, prefix_length, context, turn_end_id)
         stop = jnp.where(active == 1, new_stop, stop)
@@ -161,8 +168,9 @@ def generate_stepwise(
     ran = _run_steps(execution, plan, observe_step, observe, on_select)
     steps = max(map(len, ran.output_ids))
     if observe_step is not None and observe_step >= steps:  # [] with exit 0 would read as "nothing to see"
-        raise ApiError("observe", f"step {observe_step} was not reached: generation ended after {steps} steps "
-                                  f"(0..{steps - 1})")
+        raise ApiError(
+            "observe", f"step {observe_step} was not reached: generation ended after {steps} steps (0..{steps - 1})"
+        )
     return _generation(execution, requests, plan, ran, STEP_BOUNDARY, reference, scores)
 
 
@@ -233,7 +241,9 @@ class _Run:
     seconds: list[list[float]]  # per row, per work
     state: KVState
     observations: dict  # row -> TensorObservations
-    candidates: tuple | None = None  # per row, the filtered distribution's top (ids [selected, N], probabilities), when sampling
+    candidates: tuple | None = (
+        None  # per row, the filtered distribution's top (ids [selected, N], probabilities), when sampling
+    )
 
 
 def _run_loop(execution: ModelExecution, plan: _Plan) -> _Run:

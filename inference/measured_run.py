@@ -128,7 +128,9 @@ def measured_run(
             "kv_bytes_per_position": execution.costs.kv_bytes_per_position,
             "execution": execution_json,
             "workload": {"kind": kind},
-            "requests": [_computation(execution, s, a["arrival_us"], tokenizer) for s, a in zip(served.requests, arrivals)],
+            "requests": [
+                _computation(execution, s, a["arrival_us"], tokenizer) for s, a in zip(served.requests, arrivals)
+            ],
         },
         "works": list(served.works),
         "requests": {s.request.request_id: dict(s.outcome) for s in served.requests},

@@ -135,7 +135,11 @@ def request_document(execution: ModelExecution, request: InferenceRequest, respo
             "position_memory_bytes": [costs.position_memory_bytes(p) for p in range(len(prompt))],
         },
         "decode_steps": [
-            {"position": p, "matmul_flops": costs.matmul_flops(p, p + 1), "logical_memory_bytes": costs.memory_bytes(p, p + 1)}
+            {
+                "position": p,
+                "matmul_flops": costs.matmul_flops(p, p + 1),
+                "logical_memory_bytes": costs.memory_bytes(p, p + 1),
+            }
             for p in decode_positions
         ],
         "computations": [c.to_json() for c in response.computations],
@@ -144,7 +148,9 @@ def request_document(execution: ModelExecution, request: InferenceRequest, respo
     }
 
 
-def _longest_proper_prefix(retained: Mapping[tuple[int, ...], KVState], prompt: Sequence[int]) -> tuple[int, ...] | None:
+def _longest_proper_prefix(
+    retained: Mapping[tuple[int, ...], KVState], prompt: Sequence[int]
+) -> tuple[int, ...] | None:
     """The token ids of the longest retained state that is a proper prefix of the prompt (strictly
     shorter: the prefill must process at least the last prompt position, for its logits)."""
     prompt = tuple(prompt)
@@ -165,4 +171,3 @@ def _prompt(body: Mapping[str, Any], tokenizer: Tokenizer, field: str) -> tuple[
         turns = (Turn("user", body["text"]),)
     text = body.get("text", next((t.text for t in reversed(turns) if t.role == "user"), None))
     return tuple(tokenizer.encode_turns(turns, open_turn="assistant").ids), text
-

@@ -82,7 +82,6 @@ def _move_row(slots, source, target):
     return _put_rows(slots, _rows(slots, source, 1), target)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class EnginePlan:
     """Every shape a run can need, from its system and requests."""
@@ -161,12 +160,16 @@ class SlotExecution:
         """Run every program of the plan once: (slots, programs, wall microseconds)."""
         plan, started, programs = self.plan, time.monotonic_ns(), 0
         for window in plan.prefill_window_buckets:
-            _, slots = self.prefill_into(slots, self.empty_start(), np.zeros((1, window), np.int32), 1, 0, self.rule([None]))
+            _, slots = self.prefill_into(
+                slots, self.empty_start(), np.zeros((1, window), np.int32), 1, 0, self.rule([None])
+            )
             programs += 1
         if plan.batching:
             for rows in plan.decode_batch_buckets:
                 zeros = np.zeros(rows, np.int32)
-                _, slots = self.decode_rows(slots, zeros, zeros, self.rule([None] * rows), None if not plan.sampling else zeros)
+                _, slots = self.decode_rows(
+                    slots, zeros, zeros, self.rule([None] * rows), None if not plan.sampling else zeros
+                )
                 programs += 1
         else:
             _, slots = self.decode_row(slots, 0, 0, self.rule([None]))

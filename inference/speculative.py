@@ -77,7 +77,13 @@ def verify_window(weights, layer_weights, architecture, state: KVState, window_i
     W = window_ids.shape[1]
     positions = state.lengths[:, None] + jnp.arange(W, dtype=jnp.int32)
     out = forward(
-        weights, architecture, window_ids, positions=positions, cache=state.buffers, unroll=unroll, layer_weights=layer_weights
+        weights,
+        architecture,
+        window_ids,
+        positions=positions,
+        cache=state.buffers,
+        unroll=unroll,
+        layer_weights=layer_weights,
     )
     write = lambda row, ids, slots: row.at[slots].set(ids, mode="drop")
     state = state.replace(
@@ -117,8 +123,9 @@ def speculative_sample(target_logits, q, drafted, keys):
 def _output_keys(rule: SelectionRule, selected, width: int):
     """Per row, the keys [B, width] of output indices selected, selected + 1, ... (plain sampling's keys)."""
     indices = selected[:, None] + jnp.arange(width, dtype=jnp.int32)
-    return jax.vmap(lambda seed, stream, row: jax.vmap(lambda i: step_key(seed, stream, i))(row))(rule.seed, rule.stream,
-                                                                                                  indices)
+    return jax.vmap(lambda seed, stream, row: jax.vmap(lambda i: step_key(seed, stream, i))(row))(
+        rule.seed, rule.stream, indices
+    )
 
 
 def _judge(rule: SelectionRule | None, k: int):
@@ -135,10 +142,13 @@ def _judge(rule: SelectionRule | None, k: int):
 
     def judge(logits, drafted, q, selected):
         filtered = jax.vmap(jax.vmap(filtered_logits, in_axes=(0, None, None, None)))(
-            logits, rule.temperature, rule.top_k, rule.top_p)
+            logits, rule.temperature, rule.top_k, rule.top_p
+        )
         drawn = jax.vmap(speculative_sample)(filtered, q, drafted, _output_keys(rule, selected, k + 1))
         argmax = greedy(logits, drafted)
-        return jax.tree.map(lambda a, b: jnp.where(rule.sample.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), drawn, argmax)
+        return jax.tree.map(
+            lambda a, b: jnp.where(rule.sample.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), drawn, argmax
+        )
 
     return judge
 
@@ -230,12 +240,16 @@ def _speculative_loop(
     outputs = jnp.zeros((B, steps + k + 1), jnp.int32).at[:, 0].set(first)
     log = jnp.zeros((B, steps, k + 1), jnp.int32)
     stop = stop_codes(jnp, first, one, budget, prefix_length, context, turn_end_id)
-    put = jax.vmap(lambda buffer, update, at: jax.lax.dynamic_update_slice(buffer, update, (at,) + (0,) * (update.ndim - 1)))
+    put = jax.vmap(
+        lambda buffer, update, at: jax.lax.dynamic_update_slice(buffer, update, (at,) + (0,) * (update.ndim - 1))
+    )
     if draft_architecture is None:
         propose, roll_back = _lookup_proposer(k, ngram, turn_end_id, None if rule is None else first_logits.shape[-1])
         drafting = (jnp.zeros((B, k), jnp.int32), zero)  # guesses the last verify left, and how many
     else:
-        step = functools.partial(advance, draft_weights, draft_architecture, unroll=draft_unroll, layer_weights=draft_layers)
+        step = functools.partial(
+            advance, draft_weights, draft_architecture, unroll=draft_unroll, layer_weights=draft_layers
+        )
         propose, roll_back = _model_proposer(step, k, _draw(rule))
         drafting = (draft_state, zero - 1)
     judge = _judge(rule, k)
@@ -255,7 +269,13 @@ def _speculative_loop(
         accepted, target_ids = judge(logits, drafted, q, selected)  # [B], [B, k + 1]
         # Select target_ids[:accepted + 1], up to the first that stops the row.
         codes = stop_codes(
-            jnp, target_ids, selected[:, None] + offsets + 1, budget[:, None], prefix_length[:, None], context, turn_end_id
+            jnp,
+            target_ids,
+            selected[:, None] + offsets + 1,
+            budget[:, None],
+            prefix_length[:, None],
+            context,
+            turn_end_id,
         )
         stops = (codes != 0) & (offsets <= accepted[:, None])
         stopped = jnp.any(stops, axis=1)
@@ -378,7 +398,8 @@ def generate_speculative(
     # chat model took 20-50x its later runs after a warm-up whose loop ran no round).
     warm_logits, warm_target = target.advance(target_start, window_ids, counts)
     jax.block_until_ready(
-        loop(warm_target, model and draft_prefill(), warm_logits, jnp.minimum(jnp.asarray(budgets), 2), rule))
+        loop(warm_target, model and draft_prefill(), warm_logits, jnp.minimum(jnp.asarray(budgets), 2), rule)
+    )
     (first_logits, target_state), prefill_seconds = _timed(target.advance, target_start, window_ids, counts)
     draft_state, draft_prefill_seconds = _timed(draft_prefill) if model else (None, 0.0)
     ran, loop_seconds = _timed(loop, target_state, draft_state, first_logits, jnp.asarray(budgets), rule)

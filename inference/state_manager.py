@@ -219,7 +219,9 @@ def check_budget(pool: StateManager, active: Iterable[tuple[str, int, int]]) -> 
     if reserved != pool.reserved:
         raise AssertionError(f"active reservations sum to {reserved}, the pool accounts {pool.reserved}")
     if device + reserved > pool.config.device_kv_bytes:
-        raise AssertionError(f"device {device} + reserved {reserved} bytes > device_kv_bytes {pool.config.device_kv_bytes}")
+        raise AssertionError(
+            f"device {device} + reserved {reserved} bytes > device_kv_bytes {pool.config.device_kv_bytes}"
+        )
     if pool.host_retained > pool.config.host_kv_bytes:
         raise AssertionError(f"host {pool.host_retained} bytes > host_kv_bytes {pool.config.host_kv_bytes}")
     return device + reserved, host

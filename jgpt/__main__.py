@@ -1,4 +1,3 @@
-
 from jgpt.cli import exit_now, main
 
 exit_now(main())

@@ -63,8 +63,6 @@ def checkpoint_sha256(weights: ModelWeights) -> str:
     return digest.hexdigest()
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelAsset:
     """One file of an artifact: its path relative to the artifact, sha256 and size."""
@@ -257,7 +255,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     claimed = manifest.pop("manifest_sha256", None)
     actual = sha256_json(manifest)
     if claimed != actual:
-        raise ApiError("manifest_sha256", f"{path / MANIFEST} was changed: content hashes to {actual}, it claims {claimed}")
+        raise ApiError(
+            "manifest_sha256", f"{path / MANIFEST} was changed: content hashes to {actual}, it claims {claimed}"
+        )
     if manifest.get("format") != FORMAT:
         raise ApiError("format", f"{manifest.get('format')!r} is not {FORMAT!r}")
     _check_manifest(manifest)
@@ -304,7 +304,9 @@ def _verify_assets(path: Path, manifest: Mapping[str, Any]) -> tuple[ModelAsset,
         if not file.is_file():
             raise ApiError(identity, f"{asset.path} is missing from {path}")
         if file.stat().st_size != asset.bytes or file_sha256(file) != asset.sha256:
-            raise ApiError(identity, f"{asset.path} in {path} was changed: it no longer has its recorded sha256 {asset.sha256}")
+            raise ApiError(
+                identity, f"{asset.path} in {path} was changed: it no longer has its recorded sha256 {asset.sha256}"
+            )
     return assets
 
 
@@ -332,8 +334,11 @@ def load_artifact(path: str | os.PathLike) -> ModelArtifact:
     weights_directory = confined(path, WEIGHTS, "checkpoint_sha256")
     _refuse_unlisted(path, weights_directory, assets)
     # The tokenizer reads its companions beside tokenizer.json: only verified ones may be there.
-    if unlisted := [name for name in TOKENIZER_COMPANIONS
-                    if os.path.lexists(path / name) and name not in {asset.path for asset in assets}]:
+    if unlisted := [
+        name
+        for name in TOKENIZER_COMPANIONS
+        if os.path.lexists(path / name) and name not in {asset.path for asset in assets}
+    ]:
         raise ApiError("tokenizer_sha256", f"{unlisted[0]} in {path} is not an asset its manifest lists")
     try:
         weights = _restore_weights(weights_directory, architecture)
@@ -341,7 +346,9 @@ def load_artifact(path: str | os.PathLike) -> ModelArtifact:
         raise ApiError("checkpoint_sha256", f"weights in {path} cannot be read: {error}") from None
     actual = checkpoint_sha256(weights)
     if actual != manifest["checkpoint_sha256"]:
-        raise ApiError("checkpoint_sha256", f"weights in {path} hash to {actual}, manifest says {manifest['checkpoint_sha256']}")
+        raise ApiError(
+            "checkpoint_sha256", f"weights in {path} hash to {actual}, manifest says {manifest['checkpoint_sha256']}"
+        )
     return ModelArtifact(
         path=path,
         architecture=architecture,

@@ -191,7 +191,9 @@ def write_catalog(catalog: ModelCatalog) -> None:
         raise
 
 
-def describe(artifact, catalog: ModelCatalog, *, model_id: str, label: str, role: str | None = None, **details) -> ModelDescriptor:
+def describe(
+    artifact, catalog: ModelCatalog, *, model_id: str, label: str, role: str | None = None, **details
+) -> ModelDescriptor:
     """A descriptor for a loaded ModelArtifact stored under the catalog's (relative) base_url."""
     root = (catalog.path.parent / catalog.base_url).resolve()
     try:
@@ -234,21 +236,27 @@ def resolve_model(id_or_path: str | os.PathLike, catalog_path: str | os.PathLike
     return catalog.artifact_dir(catalog.find(str(id_or_path)))
 
 
-def declared_identity(id_or_path: str | os.PathLike,
-                      catalog_path: str | os.PathLike = DEFAULT_CATALOG) -> tuple[str, dict[str, Any]] | None:
+def declared_identity(
+    id_or_path: str | os.PathLike, catalog_path: str | os.PathLike = DEFAULT_CATALOG
+) -> tuple[str, dict[str, Any]] | None:
     """(where, {checkpoint_sha256, tokenizer_sha256}) that an artifact directory's manifest or the catalog
     declares for a model, reading no weights; None when neither is on this machine."""
     candidate = Path(id_or_path)
     if (candidate / "manifest.json").is_file():
         manifest = read_json(candidate / "manifest.json", "manifest_sha256", allow_non_finite=True)
         manifest = manifest if isinstance(manifest, dict) else {}
-        return str(candidate / "manifest.json"), {name: manifest.get(name) for name in ("checkpoint_sha256", "tokenizer_sha256")}
+        return str(candidate / "manifest.json"), {
+            name: manifest.get(name) for name in ("checkpoint_sha256", "tokenizer_sha256")
+        }
     catalog = read_catalog(catalog_path)
     model = next((m for m in catalog.models if m.id == str(id_or_path)), None)
     if model is None:
         return None
     tokenizer = None if model.tokenizer is None else model.tokenizer["sha256"]
-    return f"{catalog.path} ({model.id!r})", {"checkpoint_sha256": model.weights["sha256"], "tokenizer_sha256": tokenizer}
+    return f"{catalog.path} ({model.id!r})", {
+        "checkpoint_sha256": model.weights["sha256"],
+        "tokenizer_sha256": tokenizer,
+    }
 
 
 def load_model(id_or_path: str | os.PathLike, catalog_path: str | os.PathLike = DEFAULT_CATALOG):
@@ -262,8 +270,14 @@ def load_model(id_or_path: str | os.PathLike, catalog_path: str | os.PathLike = 
     model = catalog.find(str(id_or_path))
     artifact = load_artifact(catalog.artifact_dir(model))
     if artifact.checkpoint_sha256 != model.weights["sha256"]:
-        raise ApiError("checkpoint_sha256", f"{model.id!r}: artifact has {artifact.checkpoint_sha256}, catalog names {model.weights['sha256']}")
+        raise ApiError(
+            "checkpoint_sha256",
+            f"{model.id!r}: artifact has {artifact.checkpoint_sha256}, catalog names {model.weights['sha256']}",
+        )
     expected_tokenizer = None if model.tokenizer is None else model.tokenizer["sha256"]
     if artifact.tokenizer_sha256 != expected_tokenizer:
-        raise ApiError("tokenizer_sha256", f"{model.id!r}: artifact has {artifact.tokenizer_sha256}, catalog names {expected_tokenizer}")
+        raise ApiError(
+            "tokenizer_sha256",
+            f"{model.id!r}: artifact has {artifact.tokenizer_sha256}, catalog names {expected_tokenizer}",
+        )
     return artifact

@@ -22,19 +22,40 @@ from jgpt.errors import run_guarded
 
 # name -> (module with `main(command, argv) -> int`, summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "tokenize": ("jgpt.commands.tokenize", "encode text or conversation turns and print the Encoding; train a tokenizer"),
+    "tokenize": (
+        "jgpt.commands.tokenize",
+        "encode text or conversation turns and print the Encoding; train a tokenizer",
+    ),
     "train": ("training.commands", "train a model with optax: checkpoints, resume, metrics, a ModelArtifact"),
     "eval": ("training.commands", "development loss and held-out exact match per skill of a model"),
     "catalog": ("jgpt.commands.catalog", "list the model catalog or add a verified artifact to it"),
     "import-hf": ("jgpt.commands.import_hf", "convert a local Hugging Face GPT-2 or Llama directory into an artifact"),
-    "export-hf": ("jgpt.commands.export_hf", "write an artifact as a Hugging Face directory (config.json, safetensors, tokenizer)"),
-    "generate": ("inference.commands", "greedy generation with a jitted KV-cached loop; streams text, or --json evidence"),
+    "export-hf": (
+        "jgpt.commands.export_hf",
+        "write an artifact as a Hugging Face directory (config.json, safetensors, tokenizer)",
+    ),
+    "generate": (
+        "inference.commands",
+        "greedy generation with a jitted KV-cached loop; streams text, or --json evidence",
+    ),
     "record": ("inference.commands", "run a Workload and write the recorded computation document kvsim reads"),
-    "serve": ("inference.commands", "serve a Workload on the InferenceEngine (wall clock, batching, KV pool); measured-run document"),
-    "kvsim": ("kvsim.commands", "simulate KV residency and service: run, replay, plot, perfetto, import-trace, synthesize"),
-    "lab": ("experiments.commands.lab", "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)"),
+    "serve": (
+        "inference.commands",
+        "serve a Workload on the InferenceEngine (wall clock, batching, KV pool); measured-run document",
+    ),
+    "kvsim": (
+        "kvsim.commands",
+        "simulate KV residency and service: run, replay, plot, perfetto, import-trace, synthesize",
+    ),
+    "lab": (
+        "experiments.commands.lab",
+        "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)",
+    ),
     "report": ("experiments.commands.lab", "write one self-contained HTML page explaining an experiment record"),
-    "schema": ("jgpt.commands.schema", "print the JSON Schema of a document: labs, workloads, kvsim inputs and records, ..."),
+    "schema": (
+        "jgpt.commands.schema",
+        "print the JSON Schema of a document: labs, workloads, kvsim inputs and records, ...",
+    ),
     "devices": ("jgpt.commands.devices", "the JAX backend and every device it sees (check an accelerator install)"),
 }
 
@@ -125,8 +146,11 @@ def exit_now(code: int) -> NoReturn:
     modules and XLA's client took about 0.4 s after every `jgpt generate`. Exit handlers still run
     (jax.distributed's shutdown, logging), the streams are flushed first, and a Python thread still
     working (a checkpoint being written) gets the ordinary exit, which waits for it."""
-    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
-           if thread is not threading.main_thread()):
+    if any(
+        thread.is_alive() and not thread.daemon
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread()
+    ):
         sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -38,8 +38,10 @@ class Devices:
     def table(self) -> str:
         lines = [
             f"backend {self.backend}  jax {self.jax_version}  jaxlib {self.jaxlib_version}",
-            (f"process {self.process_index} of {self.process_count}: {self.local_device_count} local device(s), "
-             f"{len(self.devices)} in all"),
+            (
+                f"process {self.process_index} of {self.process_count}: {self.local_device_count} local device(s), "
+                f"{len(self.devices)} in all"
+            ),
         ]
         for d in self.devices:
             memory = "" if d.memory_bytes is None else f"  {d.memory_bytes / 2**30:.1f} GiB"

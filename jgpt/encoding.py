@@ -88,8 +88,14 @@ def control_span(token_id: int, token_start: int, turn: int) -> Span:
 
 
 def text_spans(
-    ids: np.ndarray, source: bytes, piece_lengths: np.ndarray,
-    *, first_merge_id: int, token_offset: int, byte_offset: int, turn: int,
+    ids: np.ndarray,
+    source: bytes,
+    piece_lengths: np.ndarray,
+    *,
+    first_merge_id: int,
+    token_offset: int,
+    byte_offset: int,
+    turn: int,
 ) -> list[Span]:
     """Group one turn's text tokens into spans that end on UTF-8 character boundaries.
 
@@ -109,8 +115,18 @@ def text_spans(
     reasons = np.where(merged, BPE_MERGE, np.where(span_ends - span_starts == 1, BYTE, UTF8_SEQUENCE))
     id_list = ids.tolist()
     return [
-        Span("text", str(reason), byte_offset + b0, byte_offset + b1, token_offset + t0, token_offset + t1,
-             source[b0:b1], tuple(id_list[t0:t1]), turn)
+        Span(
+            "text",
+            str(reason),
+            byte_offset + b0,
+            byte_offset + b1,
+            token_offset + t0,
+            token_offset + t1,
+            source[b0:b1],
+            tuple(id_list[t0:t1]),
+            turn,
+        )
         for t0, t1, b0, b1, reason in zip(
-            span_starts.tolist(), span_ends.tolist(), byte_starts.tolist(), byte_ends.tolist(), reasons)
+            span_starts.tolist(), span_ends.tolist(), byte_starts.tolist(), byte_ends.tolist(), reasons
+        )
     ]

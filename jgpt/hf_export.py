@@ -40,61 +40,110 @@ GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
 
 def gpt2_config(a: Architecture, eos_id: int) -> dict[str, Any]:
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": a.vocabulary, "n_embd": a.width, "n_inner": a.ffn, "n_positions": a.context,
-        "n_layer": a.layers, "n_head": a.heads, "layer_norm_epsilon": a.epsilon,
-        "activation_function": GPT2_ACTIVATIONS[a.activation], "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": False,
-        "bos_token_id": eos_id, "eos_token_id": eos_id, "dtype": a.precision,
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": a.vocabulary,
+        "n_embd": a.width,
+        "n_inner": a.ffn,
+        "n_positions": a.context,
+        "n_layer": a.layers,
+        "n_head": a.heads,
+        "layer_norm_epsilon": a.epsilon,
+        "activation_function": GPT2_ACTIVATIONS[a.activation],
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "dtype": a.precision,
     }
 
 
 def llama_config(a: LlamaArchitecture, eos_id: int) -> dict[str, Any]:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": a.vocabulary, "hidden_size": a.width, "intermediate_size": a.ffn,
-        "max_position_embeddings": a.context, "num_hidden_layers": a.layers, "num_attention_heads": a.heads,
-        "num_key_value_heads": a.kv_heads, "head_dim": a.head_dim, "rms_norm_eps": a.epsilon,
-        "rope_theta": a.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta},
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
-        "tie_word_embeddings": False, "bos_token_id": eos_id, "eos_token_id": eos_id, "dtype": a.precision,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": a.vocabulary,
+        "hidden_size": a.width,
+        "intermediate_size": a.ffn,
+        "max_position_embeddings": a.context,
+        "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "head_dim": a.head_dim,
+        "rms_norm_eps": a.epsilon,
+        "rope_theta": a.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "dtype": a.precision,
     }
 
 
 def gpt2_tensors(w: dict[str, np.ndarray], a: Architecture) -> dict[str, np.ndarray]:
     """GPT-2's Conv1D keeps [in, out] like ModelWeights; query, key and value share one c_attn."""
     if np.any(w["lm_bias"]):
-        raise ApiError("lm_bias", "is not zero, and GPT2LMHeadModel's head has no bias: this model cannot be "
-                                  "exported exactly as GPT-2")
-    tensors = {"transformer.wte.weight": w["token_embedding"], "transformer.wpe.weight": w["position_embedding"],
-               "transformer.ln_f.weight": w["ln_final_scale"], "transformer.ln_f.bias": w["ln_final_bias"],
-               "lm_head.weight": w["lm_head"].T}
+        raise ApiError(
+            "lm_bias",
+            "is not zero, and GPT2LMHeadModel's head has no bias: this model cannot be exported exactly as GPT-2",
+        )
+    tensors = {
+        "transformer.wte.weight": w["token_embedding"],
+        "transformer.wpe.weight": w["position_embedding"],
+        "transformer.ln_f.weight": w["ln_final_scale"],
+        "transformer.ln_f.bias": w["ln_final_bias"],
+        "lm_head.weight": w["lm_head"].T,
+    }
     for i in range(a.layers):
         h = f"transformer.h.{i}."
         tensors |= {
-            h + "ln_1.weight": w["ln1_scale"][i], h + "ln_1.bias": w["ln1_bias"][i],
+            h + "ln_1.weight": w["ln1_scale"][i],
+            h + "ln_1.bias": w["ln1_bias"][i],
             h + "attn.c_attn.weight": np.concatenate([w["query"][i], w["key"][i], w["value"][i]], axis=-1),
             h + "attn.c_attn.bias": np.concatenate([w["query_bias"][i], w["key_bias"][i], w["value_bias"][i]]),
-            h + "attn.c_proj.weight": w["attention_output"][i], h + "attn.c_proj.bias": w["attention_output_bias"][i],
-            h + "ln_2.weight": w["ln2_scale"][i], h + "ln_2.bias": w["ln2_bias"][i],
-            h + "mlp.c_fc.weight": w["ff_up"][i], h + "mlp.c_fc.bias": w["ff_up_bias"][i],
-            h + "mlp.c_proj.weight": w["ff_down"][i], h + "mlp.c_proj.bias": w["ff_down_bias"][i],
+            h + "attn.c_proj.weight": w["attention_output"][i],
+            h + "attn.c_proj.bias": w["attention_output_bias"][i],
+            h + "ln_2.weight": w["ln2_scale"][i],
+            h + "ln_2.bias": w["ln2_bias"][i],
+            h + "mlp.c_fc.weight": w["ff_up"][i],
+            h + "mlp.c_fc.bias": w["ff_up_bias"][i],
+            h + "mlp.c_proj.weight": w["ff_down"][i],
+            h + "mlp.c_proj.bias": w["ff_down_bias"][i],
         }
     return tensors
 
 
 def llama_tensors(w: dict[str, np.ndarray], a: LlamaArchitecture) -> dict[str, np.ndarray]:
     """Llama's nn.Linear keeps [out, in]: every projection is transposed."""
-    tensors = {"model.embed_tokens.weight": w["token_embedding"], "model.norm.weight": w["ln_final_scale"],
-               "lm_head.weight": w["lm_head"].T}
-    linear = {"self_attn.q_proj": "query", "self_attn.k_proj": "key", "self_attn.v_proj": "value",
-              "self_attn.o_proj": "attention_output", "mlp.gate_proj": "ff_gate", "mlp.up_proj": "ff_up",
-              "mlp.down_proj": "ff_down"}
+    tensors = {
+        "model.embed_tokens.weight": w["token_embedding"],
+        "model.norm.weight": w["ln_final_scale"],
+        "lm_head.weight": w["lm_head"].T,
+    }
+    linear = {
+        "self_attn.q_proj": "query",
+        "self_attn.k_proj": "key",
+        "self_attn.v_proj": "value",
+        "self_attn.o_proj": "attention_output",
+        "mlp.gate_proj": "ff_gate",
+        "mlp.up_proj": "ff_up",
+        "mlp.down_proj": "ff_down",
+    }
     for i in range(a.layers):
         layer = f"model.layers.{i}."
-        tensors |= {layer + "input_layernorm.weight": w["ln1_scale"][i],
-                    layer + "post_attention_layernorm.weight": w["ln2_scale"][i]}
+        tensors |= {
+            layer + "input_layernorm.weight": w["ln1_scale"][i],
+            layer + "post_attention_layernorm.weight": w["ln2_scale"][i],
+        }
         tensors |= {f"{layer}{name}.weight": w[ours][i].T for name, ours in linear.items()}
     return tensors
 
@@ -138,15 +187,19 @@ def export_hf(model: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     config = (llama_config if llama else gpt2_config)(a, tokenizer.turn_end_id)
     files = {
         "config.json": _json(config),
-        "generation_config.json": _json({"bos_token_id": tokenizer.turn_end_id, "eos_token_id": tokenizer.turn_end_id,
-                                         "do_sample": False}),
+        "generation_config.json": _json(
+            {"bos_token_id": tokenizer.turn_end_id, "eos_token_id": tokenizer.turn_end_id, "do_sample": False}
+        ),
         **tokenizer_files(tokenizer, a.context),
     }
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        save_file({name: np.ascontiguousarray(t) for name, t in tensors.items()}, staging / "model.safetensors",
-                  metadata={"format": "pt"})
+        save_file(
+            {name: np.ascontiguousarray(t) for name, t in tensors.items()},
+            staging / "model.safetensors",
+            metadata={"format": "pt"},
+        )
         for name, data in files.items():
             write_atomically(staging / name, data)
         staging.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared

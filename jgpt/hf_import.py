@@ -198,11 +198,20 @@ def _gpt2_shapes(a: ModelArchitecture) -> Iterator[tuple[str, tuple[int, ...]]]:
     C, F = a.width, a.ffn
     yield from (("wte.weight", (a.vocabulary, C)), ("wpe.weight", (a.context, C)))
     for i in range(a.layers):
-        yield from ((f"h.{i}.ln_1.weight", (C,)), (f"h.{i}.ln_1.bias", (C,)), (f"h.{i}.attn.c_attn.weight", (C, 3 * C)),
-                    (f"h.{i}.attn.c_attn.bias", (3 * C,)), (f"h.{i}.attn.c_proj.weight", (C, C)),
-                    (f"h.{i}.attn.c_proj.bias", (C,)), (f"h.{i}.ln_2.weight", (C,)), (f"h.{i}.ln_2.bias", (C,)),
-                    (f"h.{i}.mlp.c_fc.weight", (C, F)), (f"h.{i}.mlp.c_fc.bias", (F,)),
-                    (f"h.{i}.mlp.c_proj.weight", (F, C)), (f"h.{i}.mlp.c_proj.bias", (C,)))
+        yield from (
+            (f"h.{i}.ln_1.weight", (C,)),
+            (f"h.{i}.ln_1.bias", (C,)),
+            (f"h.{i}.attn.c_attn.weight", (C, 3 * C)),
+            (f"h.{i}.attn.c_attn.bias", (3 * C,)),
+            (f"h.{i}.attn.c_proj.weight", (C, C)),
+            (f"h.{i}.attn.c_proj.bias", (C,)),
+            (f"h.{i}.ln_2.weight", (C,)),
+            (f"h.{i}.ln_2.bias", (C,)),
+            (f"h.{i}.mlp.c_fc.weight", (C, F)),
+            (f"h.{i}.mlp.c_fc.bias", (F,)),
+            (f"h.{i}.mlp.c_proj.weight", (F, C)),
+            (f"h.{i}.mlp.c_proj.bias", (C,)),
+        )
     yield from (("ln_f.weight", (C,)), ("ln_f.bias", (C,)))
 
 
@@ -210,12 +219,17 @@ def _llama_shapes(a: LlamaArchitecture) -> Iterator[tuple[str, tuple[int, ...]]]
     C, F, KV = a.width, a.ffn, a.kv_width
     yield "embed_tokens.weight", (a.vocabulary, C)
     for i in range(a.layers):
-        yield from ((f"layers.{i}.input_layernorm.weight", (C,)), (f"layers.{i}.self_attn.q_proj.weight", (C, C)),
-                    (f"layers.{i}.self_attn.k_proj.weight", (KV, C)), (f"layers.{i}.self_attn.v_proj.weight", (KV, C)),
-                    (f"layers.{i}.self_attn.o_proj.weight", (C, C)),
-                    (f"layers.{i}.post_attention_layernorm.weight", (C,)),
-                    (f"layers.{i}.mlp.gate_proj.weight", (F, C)), (f"layers.{i}.mlp.up_proj.weight", (F, C)),
-                    (f"layers.{i}.mlp.down_proj.weight", (C, F)))
+        yield from (
+            (f"layers.{i}.input_layernorm.weight", (C,)),
+            (f"layers.{i}.self_attn.q_proj.weight", (C, C)),
+            (f"layers.{i}.self_attn.k_proj.weight", (KV, C)),
+            (f"layers.{i}.self_attn.v_proj.weight", (KV, C)),
+            (f"layers.{i}.self_attn.o_proj.weight", (C, C)),
+            (f"layers.{i}.post_attention_layernorm.weight", (C,)),
+            (f"layers.{i}.mlp.gate_proj.weight", (F, C)),
+            (f"layers.{i}.mlp.up_proj.weight", (F, C)),
+            (f"layers.{i}.mlp.down_proj.weight", (C, F)),
+        )
     yield "norm.weight", (C,)
 
 
@@ -245,8 +259,12 @@ def _weight_files(directory: Path) -> list[Path]:
     raise ApiError("directory", f"{directory} has no model.safetensors (nor {INDEX})")
 
 
-def _check_shapes(files: list[Path], prefix: str, architecture: Architecture,
-                  shapes: Callable[[Any], Iterator[tuple[str, tuple[int, ...]]]]) -> None:
+def _check_shapes(
+    files: list[Path],
+    prefix: str,
+    architecture: Architecture,
+    shapes: Callable[[Any], Iterator[tuple[str, tuple[int, ...]]]],
+) -> None:
     """Compare every tensor's shape, read from the headers alone, with what the config implies."""
     from safetensors import safe_open
 
@@ -265,7 +283,9 @@ def _check_shapes(files: list[Path], prefix: str, architecture: Architecture,
         if name not in found:
             raise ApiError("safetensors", f"the model files hold no tensor {name!r}")
         if found[name] != shape:
-            raise ApiError("safetensors", f"tensor {name!r} has shape {list(found[name])}; config.json implies {list(shape)}")
+            raise ApiError(
+                "safetensors", f"tensor {name!r} has shape {list(found[name])}; config.json implies {list(shape)}"
+            )
 
 
 def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, InitializationProvenance]:
@@ -294,8 +314,10 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
             raise
         raise ApiError("config.json", f"describes no valid architecture: {error}") from None
     if parameter_count(architecture) > PARAMETER_LIMIT:
-        raise ApiError("config.json", f"describes {parameter_count(architecture):,} parameters, "
-                                      f"more than jgpt's limit of {PARAMETER_LIMIT:,}")
+        raise ApiError(
+            "config.json",
+            f"describes {parameter_count(architecture):,} parameters, more than jgpt's limit of {PARAMETER_LIMIT:,}",
+        )
     _check_shapes(weight_files, prefix, architecture, shapes)
     tensors = {}
     for path in weight_files:
@@ -320,8 +342,9 @@ def import_hf(directory: str | Path, out: str | Path, *, overwrite: bool = False
     if source.is_relative_to(target):
         raise ApiError("out", f"{out} is (or holds) the model directory being imported; choose another")
     architecture, weights, provenance = convert(directory)
-    return save_artifact(out, architecture, weights, provenance, _tokenizer(Path(directory), architecture),
-                         overwrite=overwrite)
+    return save_artifact(
+        out, architecture, weights, provenance, _tokenizer(Path(directory), architecture), overwrite=overwrite
+    )
 
 
 def _tokenizer(directory: Path, architecture: Architecture):
@@ -334,8 +357,12 @@ def _tokenizer(directory: Path, architecture: Architecture):
     try:
         tokenizer = Tokenizer.load(path)
     except ApiError as error:
-        raise ApiError("tokenizer.json", f"{error.reason} (move it aside to import the model without a tokenizer)") from None
+        raise ApiError(
+            "tokenizer.json", f"{error.reason} (move it aside to import the model without a tokenizer)"
+        ) from None
     if tokenizer.vocab_size > architecture.vocabulary:
-        raise ApiError("tokenizer.json", f"has {tokenizer.vocab_size} ids, more than the model's vocab_size "
-                                         f"{architecture.vocabulary} can embed")
+        raise ApiError(
+            "tokenizer.json",
+            f"has {tokenizer.vocab_size} ids, more than the model's vocab_size {architecture.vocabulary} can embed",
+        )
     return tokenizer

@@ -76,8 +76,10 @@ class HFTokenizer(Tokenizer):
     _framing: tokenizers.Tokenizer = field(compare=False)  # recognizes special tokens: for template text only
 
     def __repr__(self) -> str:
-        return (f"HFTokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id}, "
-                f"tokenizer_sha256={self.tokenizer_sha256[:16]}..., context_limit={self.context_limit})")
+        return (
+            f"HFTokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id}, "
+            f"tokenizer_sha256={self.tokenizer_sha256[:16]}..., context_limit={self.context_limit})"
+        )
 
     @classmethod
     def of(cls, document: bytes, spec: Any, directory: Path, context_limit: int | None, source: str) -> HFTokenizer:
@@ -85,20 +87,38 @@ class HFTokenizer(Tokenizer):
         _check_context_limit(context_limit)
         pieces, specials, merges, fallback = _hf_pieces(spec, source)
         # Confined: a companion that is a link out of the directory is refused, never read.
-        companions = {name: read_limited(confined(directory, name, "tokenizer"), "tokenizer")
-                      for name in COMPANIONS if os.path.lexists(directory / name)}
+        companions = {
+            name: read_limited(confined(directory, name, "tokenizer"), "tokenizer")
+            for name in COMPANIONS
+            if os.path.lexists(directory / name)
+        }
         config = _config(companions.get(CONFIG), source)
         text = _library(document, source)
         text.encode_special_tokens = True  # typed special-token text stays text
         framing = _library(document, source)
         eos_id = _token_id(config.get("eos_token"), text, f"{CONFIG}:eos_token")
-        template = _text_file(companions[TEMPLATE], TEMPLATE) if TEMPLATE in companions \
+        template = (
+            _text_file(companions[TEMPLATE], TEMPLATE)
+            if TEMPLATE in companions
             else _template(config.get("chat_template"))
+        )
         bos = config.get("bos_token")
         bos = bos.get("content") if isinstance(bos, dict) else bos
-        return cls(document, hashlib.sha256(document).hexdigest(), context_limit, PieceTable.of(pieces), text,
-                   tuple(companions.items()), eos_id, specials, template, bos if isinstance(bos, str) else "",
-                   merges, fallback, framing)
+        return cls(
+            document,
+            hashlib.sha256(document).hexdigest(),
+            context_limit,
+            PieceTable.of(pieces),
+            text,
+            tuple(companions.items()),
+            eos_id,
+            specials,
+            template,
+            bos if isinstance(bos, str) else "",
+            merges,
+            fallback,
+            framing,
+        )
 
     def save(self, path) -> None:
         """tokenizer.json's exact bytes, and each companion beside it, atomically."""
@@ -158,8 +178,9 @@ class HFTokenizer(Tokenizer):
         texts = [_checked(turn.text, f"turns[{n}].text") for n, turn in enumerate(turns)]
         if self.chat_template is None:
             if len(turns) != 1:
-                raise ApiError("turns", f"this tokenizer has no chat template, so it encodes exactly one turn, "
-                                        f"got {len(turns)}")
+                raise ApiError(
+                    "turns", f"this tokenizer has no chat template, so it encodes exactly one turn, got {len(turns)}"
+                )
             ids, spans = self._plain(texts[0])
         else:
             ids, spans = self._templated(turns, texts, open_turn is not None)
@@ -179,17 +200,25 @@ class HFTokenizer(Tokenizer):
             start = stop + 1
         return ids, spans
 
-    def _templated(self, turns: Sequence[Turn], texts: list[str], generation_prompt: bool) -> tuple[list[int], list[Span]]:
+    def _templated(
+        self, turns: Sequence[Turn], texts: list[str], generation_prompt: bool
+    ) -> tuple[list[int], list[Span]]:
         """Template text is encoded with special tokens recognized (it is the framing); each turn's
         text separately with them split, so no typed text can become framing."""
-        rendered = _render(self.chat_template, [{"role": turn.role, "content": f"\x00jgpt-turn-{n}\x00"}
-                                                for n, turn in enumerate(turns)],
-                           generation_prompt, self._library.id_to_token(self.eos_id), self.bos_token)
+        rendered = _render(
+            self.chat_template,
+            [{"role": turn.role, "content": f"\x00jgpt-turn-{n}\x00"} for n, turn in enumerate(turns)],
+            generation_prompt,
+            self._library.id_to_token(self.eos_id),
+            self.bos_token,
+        )
         parts = _TURN_MARK.split(rendered)  # template text, turn index, template text, ...
         order = [int(n) for n in parts[1::2]]
         if order != list(range(len(turns))):
-            raise ApiError("chat_template", "does not render each turn's text exactly once and in order, "
-                                            "so its ids cannot be explained by spans")
+            raise ApiError(
+                "chat_template",
+                "does not render each turn's text exactly once and in order, so its ids cannot be explained by spans",
+            )
         ids: list[int] = []
         spans: list[Span] = []
         byte_offset = 0
@@ -204,8 +233,9 @@ class HFTokenizer(Tokenizer):
                 byte_offset += len(texts[n].encode("utf-8"))
         return ids, spans
 
-    def _text_spans(self, ids: list[int], offsets: list[tuple[int, int]], text: str,
-                    token_offset: int, byte_offset: int, turn: int) -> list[Span]:
+    def _text_spans(
+        self, ids: list[int], offsets: list[tuple[int, int]], text: str, token_offset: int, byte_offset: int, turn: int
+    ) -> list[Span]:
         """Spans from the library's offsets: the shortest runs of tokens that do not share a character.
 
         Offsets are in characters of the text; a character spelled by several tokens (byte
@@ -223,13 +253,24 @@ class HFTokenizer(Tokenizer):
         lengths = self.table.lengths[np.asarray(ids)]
         bytewise = np.add.reduceat(lengths != 1, span_starts) == 0  # every piece one byte
         spelled = np.add.reduceat(lengths, span_starts) == byte_ends - byte_starts  # no normalizer added any
-        reasons = np.where(~(bytewise & spelled), BPE_MERGE,
-                           np.where(span_ends - span_starts == 1, BYTE, UTF8_SEQUENCE))
+        reasons = np.where(
+            ~(bytewise & spelled), BPE_MERGE, np.where(span_ends - span_starts == 1, BYTE, UTF8_SEQUENCE)
+        )
         return [
-            Span("text", str(reason), byte_offset + b0, byte_offset + b1, token_offset + t0, token_offset + t1,
-                 source[b0:b1], tuple(ids[t0:t1]), turn)
-            for t0, t1, b0, b1, reason in zip(span_starts.tolist(), span_ends.tolist(), byte_starts.tolist(),
-                                              byte_ends.tolist(), reasons)
+            Span(
+                "text",
+                str(reason),
+                byte_offset + b0,
+                byte_offset + b1,
+                token_offset + t0,
+                token_offset + t1,
+                source[b0:b1],
+                tuple(ids[t0:t1]),
+                turn,
+            )
+            for t0, t1, b0, b1, reason in zip(
+                span_starts.tolist(), span_ends.tolist(), byte_starts.tolist(), byte_ends.tolist(), reasons
+            )
         ]
 
     # ---- decoding ---------------------------------------------------------------------
@@ -254,7 +295,7 @@ class HFTokenizer(Tokenizer):
         if problem:
             reason, byte = problem
             note = f"{reason} in the token at position {int(np.searchsorted(ends, byte, side='right'))}"
-        return Decoded(text, note, data[int(ends[kept - 1]) if kept else 0:])
+        return Decoded(text, note, data[int(ends[kept - 1]) if kept else 0 :])
 
 
 _LIBRARY_VERSION = f"tokenizers {tokenizers.__version__}"
@@ -267,8 +308,11 @@ def _checked(text: str, field_name: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise ApiError(field_name, f"is not valid Unicode: lone surrogate U+{ord(error.object[error.start]):04X} "
-                                   f"at character {error.start} (undecodable input bytes?)") from None
+        raise ApiError(
+            field_name,
+            f"is not valid Unicode: lone surrogate U+{ord(error.object[error.start]):04X} "
+            f"at character {error.start} (undecodable input bytes?)",
+        ) from None
     return text
 
 
@@ -296,6 +340,7 @@ def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str
     """Check a parsed foreign tokenizer.json; return the bytes each id spells, the special tokens,
     the merge count and which ids are byte-fallback pieces. Every value the library reads is type-checked first (it panics in Rust
     on some inconsistent files, such as a merge whose parts are not in the vocabulary)."""
+
     def reject(reason: str) -> ApiError:
         return ApiError("tokenizer", f"{source}: {reason}")
 
@@ -305,20 +350,30 @@ def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str
         raise reject("vocab ids must be non-negative integers")
     added = spec.get("added_tokens", [])
     if not isinstance(added, list) or not all(
-            isinstance(token, dict) and is_integer(token.get("id")) and token["id"] >= 0 and isinstance(token.get("content"), str) and token["content"]
-            and isinstance(token.get("special", False), bool) for token in added):
-        raise reject("added_tokens must be a list of objects with an integer id, a content string and a boolean special")
+        isinstance(token, dict)
+        and is_integer(token.get("id"))
+        and token["id"] >= 0
+        and isinstance(token.get("content"), str)
+        and token["content"]
+        and isinstance(token.get("special", False), bool)
+        for token in added
+    ):
+        raise reject(
+            "added_tokens must be a list of objects with an integer id, a content string and a boolean special"
+        )
     for n, merge in enumerate(model["merges"]):
         pair = merge.split(" ") if isinstance(merge, str) else merge
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(part, str) and part for part in pair):
-            raise reject(f"merges[{n}] must be two pieces, as [left, right] or \"left right\", got {merge!r}")
+            raise reject(f'merges[{n}] must be two pieces, as [left, right] or "left right", got {merge!r}')
         missing = next((piece for piece in (*pair, "".join(pair)) if piece not in vocab), None)
         if missing is not None:
             raise reject(f"merges[{n}] {merge!r}: {missing!r} is not in the vocab")
     byte_level = not model.get("byte_fallback") and _declares(spec.get("decoder"), "ByteLevel")
     if not byte_level and not (model.get("byte_fallback") is True and _declares(spec.get("decoder"), "ByteFallback")):
-        raise reject("jgpt reads byte-level BPE (GPT-2's ByteLevel) and byte-fallback BPE (Llama's), "
-                     "where every piece spells known bytes")
+        raise reject(
+            "jgpt reads byte-level BPE (GPT-2's ByteLevel) and byte-fallback BPE (Llama's), "
+            "where every piece spells known bytes"
+        )
     by_id: dict[int, bytes] = {}
     for piece, token_id in vocab.items():
         if token_id in by_id:
@@ -327,7 +382,9 @@ def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str
     specials = {}
     for token in added:
         if token["id"] in by_id and token["content"] not in vocab:
-            raise reject(f"added token {token['content']!r} takes id {token['id']}, which the vocab gives another piece")
+            raise reject(
+                f"added token {token['content']!r} takes id {token['id']}, which the vocab gives another piece"
+            )
         if token.get("special", False):
             specials[token["id"]] = token["content"]
             by_id[token["id"]] = b""  # framing: spells no text bytes
@@ -362,8 +419,11 @@ def _declares(component: Any, kind: str) -> bool:
 
 def _config(document: bytes | None, source: str) -> dict[str, Any]:
     if document is None:
-        raise ApiError("tokenizer", f"{source}: no {CONFIG} beside it names the eos_token, which jgpt needs to "
-                                    f"stop generation (Hugging Face's save_pretrained writes it)")
+        raise ApiError(
+            "tokenizer",
+            f"{source}: no {CONFIG} beside it names the eos_token, which jgpt needs to "
+            f"stop generation (Hugging Face's save_pretrained writes it)",
+        )
     config = parse_json(document, f"{CONFIG}")
     if not isinstance(config, dict):
         raise ApiError(CONFIG, "must be a JSON object")
@@ -388,7 +448,7 @@ def _template(value: Any) -> str | None:
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
         if isinstance(named.get("default"), str):
             return named["default"]
-    raise ApiError(f"{CONFIG}:chat_template", "must be a template string or a list with a \"default\" template")
+    raise ApiError(f"{CONFIG}:chat_template", 'must be a template string or a list with a "default" template')
 
 
 def _text_file(data: bytes, name: str) -> str:
@@ -418,7 +478,8 @@ def _render(template: str, messages: list[dict[str, str]], generation_prompt: bo
     environment.globals["raise_exception"] = raise_exception
     try:
         return environment.from_string(template).render(
-            messages=messages, add_generation_prompt=generation_prompt, eos_token=eos, bos_token=bos)
+            messages=messages, add_generation_prompt=generation_prompt, eos_token=eos, bos_token=bos
+        )
     except ApiError:
         raise
     except TemplateError as error:
@@ -443,7 +504,11 @@ def _sandbox() -> type:
             if operator == "**" and isinstance(right, int) and abs(right) > 64:
                 raise ApiError("chat_template", f"raises to the power {right}, more than 64")
             sequence = next((a for a in (left, right) if isinstance(a, (str, list, tuple))), None)
-            if operator == "*" and sequence is not None and isinstance(count := right if sequence is left else left, int):
+            if (
+                operator == "*"
+                and sequence is not None
+                and isinstance(count := right if sequence is left else left, int)
+            ):
                 _check_size(len(sequence) * abs(count))
             if operator == "%" and isinstance(left, str):
                 _check_format(left)
@@ -467,6 +532,7 @@ def _bounded_call(function):
     def bounded(*args, **kwargs):
         _check_arguments(args, kwargs)
         return function(*args, **kwargs)
+
     return bounded
 
 

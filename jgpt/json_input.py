@@ -27,27 +27,38 @@ DEPTH_LIMIT = 64
 _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
-def parse_json(data: bytes | str, field: str, *, source: str | None = None, allow_non_finite: bool = False,
-               depth_limit: int = DEPTH_LIMIT) -> Any:
+def parse_json(
+    data: bytes | str,
+    field: str,
+    *,
+    source: str | None = None,
+    allow_non_finite: bool = False,
+    depth_limit: int = DEPTH_LIMIT,
+) -> Any:
     """The JSON value in `data`; anything else is an ApiError naming `field` (and `source`, the file)."""
     where = f"{source} " if source else ""
     text = _text(data, field, where)
     if _nests_deeper(text, depth_limit):
         raise ApiError(field, f"{where}nests deeper than {depth_limit} levels")
     try:
-        return json.loads(text, parse_constant=_constant(field, where, allow_non_finite),
-                          parse_float=_float(field, where, allow_non_finite))
+        return json.loads(
+            text,
+            parse_constant=_constant(field, where, allow_non_finite),
+            parse_float=_float(field, where, allow_non_finite),
+        )
     except json.JSONDecodeError as error:
         raise ApiError(field, f"{where}is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
     except (ValueError, RecursionError) as error:  # an integer of more than 4300 digits; the scan's backstop
         raise ApiError(field, f"{where}is not usable JSON: {error}") from None
 
 
-def read_json(path: str | os.PathLike, field: str, *, allow_non_finite: bool = False,
-              depth_limit: int = DEPTH_LIMIT) -> Any:
+def read_json(
+    path: str | os.PathLike, field: str, *, allow_non_finite: bool = False, depth_limit: int = DEPTH_LIMIT
+) -> Any:
     """The JSON document in file `path`; unreadable, not UTF-8, too deep or not JSON is an ApiError."""
-    return parse_json(read_bytes(path, field), field, source=str(path), allow_non_finite=allow_non_finite,
-                      depth_limit=depth_limit)
+    return parse_json(
+        read_bytes(path, field), field, source=str(path), allow_non_finite=allow_non_finite, depth_limit=depth_limit
+    )
 
 
 def _text(data: bytes | str, field: str, where: str) -> str:
@@ -56,7 +67,7 @@ def _text(data: bytes | str, field: str, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        bad = " ".join(f"0x{b:02X}" for b in data[error.start:error.end])
+        bad = " ".join(f"0x{b:02X}" for b in data[error.start : error.end])
         raise ApiError(field, f"{where}is not valid UTF-8: {error.reason} ({bad}) at byte {error.start}") from None
 
 
@@ -80,6 +91,7 @@ def _constant(field: str, where: str, allow: bool):
         if not allow:
             raise ApiError(field, f"{where}holds {lexeme}, which is not a finite number")
         return float(lexeme)
+
     return constant
 
 
@@ -89,5 +101,5 @@ def _float(field: str, where: str, allow: bool):
         if not allow and not math.isfinite(value):
             raise ApiError(field, f"{where}holds {lexeme[:32]}, which overflows a finite number")
         return value
-    return number
 
+    return number

@@ -108,7 +108,9 @@ def stored_layout(weights: ModelWeights) -> ModelWeights:
 
 def _with_projections(weights: ModelWeights, convert) -> ModelWeights:
     tensors = weights.as_dict()
-    return ModelWeights.from_dict(tensors | {name: convert(tensors[name]) for name in HELD_OUTPUT_MAJOR if name in tensors})
+    return ModelWeights.from_dict(
+        tensors | {name: convert(tensors[name]) for name in HELD_OUTPUT_MAJOR if name in tensors}
+    )
 
 
 def per_layer_view(weights: ModelWeights) -> tuple[LayerWeights, ...]:
@@ -148,7 +150,9 @@ class LayerWeights(Mapping[str, Tensor]):
         return len(self.own) + len(self.stacked)
 
     def tree_flatten_with_keys(self):
-        children = [(jax.tree_util.DictKey(name), array) for part in (self.own, self.stacked) for name, array in part.items()]
+        children = [
+            (jax.tree_util.DictKey(name), array) for part in (self.own, self.stacked) for name, array in part.items()
+        ]
         return children, (tuple(self.own), tuple(self.stacked), self.index)
 
     @classmethod

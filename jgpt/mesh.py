@@ -74,7 +74,9 @@ def weight_spec(name: str, shape: tuple[int, ...], mesh: Mesh, fsdp: bool) -> Pa
         return PartitionSpec()
     axes = {SPLIT: MODEL_AXIS, WIDTH: DATA_AXIS if fsdp else None, None: None}
     chosen = [axes[role] for role in roles]
-    return PartitionSpec(*(a if a is not None and size % mesh.shape[a] == 0 else None for a, size in zip(chosen, shape)))
+    return PartitionSpec(
+        *(a if a is not None and size % mesh.shape[a] == 0 else None for a, size in zip(chosen, shape))
+    )
 
 
 def tree_shardings(tree, mesh: Mesh, fsdp: bool):
@@ -99,5 +101,8 @@ def addressable_bytes(tree) -> int:
     """Bytes of `tree`'s arrays stored on the first device: what one device holds of it."""
     device = jax.devices()[0]
     return sum(
-        shard.data.nbytes for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards if shard.device == device
+        shard.data.nbytes
+        for leaf in jax.tree.leaves(tree)
+        for shard in leaf.addressable_shards
+        if shard.device == device
     )

@@ -187,11 +187,20 @@ def attention_sublayer(stream, buffers: KVBuffers | None, w, index, architecture
             keys, values, new = k, v, (k, v)
         else:
             slots = tokens.positions
-            buffers = KVBuffers(write_slots(buffers.keys, index, k, slots), write_slots(buffers.values, index, v, slots))
+            buffers = KVBuffers(
+                write_slots(buffers.keys, index, k, slots), write_slots(buffers.values, index, v, slots)
+            )
             keys, values, new = buffers.keys[index], buffers.values[index], None
         mixed, attention_weights = attention(q, keys, values, tokens.positions, tokens.key_positions, w, a, dtype)
         out = residual_addition(stream, mixed)
-    stages = {"ln1": h1, "query": q, "key": k, "attention_weights": attention_weights, "attention": mixed, "residual1": out}
+    stages = {
+        "ln1": h1,
+        "query": q,
+        "key": k,
+        "attention_weights": attention_weights,
+        "attention": mixed,
+        "residual1": out,
+    }
     return out, buffers, new, stages
 
 
@@ -249,5 +258,8 @@ def _observations(a: Architecture, positions, x, position_vectors, stages, final
         for name, op in BLOCK_STAGES.items():
             op = "Attention" if name in ("query", "key") and a.position != "rope" else op
             records.append(Observation(op, name, layer, stages[name][layer]))
-    records += [Observation("Normalization", "ln_final", None, final), Observation("OutputProjection", "logits", None, logits)]
+    records += [
+        Observation("Normalization", "ln_final", None, final),
+        Observation("OutputProjection", "logits", None, logits),
+    ]
     return Observations(positions=positions, records=tuple(records))

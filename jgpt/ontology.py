@@ -107,8 +107,11 @@ def owner_of_record(record_name: str) -> Concept:
 
 
 # Whether a name is an admitted concept is checked by _check_binding, against the registry.
-ONTOLOGY_BINDING = Object({"primary": String()}, {"related": ListOf(String())},
-                          about="OntologyBinding: one admitted primary concept and other related ones.")
+ONTOLOGY_BINDING = Object(
+    {"primary": String()},
+    {"related": ListOf(String())},
+    about="OntologyBinding: one admitted primary concept and other related ones.",
+)
 
 
 @dataclasses.dataclass(frozen=True)

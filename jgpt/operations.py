@@ -164,8 +164,11 @@ def attention(
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
     over_slots = (((3,), (2,)), ((0, 1), (0, 1)))
     mixed = jax.lax.dot_general(
-        operand(weights.reshape(B, K, G * T, S), over), values, over_slots,
-        precision=precision, preferred_element_type=F32,
+        operand(weights.reshape(B, K, G * T, S), over),
+        values,
+        over_slots,
+        precision=precision,
+        preferred_element_type=F32,
     )  # [B, K, G*T, D]
     mixed = mixed.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
     out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)

@@ -30,6 +30,8 @@ def confined(base: str | os.PathLike, relative: Any, field: str) -> Path:
     target = (root / PurePosixPath(relative)).resolve()  # follows symlinks, dangling ones too
     if not target.is_relative_to(root):
         raise ApiError(field, f"{relative!r} leads outside its directory through a symbolic link")
-    if target.exists() and not (target.is_file() or target.is_dir()):  # a FIFO would block its reader, a device never end
+    if target.exists() and not (
+        target.is_file() or target.is_dir()
+    ):  # a FIFO would block its reader, a device never end
         raise ApiError(field, f"{relative!r} is neither a file nor a directory")
     return target

@@ -60,8 +60,15 @@ def tracked(items: Iterable[T], description: str, total: int | None = None, unit
         total = len(items)
     # A terminal that reports no size (a pty nobody sized) would get no bar at all.
     sized = min(_size(stream)) > 0
-    return tqdm(items, desc=description, total=total, unit=unit, file=stream, dynamic_ncols=sized,
-                **({} if sized else {"ncols": DEFAULT_SIZE[0], "nrows": DEFAULT_SIZE[1]}))
+    return tqdm(
+        items,
+        desc=description,
+        total=total,
+        unit=unit,
+        file=stream,
+        dynamic_ncols=sized,
+        **({} if sized else {"ncols": DEFAULT_SIZE[0], "nrows": DEFAULT_SIZE[1]}),
+    )
 
 
 def _size(stream: TextIO) -> tuple[int, int]:

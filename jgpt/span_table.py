@@ -37,11 +37,14 @@ def render(encoding: Encoding, tokenizer: Tokenizer) -> str:
             byte_range = f"{span.byte_start}:{span.byte_end}"
             text = json.dumps(span.raw_bytes.decode("utf-8"), ensure_ascii=False)
             if len(span.ids) > 1 and span.reason == BPE_MERGE:  # a merge cuts a character: show how
-                text += " = " + " + ".join(json.dumps(tokenizer.token(token_id).piece, ensure_ascii=False)
-                                          for token_id in span.ids)
+                text += " = " + " + ".join(
+                    json.dumps(tokenizer.token(token_id).piece, ensure_ascii=False) for token_id in span.ids
+                )
         ids = " ".join(map(str, span.ids))
-        rows.append(f"{span.token_start:>4}:{span.token_end:<4}  {byte_range:>9}  {span.turn:>4}  {span.kind:<7}  "
-                    f"{span.reason:<14}  {ids:<24}  {text}")
+        rows.append(
+            f"{span.token_start:>4}:{span.token_end:<4}  {byte_range:>9}  {span.turn:>4}  {span.kind:<7}  "
+            f"{span.reason:<14}  {ids:<24}  {text}"
+        )
     decoded = tokenizer.decode(encoding.ids)
     footer = [f"decoded: {decoded.text}"] + ([f"decoding note: {decoded.note}"] if decoded.note else [])
     return "\n".join(header + rows + footer)

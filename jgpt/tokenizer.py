@@ -142,8 +142,10 @@ class Tokenizer:
     _library: tokenizers.Tokenizer | None = field(compare=False)  # None: pure bytes
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(vocab_size={self.vocab_size}, tokenizer_sha256={self.tokenizer_sha256[:16]}..., "
-                f"context_limit={self.context_limit})")
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, tokenizer_sha256={self.tokenizer_sha256[:16]}..., "
+            f"context_limit={self.context_limit})"
+        )
 
     # ---- construction -------------------------------------------------------------
 
@@ -153,22 +155,27 @@ class Tokenizer:
         return cls._from_document(_document(merges=[]), context_limit)
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2,
-              context_limit: int | None = None) -> Tokenizer:
+    def train(
+        cls, texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2, context_limit: int | None = None
+    ) -> Tokenizer:
         """Learn byte-level BPE merges with HF tokenizers until the vocabulary reaches
         vocab_size (fewer when no pair occurs min_frequency times)."""
         if isinstance(texts, str):
             raise ApiError("texts", "must be an iterable of strings, not one string")
         if not isinstance(vocab_size, int) or vocab_size < FIRST_MERGE_ID:
-            raise ApiError("vocab_size", f"must be an integer >= {FIRST_MERGE_ID} (bytes plus control tokens), "
-                                         f"got {vocab_size!r}")
+            raise ApiError(
+                "vocab_size", f"must be an integer >= {FIRST_MERGE_ID} (bytes plus control tokens), got {vocab_size!r}"
+            )
         if not is_integer(min_frequency) or not 1 <= min_frequency <= LIMIT:
             raise ApiError("min_frequency", f"must be an integer in [1, 2^53], got {min_frequency!r}")
         learner = tokenizers.Tokenizer(tokenizers.models.BPE())
         learner.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         trainer = tokenizers.trainers.BpeTrainer(
-            vocab_size=vocab_size - len(CONTROL_MARKERS), min_frequency=min_frequency,
-            initial_alphabet=list(BYTE_LEVEL_ALPHABET), show_progress=False)
+            vocab_size=vocab_size - len(CONTROL_MARKERS),
+            min_frequency=min_frequency,
+            initial_alphabet=list(BYTE_LEVEL_ALPHABET),
+            show_progress=False,
+        )
         learner.train_from_iterator((normalize(text, "texts") for text in texts), trainer=trainer)
         merges = [tuple(pair) for pair in json.loads(learner.to_str())["model"]["merges"]]
         return cls._from_document(_document(merges), context_limit)
@@ -196,8 +203,9 @@ class Tokenizer:
         merges = spec["model"]["merges"]
         # The runtime copy drops the controls and the normalizer: controls are framing ids,
         # never matched in text, and NFC is applied once in Python (see `normalize`).
-        text_vocab = {piece: token_id for piece, token_id in spec["model"]["vocab"].items()
-                      if token_id not in CONTROL_MARKERS}
+        text_vocab = {
+            piece: token_id for piece, token_id in spec["model"]["vocab"].items() if token_id not in CONTROL_MARKERS
+        }
         runtime = {**spec, "added_tokens": [], "normalizer": None, "model": {**spec["model"], "vocab": text_vocab}}
         try:
             library = tokenizers.Tokenizer.from_str(json.dumps(runtime)) if merges else None
@@ -285,8 +293,15 @@ class Tokenizer:
         for n, (turn, source, text_ids) in enumerate(zip(turns, sources, self._encode_normalized(texts))):
             spans.append(control_span(ROLE_IDS[turn.role], len(ids), n))
             ids.append(ROLE_IDS[turn.role])
-            spans += text_spans(np.asarray(text_ids, dtype=np.int64), source, self.table.lengths,
-                                first_merge_id=FIRST_MERGE_ID, token_offset=len(ids), byte_offset=byte_offset, turn=n)
+            spans += text_spans(
+                np.asarray(text_ids, dtype=np.int64),
+                source,
+                self.table.lengths,
+                first_merge_id=FIRST_MERGE_ID,
+                token_offset=len(ids),
+                byte_offset=byte_offset,
+                turn=n,
+            )
             ids += text_ids
             spans.append(control_span(TURN_END_ID, len(ids), n))
             ids.append(TURN_END_ID)
@@ -296,20 +311,30 @@ class Tokenizer:
             ids.append(ROLE_IDS[open_turn])
         return self._encoding(ids, spans, turns, texts, open_turn)
 
-    def _encoding(self, ids: list[int], spans: list[Span], turns: Sequence[Turn], texts: list[str],
-                  open_turn: str | None) -> Encoding:
+    def _encoding(
+        self, ids: list[int], spans: list[Span], turns: Sequence[Turn], texts: list[str], open_turn: str | None
+    ) -> Encoding:
         """The Encoding of encoded turns (either kind of tokenizer), refused past the context limit."""
         if self.context_limit is not None and len(ids) > self.context_limit:
-            raise ApiError("context_limit", f"the input encodes to {len(ids)} token ids, "
-                                            f"more than the context_limit of {self.context_limit}")
-        canonical_input = {"open_turn": open_turn,
-                           "turns": [{"role": turn.role, "text": text} for turn, text in zip(turns, texts)]}
+            raise ApiError(
+                "context_limit",
+                f"the input encodes to {len(ids)} token ids, more than the context_limit of {self.context_limit}",
+            )
+        canonical_input = {
+            "open_turn": open_turn,
+            "turns": [{"role": turn.role, "text": text} for turn, text in zip(turns, texts)],
+        }
         manifest = self.manifest
         return Encoding(
-            ids=tuple(ids), spans=tuple(spans), input_sha256=sha256_json(canonical_input),
+            ids=tuple(ids),
+            spans=tuple(spans),
+            input_sha256=sha256_json(canonical_input),
             input_kind="conversation" if open_turn is None else "generation prompt",
-            manifest_sha256=sha256_json(manifest), context_limit=self.context_limit,
-            codec_version=manifest["codec_version"], unicode_version=manifest["unicode_version"])
+            manifest_sha256=sha256_json(manifest),
+            context_limit=self.context_limit,
+            codec_version=manifest["codec_version"],
+            unicode_version=manifest["unicode_version"],
+        )
 
     # ---- decoding ---------------------------------------------------------------------
 
@@ -352,15 +377,21 @@ class Tokenizer:
         return ids
 
 
-
 def describe_piece(token_id: int, piece: bytes, *, merge: bool) -> Token:
     """A text token's entry: a merge (or any piece of several bytes), or one byte grouped by its UTF-8 role."""
     text, problem, _ = _utf8_with_markers(piece)
     if merge:
         return Token(token_id, "merge", text, "partial characters" if problem else "whole characters")
     byte = piece[0]
-    group = ("ascii" if byte < 0x80 else "utf-8 continuation" if byte < 0xC0
-             else "utf-8 lead" if 0xC2 <= byte <= 0xF4 else "never in utf-8")
+    group = (
+        "ascii"
+        if byte < 0x80
+        else "utf-8 continuation"
+        if byte < 0xC0
+        else "utf-8 lead"
+        if 0xC2 <= byte <= 0xF4
+        else "never in utf-8"
+    )
     return Token(token_id, "byte", text, group)
 
 
@@ -386,8 +417,10 @@ def _is_jgpt_layout(spec: Any) -> bool:
     """A file that declares any of jgpt's control tokens at its id is jgpt's (and checked as such)."""
     added = spec.get("added_tokens") if isinstance(spec, dict) else None
     return isinstance(added, list) and any(
-        CONTROL_MARKERS.get(token["id"]) == token.get("content") for token in added
-        if isinstance(token, dict) and is_integer(token.get("id")))
+        CONTROL_MARKERS.get(token["id"]) == token.get("content")
+        for token in added
+        if isinstance(token, dict) and is_integer(token.get("id"))
+    )
 
 
 def _check_context_limit(context_limit: Any) -> None:
@@ -404,27 +437,29 @@ def normalize(text: str, field_name: str) -> str:
     try:
         normalized.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise ApiError(field_name, f"is not valid Unicode: lone surrogate U+{ord(error.object[error.start]):04X} "
-                                   f"at character {error.start} (undecodable input bytes?)") from None
+        raise ApiError(
+            field_name,
+            f"is not valid Unicode: lone surrogate U+{ord(error.object[error.start]):04X} "
+            f"at character {error.start} (undecodable input bytes?)",
+        ) from None
     return normalized
-
 
 
 def turns_from_json(value: Any, field_name: str = "turns") -> tuple[Turn, ...]:
     """Turns from a parsed JSON list of {"role", "text"} objects."""
     if not isinstance(value, list):
-        raise ApiError(field_name, f"must be a JSON list of {{\"role\", \"text\"}} objects, got {_json_type(value)}")
+        raise ApiError(field_name, f'must be a JSON list of {{"role", "text"}} objects, got {_json_type(value)}')
     turns = []
     for n, item in enumerate(value):
         where = f"{field_name}[{n}]"
         if not isinstance(item, dict):
-            raise ApiError(where, f"must be an object with \"role\" and \"text\", got {_json_type(item)}")
+            raise ApiError(where, f'must be an object with "role" and "text", got {_json_type(item)}')
         for key in ("role", "text"):
             if not isinstance(item.get(key), str):
                 reason = "missing" if key not in item else f"must be a string, got {_json_type(item[key])}"
                 raise ApiError(f"{where}.{key}", reason)
         if unknown := set(item) - {"role", "text"}:
-            raise ApiError(where, f"unknown fields {sorted(unknown)}; a turn has only \"role\" and \"text\"")
+            raise ApiError(where, f'unknown fields {sorted(unknown)}; a turn has only "role" and "text"')
         try:
             turns.append(Turn(item["role"], item["text"]))
         except ApiError as error:
@@ -432,10 +467,16 @@ def turns_from_json(value: Any, field_name: str = "turns") -> tuple[Turn, ...]:
     return tuple(turns)
 
 
-
 def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-             float: "a number", type(None): "null"}
+    names = {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -454,9 +495,9 @@ def _utf8_with_markers(data: bytes, hold_pending: bool = False) -> tuple[str, tu
     if not escaped:
         return text, None, pending
     try:
-        data[:len(data) - len(pending)].decode("utf-8")
+        data[: len(data) - len(pending)].decode("utf-8")
     except UnicodeDecodeError as error:  # always raised: it names the first malformed sequence
-        bad = error.object[error.start:error.end]
+        bad = error.object[error.start : error.end]
         kind = "incomplete" if error.reason == "unexpected end of data" else "malformed"
         others = f", {escaped} bad bytes in all" if escaped > len(bad) else ""
         problem = f"{kind} UTF-8 ({error.reason}: {' '.join(f'0x{b:02X}' for b in bad)}{others})", error.start
@@ -487,17 +528,33 @@ def _document(merges: list[tuple[str, str]]) -> bytes:
         "truncation": None,
         "padding": None,
         "added_tokens": [
-            {"id": token_id, "content": marker, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True}
-            for token_id, marker in CONTROL_MARKERS.items()],
+            {
+                "id": token_id,
+                "content": marker,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for token_id, marker in CONTROL_MARKERS.items()
+        ],
         "normalizer": {"type": NORMALIZATION},
         "pre_tokenizer": PRE_TOKENIZER,
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-            "vocab": vocab, "merges": [list(pair) for pair in merges]},
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [list(pair) for pair in merges],
+        },
     }
     return (json.dumps(spec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
@@ -506,10 +563,14 @@ def bpe_model(spec: Any, reject: Callable[[str], ApiError]) -> dict:
     """The "model" object of a parsed tokenizer.json, checked to be a BPE whose pieces each spell their
     bytes alone (both kinds of tokenizer read only that)."""
     if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
-        raise reject("has no \"model\" object")
+        raise reject('has no "model" object')
     model = spec["model"]
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) \
-            or not isinstance(model.get("merges"), list) or model.get("dropout") is not None:
+    if (
+        model.get("type") != "BPE"
+        or not isinstance(model.get("vocab"), dict)
+        or not isinstance(model.get("merges"), list)
+        or model.get("dropout") is not None
+    ):
         raise reject("jgpt reads BPE tokenizers: model must be BPE with a vocab object, a merges list and no dropout")
     if any(model.get(name) is not None for name in ("continuing_subword_prefix", "end_of_word_suffix")):
         raise reject("a piece must spell its bytes alone: no continuing_subword_prefix nor end_of_word_suffix")
@@ -522,6 +583,7 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
     Every value the HF library will read is type-checked here first: the library panics
     in Rust on some inconsistent files (a merge whose result is not in the vocabulary).
     """
+
     def reject(reason: str) -> ApiError:
         return ApiError("tokenizer", f"{source}: {reason}")
 
@@ -529,14 +591,21 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
     if not isinstance(spec.get("normalizer"), dict) or spec["normalizer"].get("type") != NORMALIZATION:
         raise reject(f"must declare the {NORMALIZATION} normalizer")
     pre_tokenizer = spec.get("pre_tokenizer")
-    if not isinstance(pre_tokenizer, dict) or pre_tokenizer.get("type") != "ByteLevel" or pre_tokenizer.get("add_prefix_space"):
+    if (
+        not isinstance(pre_tokenizer, dict)
+        or pre_tokenizer.get("type") != "ByteLevel"
+        or pre_tokenizer.get("add_prefix_space")
+    ):
         raise reject("must use the ByteLevel pre-tokenizer without add_prefix_space")
     added = spec.get("added_tokens")
     if not isinstance(added, list) or not all(isinstance(token, dict) for token in added):
         raise reject("added_tokens must be a list of objects")
     controls = {token.get("id"): token.get("content") for token in added if isinstance(token.get("id"), int)}
-    if len(controls) != len(added) or controls != CONTROL_MARKERS \
-            or any(model["vocab"].get(marker) != token_id for token_id, marker in CONTROL_MARKERS.items()):
+    if (
+        len(controls) != len(added)
+        or controls != CONTROL_MARKERS
+        or any(model["vocab"].get(marker) != token_id for token_id, marker in CONTROL_MARKERS.items())
+    ):
         raise reject(f"added_tokens and vocab must hold exactly the control tokens {CONTROL_MARKERS}")
     by_id: dict[int, bytes] = {}
     for piece, token_id in model["vocab"].items():
@@ -548,7 +617,7 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
     for n, merge in enumerate(model["merges"]):
         pair = merge.split(" ") if isinstance(merge, str) else merge
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(part, str) and part for part in pair):
-            raise reject(f"merges[{n}] must be two pieces, as [left, right] or \"left right\", got {merge!r}")
+            raise reject(f'merges[{n}] must be two pieces, as [left, right] or "left right", got {merge!r}')
         # (The ByteLevel split never puts "<|" and "user" in one word, so training cannot
         # learn such a merge; a hand-made file could.)
         if "".join(pair) in CONTROL_MARKERS.values():

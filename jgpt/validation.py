@@ -370,7 +370,9 @@ class MapOf:
     value: Description
 
     def read(self, value: Any, field: str) -> dict:
-        return {key: self.value.read(item, member(field, key)) for key, item in loose_mapping(value, field, set()).items()}
+        return {
+            key: self.value.read(item, member(field, key)) for key, item in loose_mapping(value, field, set()).items()
+        }
 
     def schema(self) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": self.value.schema()}
@@ -483,7 +485,9 @@ class Either:
 def _types(schema: Mapping[str, Any]) -> set[str]:
     if schema.get("type") == "number":  # JSON Schema's integers are numbers too
         return {"number", "integer"}
-    return {schema["type"]} if "type" in schema else {"integer", "number", "string", "boolean", "array", "object", "null"}
+    return (
+        {schema["type"]} if "type" in schema else {"integer", "number", "string", "boolean", "array", "object", "null"}
+    )
 
 
 def _json_type(value: Any) -> str:

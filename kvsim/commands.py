@@ -42,58 +42,118 @@ def _parser(command: str) -> argparse.ArgumentParser:
         description="KV residency and service simulator: deterministic, causal, replayable (see docs/kvsim.md)",
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    run = sub.add_parser("run", help="simulate INPUT.json, print a summary, optionally write the record",
-                         description="Simulate INPUT.json and print a summary (times and sizes in human units; "
-                                     "--json and the record keep the exact numbers).")
+    run = sub.add_parser(
+        "run",
+        help="simulate INPUT.json, print a summary, optionally write the record",
+        description="Simulate INPUT.json and print a summary (times and sizes in human units; "
+        "--json and the record keep the exact numbers).",
+    )
     run.add_argument("input", type=Path, metavar="INPUT.json", help="a kvsim input: system, computations, workload")
-    run.add_argument("--out", type=Path, metavar="RECORD.json",
-                     help="where to write the CacheRun record: whole JSON, or streamed JSON Lines (written while the "
-                          "run goes, for large runs) if the name ends in .jsonl")
-    run.add_argument("--json", action="store_true", help="print the run's id and outcomes as JSON instead of the summary")
+    run.add_argument(
+        "--out",
+        type=Path,
+        metavar="RECORD.json",
+        help="where to write the CacheRun record: whole JSON, or streamed JSON Lines (written while the "
+        "run goes, for large runs) if the name ends in .jsonl",
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the run's id and outcomes as JSON instead of the summary"
+    )
     run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     replay = sub.add_parser("replay", help="re-run a record's declaration; exit 0 only if the bytes are identical")
-    replay.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)")
-    replay.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout (the exit code is the same)")
+    replay.add_argument(
+        "record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)"
+    )
+    replay.add_argument(
+        "--json", action="store_true", help="print the verdict as JSON on stdout (the exit code is the same)"
+    )
     plot = sub.add_parser("plot", help="write occupancy, timeline and latency-CDF PNGs")
-    plot.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)")
-    plot.add_argument("--out-dir", type=Path, metavar="DIR",
-                      help="directory for the PNGs (default: RECORD's name without .json, plus _plots)")
-    perfetto = sub.add_parser("perfetto", help="write Chrome/Perfetto trace JSON: KV occupancy counters, compute and "
-                                               "link slices, every event an instant")
-    perfetto.add_argument("record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)")
-    perfetto.add_argument("--out", type=Path, metavar="TRACE.json",
-                          help="where to write the trace (default: RECORD's name with .perfetto.json)")
+    plot.add_argument(
+        "record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)"
+    )
+    plot.add_argument(
+        "--out-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory for the PNGs (default: RECORD's name without .json, plus _plots)",
+    )
+    perfetto = sub.add_parser(
+        "perfetto",
+        help="write Chrome/Perfetto trace JSON: KV occupancy counters, compute and link slices, every event an instant",
+    )
+    perfetto.add_argument(
+        "record", type=Path, metavar="RECORD.json", help="a record written by `kvsim run --out` (.json or .jsonl)"
+    )
+    perfetto.add_argument(
+        "--out",
+        type=Path,
+        metavar="TRACE.json",
+        help="where to write the trace (default: RECORD's name with .perfetto.json)",
+    )
     trace = sub.add_parser(
         "import-trace", help="recorded computations (analytic counts) from a Mooncake or Azure trace"
     )
     trace.add_argument("trace", type=Path, metavar="TRACE", help="a Mooncake JSONL or Azure CSV trace file")
     trace.add_argument("--format", choices=traces.FORMATS, required=True, help="the trace's format")
-    trace.add_argument("--block-tokens", type=int, default=512, metavar="N",
-                       help="tokens per Mooncake hash block (at most --context)")
-    trace.add_argument("--out", type=Path, required=True, metavar="COMPUTATIONS.json",
-                       help="where to write the recorded computation document")
+    trace.add_argument(
+        "--block-tokens", type=int, default=512, metavar="N", help="tokens per Mooncake hash block (at most --context)"
+    )
+    trace.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="COMPUTATIONS.json",
+        help="where to write the recorded computation document",
+    )
     _model_options(trace)
     synth = sub.add_parser("synthesize", help="recorded computations (analytic counts) of multi-turn conversations")
-    synth.add_argument("--requests", type=int, default=100, metavar="N", help=f"requests (turns of multi-turn conversations), at most {REQUEST_LIMIT:,}")
+    synth.add_argument(
+        "--requests",
+        type=int,
+        default=100,
+        metavar="N",
+        help=f"requests (turns of multi-turn conversations), at most {REQUEST_LIMIT:,}",
+    )
     synth.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the synthetic conversations (>= 0)")
-    synth.add_argument("--out", type=Path, required=True, metavar="COMPUTATIONS.json",
-                       help="where to write the recorded computation document")
+    synth.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="COMPUTATIONS.json",
+        help="where to write the recorded computation document",
+    )
     _model_options(synth)
-    calibrate = sub.add_parser("calibrate", help="fit the calibrated compute service and transfer to measured engine runs")
-    calibrate.add_argument("measured", type=Path, nargs="+", metavar="MEASURED.json",
-                           help="measured-run documents (jgpt serve --out)")
-    calibrate.add_argument("--out", type=Path, required=True, metavar="SERVICE.json",
-                           help="where to write the system fragment (JSON)")
+    calibrate = sub.add_parser(
+        "calibrate", help="fit the calibrated compute service and transfer to measured engine runs"
+    )
+    calibrate.add_argument(
+        "measured", type=Path, nargs="+", metavar="MEASURED.json", help="measured-run documents (jgpt serve --out)"
+    )
+    calibrate.add_argument(
+        "--out", type=Path, required=True, metavar="SERVICE.json", help="where to write the system fragment (JSON)"
+    )
     calibrate.add_argument("--json", action="store_true", help="print the fragment as JSON instead of the fit table")
     forecast = sub.add_parser("predict", help="simulate a measured engine run and compare with it field by field")
-    forecast.add_argument("measured", type=Path, metavar="MEASURED.json", help="a measured-run document (jgpt serve --out)")
-    forecast.add_argument("--service", type=Path, metavar="SERVICE.json",
-                          help="a fragment from calibrate (default: the run's own rates)")
-    forecast.add_argument("--seeds", type=int, default=SPREAD_REPEATS, metavar="N",
-                          help="for a service with a spread: the prediction is each figure's median over N simulated "
-                               f"runs, the spread's seed counting up (default {SPREAD_REPEATS}, as bench/fidelity.py)")
-    forecast.add_argument("--out", type=Path, metavar="RECORD.json",
-                          help="write the record of one simulated run, the spread's own seed (.jsonl: streamed)")
+    forecast.add_argument(
+        "measured", type=Path, metavar="MEASURED.json", help="a measured-run document (jgpt serve --out)"
+    )
+    forecast.add_argument(
+        "--service", type=Path, metavar="SERVICE.json", help="a fragment from calibrate (default: the run's own rates)"
+    )
+    forecast.add_argument(
+        "--seeds",
+        type=int,
+        default=SPREAD_REPEATS,
+        metavar="N",
+        help="for a service with a spread: the prediction is each figure's median over N simulated "
+        f"runs, the spread's seed counting up (default {SPREAD_REPEATS}, as bench/fidelity.py)",
+    )
+    forecast.add_argument(
+        "--out",
+        type=Path,
+        metavar="RECORD.json",
+        help="write the record of one simulated run, the spread's own seed (.jsonl: streamed)",
+    )
     forecast.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
@@ -105,15 +165,18 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ffn", type=int, default=512, metavar="N", help="hidden units of each feed-forward block")
     group.add_argument("--vocabulary", type=int, default=260, metavar="N", help="token ids the model knows")
     group.add_argument("--precision-bytes", type=int, default=4, metavar="N", help="bytes per KV element")
-    group.add_argument("--context", type=int, default=4096, metavar="N", help="positions a request may use (prompt plus output)")
+    group.add_argument(
+        "--context", type=int, default=4096, metavar="N", help="positions a request may use (prompt plus output)"
+    )
 
 
 def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
     for name in ("layers", "width", "ffn", "vocabulary", "precision_bytes", "context"):
         if getattr(args, name) < 1:
             raise ApiError(f"--{name.replace('_', '-')}", "must be positive")
-    return analytic.AnalyticModel(args.layers, args.width, args.ffn, args.vocabulary, args.precision_bytes, args.context)
-
+    return analytic.AnalyticModel(
+        args.layers, args.width, args.ffn, args.vocabulary, args.precision_bytes, args.context
+    )
 
 
 def _json_bytes(value) -> bytes:
@@ -150,8 +213,18 @@ def main(command: str, argv: list[str]) -> int:
         replayed = record_json(rerun(recorded))
         difference = None if replayed == data else first_difference(recorded, json.loads(replayed))
         if args.json:
-            print(json.dumps({"id": recorded["id"], "identical": difference is None, "bytes": len(data),
-                              "events": len(recorded["events"]), "difference": difference}, indent=1))
+            print(
+                json.dumps(
+                    {
+                        "id": recorded["id"],
+                        "identical": difference is None,
+                        "bytes": len(data),
+                        "events": len(recorded["events"]),
+                        "difference": difference,
+                    },
+                    indent=1,
+                )
+            )
         elif difference is None:
             print(f"replay of {recorded['id']}: byte-identical ({len(data)} bytes, {len(recorded['events'])} events)")
         else:
@@ -165,7 +238,9 @@ def main(command: str, argv: list[str]) -> int:
             print(path)
         return 0
     if args.action == "perfetto":
-        out = output_file(args.out or args.record.with_name(args.record.stem + ".perfetto.json"), "--out", [args.record])
+        out = output_file(
+            args.out or args.record.with_name(args.record.stem + ".perfetto.json"), "--out", [args.record]
+        )
         write_atomically(out, trace_chunks(_view(args.record)))
         print(f"{out} (open in https://ui.perfetto.dev)")
         return 0
@@ -177,8 +252,11 @@ def main(command: str, argv: list[str]) -> int:
         if not 1 <= args.block_tokens <= model.context:
             raise ApiError("--block-tokens", f"must be in [1, --context {model.context}], got {args.block_tokens}")
         text = read_bytes(args.trace, "TRACE").decode("utf-8", errors="replace")
-        items = (traces.mooncake(text, args.block_tokens, model.context) if args.format == "mooncake"
-                 else traces.azure(text, model.context))
+        items = (
+            traces.mooncake(text, args.block_tokens, model.context)
+            if args.format == "mooncake"
+            else traces.azure(text, model.context)
+        )
         source = f"{args.format} trace {args.trace.name}"
     else:
         if not 1 <= args.requests <= REQUEST_LIMIT:
@@ -241,7 +319,9 @@ def _fidelity(args: argparse.Namespace) -> int:
     if args.out:
         output_file(args.out, "--out", [args.measured, args.service])
     run = load_measured_run(args.measured, "MEASURED")
-    service = None if args.service is None else read_service(load_json(read_bytes(args.service, "--service"), "--service"))
+    service = (
+        None if args.service is None else read_service(load_json(read_bytes(args.service, "--service"), "--service"))
+    )
     seeds = spread_seeds(run, service, args.seeds)
     rows = compare(run.document["totals"], predicted_totals(run, service, args.seeds))
     if args.out and args.out.suffix == ".jsonl":
@@ -251,8 +331,14 @@ def _fidelity(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.to_json() for row in rows], indent=1))
         return 0
-    runs = f"median over {len(seeds)} simulated runs, spread seeds {seeds[0]}-{seeds[-1]}" if seeds else "one simulated run"
-    print(f"{args.measured}: measured vs kvsim ({'calibrated: ' + str(args.service) if service else 'own rates'}; {runs})")
+    runs = (
+        f"median over {len(seeds)} simulated runs, spread seeds {seeds[0]}-{seeds[-1]}"
+        if seeds
+        else "one simulated run"
+    )
+    print(
+        f"{args.measured}: measured vs kvsim ({'calibrated: ' + str(args.service) if service else 'own rates'}; {runs})"
+    )
     print(comparison_table(rows))
     if args.out:
         print(f"record written to {args.out}: one simulated run" + (f", spread seed {seeds[0]}" if seeds else ""))

@@ -48,4 +48,3 @@ def check_viewable(record: dict) -> dict:
                 raise ApiError(f"{at}.causes", f"{cause!r} is not an earlier event")
         seen.add(event["event_id"])
     return record
-

@@ -22,7 +22,9 @@ def summary_table(record: dict) -> str:
     ]
     for name, label in (("ttft", "TTFT"), ("tpot", "per token"), ("e2e", "end to end"), ("queueing", "queueing")):
         row = latency[name]
-        lines.append(f"  {label:<14}{row['count']:>8}" + "".join(f"{duration_us(row[p]):>12}" for p in ("p50", "p90", "p99")))
+        lines.append(
+            f"  {label:<14}{row['count']:>8}" + "".join(f"{duration_us(row[p]):>12}" for p in ("p50", "p90", "p99"))
+        )
     lines += [
         "",
         f"  hit rate     device {_rate(totals['hit_rate_device'])}  host {_rate(totals['hit_rate_host'])}  "

@@ -138,8 +138,12 @@ def _azure_rows(reader: csv.DictReader, context: int) -> list[Conversation]:
         request_id = f"r{len(items)}"
         items.append(
             Conversation(
-                request_id, arrival, _block(f"prompt:{request_id}", prompt_tokens),
-                _output(request_id, generated, turn_end), generated, complete=True,
+                request_id,
+                arrival,
+                _block(f"prompt:{request_id}", prompt_tokens),
+                _output(request_id, generated, turn_end),
+                generated,
+                complete=True,
             )
         )
     return items
@@ -156,8 +160,10 @@ def _utc(moment: datetime) -> datetime:
 def _fits(prompt: int, output: int, context: int, at: str, names: tuple[str, str]) -> None:
     if prompt + output > context:
         name = names[0] if prompt >= context else names[1]  # the prompt alone, or the output past it
-        raise ApiError(f"{at}.{name}", f"{prompt} prompt and {output} output tokens exceed the model's context "
-                                       f"{context} (see --context)")
+        raise ApiError(
+            f"{at}.{name}",
+            f"{prompt} prompt and {output} output tokens exceed the model's context {context} (see --context)",
+        )
 
 
 def _within_limit(used: int, at: str) -> int:

@@ -41,5 +41,6 @@ def lab_run(tmp_path_factory):
     from experiments.experiment_execution import run_lab
 
     defaults = lab_defaults(tiny_model(tmp_path_factory.mktemp("model"), seed=1), max_new_tokens=4)
-    return run_lab(default_catalog().lab(LAB), tmp_path_factory.mktemp("lab") / LAB, report=False, plots=False,
-                   defaults=defaults)
+    return run_lab(
+        default_catalog().lab(LAB), tmp_path_factory.mktemp("lab") / LAB, report=False, plots=False, defaults=defaults
+    )

@@ -38,8 +38,11 @@ from hypothesis import strategies as st
 
 from jgpt import cli
 
-FUZZ = settings(max_examples=int(os.environ.get("JGPT_FUZZ_EXAMPLES", "200")), deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("JGPT_FUZZ_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def run_jgpt(argv: list[str]) -> tuple[int, str, str]:
@@ -65,16 +68,23 @@ def error_lines(stderr: str) -> list[str]:
 
 def snapshot(directories: Iterable[str | os.PathLike]) -> dict[str, frozenset[str]]:
     """Every path under each directory, so a test can tell that nothing was left behind."""
-    return {str(d): frozenset(str(p.relative_to(d)) for p in Path(d).rglob("*")) if Path(d).is_dir() else frozenset()
-            for d in directories}
+    return {
+        str(d): frozenset(str(p.relative_to(d)) for p in Path(d).rglob("*")) if Path(d).is_dir() else frozenset()
+        for d in directories
+    }
 
 
 def contents(inputs: Iterable[str | os.PathLike]) -> dict[str, bytes | None]:
     return {str(p): Path(p).read_bytes() if Path(p).is_file() else None for p in inputs}
 
 
-def assert_refused(argv: list, *, inputs: Iterable[str | os.PathLike] = (),
-                   watch: Iterable[str | os.PathLike] = (), field: str | None = None) -> str:
+def assert_refused(
+    argv: list,
+    *,
+    inputs: Iterable[str | os.PathLike] = (),
+    watch: Iterable[str | os.PathLike] = (),
+    field: str | None = None,
+) -> str:
     """Run `jgpt ARGV` and assert a clean refusal; returns the one error line.
 
     `inputs`: files that must be byte-identical afterwards. `watch`: directories that must
@@ -95,8 +105,13 @@ def assert_refused(argv: list, *, inputs: Iterable[str | os.PathLike] = (),
     return lines[0]
 
 
-def assert_clean(argv: list, *, inputs: Iterable[str | os.PathLike] = (), watch: Iterable[str | os.PathLike] = (),
-                 accepted: tuple[int, ...] = (0,)) -> int:
+def assert_clean(
+    argv: list,
+    *,
+    inputs: Iterable[str | os.PathLike] = (),
+    watch: Iterable[str | os.PathLike] = (),
+    accepted: tuple[int, ...] = (0,),
+) -> int:
     """Run `jgpt ARGV` on input that may or may not be valid: either an `accepted` exit code, or a
     clean refusal (as `assert_refused`). No traceback and untouched inputs either way; returns the code."""
     inputs, watch = list(inputs), list(watch)
@@ -123,26 +138,66 @@ def _difference(before: dict[str, frozenset[str]], after: dict[str, frozenset[st
 
 # -- hypothesis strategies ------------------------------------------------------------------
 
+
 def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
     """Any finite JSON value: as a replacement it is almost always of the wrong type somewhere."""
-    scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-               | st.text(max_size=12) | st.sampled_from(HOSTILE_SCALARS))
-    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                              max_size=3),
-                        max_leaves=max_leaves)
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**70), 2**70)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=12)
+        | st.sampled_from(HOSTILE_SCALARS)
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+        max_leaves=max_leaves,
+    )
 
 
-HOSTILE_SCALARS = (-1, 0, 1, -(2**63), 2**63, 10**30, 1e308, -1e308, 5e-324, -0.0, 0.5, "", " ", "-1", "NaN",
-                   "../outside", "/etc/passwd", "<script>alert(1)</script>", "\u2028", "\x00", "a" * 300,
-                   "\ud800", "x\udfff", "\u202etxt.exe", "\ufeff", "\x1b]0;title\x07", "javascript:alert(1)", "$\\frac{$")
+HOSTILE_SCALARS = (
+    -1,
+    0,
+    1,
+    -(2**63),
+    2**63,
+    10**30,
+    1e308,
+    -1e308,
+    5e-324,
+    -0.0,
+    0.5,
+    "",
+    " ",
+    "-1",
+    "NaN",
+    "../outside",
+    "/etc/passwd",
+    "<script>alert(1)</script>",
+    "\u2028",
+    "\x00",
+    "a" * 300,
+    "\ud800",
+    "x\udfff",
+    "\u202etxt.exe",
+    "\ufeff",
+    "\x1b]0;title\x07",
+    "javascript:alert(1)",
+    "$\\frac{$",
+)
 # Keys a mutation may add to an object: empty, a lone surrogate, terminal escapes, one far too long.
 HOSTILE_KEYS = ("", " ", "\ud800", "\x00", "\x1b[2J", "__proto__", "k" * 300)
 
 
 def deep_json() -> st.SearchStrategy[bytes]:
     """Nesting past any reasonable limit, closed or not: crashed every reader with RecursionError."""
-    return st.builds(lambda depth, opener, closed: opener * depth + (b"1" + _closer(opener) * depth if closed else b""),
-                     st.integers(65, 100_000), st.sampled_from([b"[", b'{"a":']), st.booleans())
+    return st.builds(
+        lambda depth, opener, closed: opener * depth + (b"1" + _closer(opener) * depth if closed else b""),
+        st.integers(65, 100_000),
+        st.sampled_from([b"[", b'{"a":']),
+        st.booleans(),
+    )
 
 
 def _closer(opener: bytes) -> bytes:
@@ -154,14 +209,18 @@ NON_FINITE = (b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e400", b"1" * 500
 
 def hostile_lexemes() -> st.SearchStrategy[bytes]:
     """Raw JSON text for one value: a wrong type, too deep, or a number that is not finite or too long."""
-    return st.one_of(json_values().map(lambda value: json.dumps(value).encode()), deep_json(),
-                     st.sampled_from(NON_FINITE))
+    return st.one_of(
+        json_values().map(lambda value: json.dumps(value).encode()), deep_json(), st.sampled_from(NON_FINITE)
+    )
 
 
 def hostile_json() -> st.SearchStrategy[bytes]:
     """A whole hostile file: any hostile value, random bytes, or broken JSON."""
-    return st.one_of(hostile_lexemes(), st.binary(max_size=200),
-                     st.sampled_from([b"", b"{", b'{"a": 1,}', b"\xef\xbb\xbf{}", b'"\\ud800"', b"[1] [2]"]))
+    return st.one_of(
+        hostile_lexemes(),
+        st.binary(max_size=200),
+        st.sampled_from([b"", b"{", b'{"a": 1,}', b"\xef\xbb\xbf{}", b'"\\ud800"', b"[1] [2]"]),
+    )
 
 
 _SENTINEL = "\u0000hostile\u0000"
@@ -193,8 +252,13 @@ def _replace(value: Any, path: tuple, replacement: Any) -> Any:
 
 
 @st.composite
-def mutated_json(draw, document: Any, where=lambda path, value: True, wrong_type: bool = False,
-                 replacements: st.SearchStrategy[bytes] | None = None) -> bytes:
+def mutated_json(
+    draw,
+    document: Any,
+    where=lambda path, value: True,
+    wrong_type: bool = False,
+    replacements: st.SearchStrategy[bytes] | None = None,
+) -> bytes:
     """`document` with one value replaced by hostile JSON text, one member deleted, or one added to an object.
 
     `where(path, value)` chooses which values may change (a path is a tuple of keys and indices);
@@ -223,7 +287,8 @@ def extreme_numbers() -> st.SearchStrategy[bytes]:
     """Finite JSON numbers at and past the edges: zero, tiny, 2^53, 1e308, negative."""
     edges = st.sampled_from([0, 1, -1, 2**53, 2**53 + 1, 2**63, 10**30, 1e308, 5e-324, 1e-300, 0.5, -0.0])
     return st.one_of(edges, st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False)).map(
-        lambda n: json.dumps(n).encode())
+        lambda n: json.dumps(n).encode()
+    )
 
 
 def _value_at(value: Any, path: tuple) -> Any:
@@ -249,5 +314,10 @@ def hostile_outputs(root: Path, input_: Path) -> list[tuple[str, Path]]:
     link = root / "link-to-input"
     if not link.is_symlink():
         link.symlink_to(input_.resolve())
-    return [("a directory", directory), ("a missing parent", root / "missing" / "out"),
-            ("a file as parent", input_ / "out"), ("the input itself", input_), ("a link to the input", link)]
+    return [
+        ("a directory", directory),
+        ("a missing parent", root / "missing" / "out"),
+        ("a file as parent", input_ / "out"),
+        ("the input itself", input_),
+        ("a link to the input", link),
+    ]

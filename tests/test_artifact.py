@@ -139,6 +139,7 @@ def test_save_refuses_an_existing_path_and_leaves_nothing_half_written(saved, tm
 
 # --- catalog ------------------------------------------------------------------------------------------
 
+
 def write_catalog_file(path: Path, base_url: str = ".", models=()) -> Path:
     path.write_text(json.dumps({"storage": {"base_url": base_url}, "models": list(models)}))
     return path
@@ -147,8 +148,21 @@ def write_catalog_file(path: Path, base_url: str = ".", models=()) -> Path:
 def test_catalog_add_lists_resolves_and_loads_by_id(saved, tmp_path, capsys):
     shutil.copytree(saved, tmp_path / "models" / "tiny")
     catalog = write_catalog_file(tmp_path / "catalog.json", base_url="models")
-    args = ["catalog", "--catalog", str(catalog), "add", str(tmp_path / "models" / "tiny"), "--id", "tiny",
-            "--label", "tiny GPT", "--role", "default", "--stop-ids", "259"]
+    args = [
+        "catalog",
+        "--catalog",
+        str(catalog),
+        "add",
+        str(tmp_path / "models" / "tiny"),
+        "--id",
+        "tiny",
+        "--label",
+        "tiny GPT",
+        "--role",
+        "default",
+        "--stop-ids",
+        "259",
+    ]
     assert jgpt(args) == 0
     assert jgpt(["catalog", "--catalog", str(catalog)]) == 0
     listing = capsys.readouterr().out
@@ -161,8 +175,24 @@ def test_catalog_add_lists_resolves_and_loads_by_id(saved, tmp_path, capsys):
     assert resolve_model("tiny", catalog) == (tmp_path / "models" / "tiny").resolve()
     assert load_model("tiny", catalog).checkpoint_sha256 == artifact.checkpoint_sha256
     # A second default demotes the first.
-    assert jgpt(["catalog", "--catalog", str(catalog), "add", str(tmp_path / "models" / "tiny"), "--id", "again",
-                 "--label", "same", "--role", "default"]) == 0
+    assert (
+        jgpt(
+            [
+                "catalog",
+                "--catalog",
+                str(catalog),
+                "add",
+                str(tmp_path / "models" / "tiny"),
+                "--id",
+                "again",
+                "--label",
+                "same",
+                "--role",
+                "default",
+            ]
+        )
+        == 0
+    )
     assert [m.role for m in read_catalog(catalog).models] == [None, "default"]
 
 
@@ -183,9 +213,15 @@ def test_catalog_refuses_an_artifact_that_is_not_the_one_it_names(saved, tmp_pat
 
 def test_http_storage_downloads_nothing_and_uses_only_the_local_cache(saved, tmp_path, monkeypatch):
     artifact = load_artifact(saved)
-    descriptor = {"id": "t", "label": "t", "role": None, "parameters": artifact.parameters,
-                  "architecture": GPT.to_json(), "tokenizer": None,
-                  "weights": {"path": "tiny", "sha256": artifact.checkpoint_sha256, "bytes": 1}}
+    descriptor = {
+        "id": "t",
+        "label": "t",
+        "role": None,
+        "parameters": artifact.parameters,
+        "architecture": GPT.to_json(),
+        "tokenizer": None,
+        "weights": {"path": "tiny", "sha256": artifact.checkpoint_sha256, "bytes": 1},
+    }
     remote = write_catalog_file(tmp_path / "remote.json", "https://models.example/jgpt/", [descriptor])
     monkeypatch.setenv("JGPT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ApiError) as error:
@@ -197,10 +233,21 @@ def test_http_storage_downloads_nothing_and_uses_only_the_local_cache(saved, tmp
 
 
 def test_catalog_rejects_duplicate_ids_two_defaults_and_malformed_entries(tmp_path):
-    entry = {"id": "a", "label": "a", "role": "default", "parameters": 1, "architecture": {}, "tokenizer": None,
-             "weights": {"path": "a", "sha256": "0" * 64, "bytes": 1}}
-    for models, field in [([entry, entry], "models.id"), ([entry, {**entry, "id": "b"}], "models.role"),
-                          ([{**entry, "weights": "a"}], "models[0].weights"), ([{"id": "a"}], "models[0].label")]:
+    entry = {
+        "id": "a",
+        "label": "a",
+        "role": "default",
+        "parameters": 1,
+        "architecture": {},
+        "tokenizer": None,
+        "weights": {"path": "a", "sha256": "0" * 64, "bytes": 1},
+    }
+    for models, field in [
+        ([entry, entry], "models.id"),
+        ([entry, {**entry, "id": "b"}], "models.role"),
+        ([{**entry, "weights": "a"}], "models[0].weights"),
+        ([{"id": "a"}], "models[0].label"),
+    ]:
         with pytest.raises(ApiError) as error:
             read_catalog(write_catalog_file(tmp_path / "c.json", models=models))
         assert error.value.field == field
@@ -215,6 +262,8 @@ def test_the_repository_catalog_is_valid_and_every_model_loads_with_its_identiti
 
 
 def test_catalog_and_architecture_import_without_jax():
-    code = ("import sys, jgpt.catalog, jgpt.architecture, jgpt.commands.catalog, jgpt.commands.import_hf; "
-            "sys.exit('jax' in sys.modules)")
+    code = (
+        "import sys, jgpt.catalog, jgpt.architecture, jgpt.commands.catalog, jgpt.commands.import_hf; "
+        "sys.exit('jax' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -36,7 +36,9 @@ def test_the_kernel_builds_and_is_chosen_on_one_cpu_device():
 @pytest.mark.parametrize("rows, inner, columns", [(70, 33, 45), (200, 64, 96), (5, 17, 3)])
 def test_each_product_form_matches_float64(rows, inner, columns):
     rng = np.random.default_rng(rows)
-    x, w, g = (rng.standard_normal(shape).astype(np.float32) for shape in ((rows, inner), (inner, columns), (rows, columns)))
+    x, w, g = (
+        rng.standard_normal(shape).astype(np.float32) for shape in ((rows, inner), (inner, columns), (rows, columns))
+    )
     forms = jax.jit(lambda x, w, g: (blas_matmul.product(x, w), blas_matmul.product(g, w, transpose_b=True),
                                      blas_matmul.product(x, g, transpose_a=True)))  # fmt: skip
     x64, w64, g64 = (a.astype(np.float64) for a in (x, w, g))

@@ -21,8 +21,10 @@ from jgpt.tokenizer import Tokenizer, Turn
 from tests.hostile import FUZZ
 
 FRAMING = "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"
-NUMBERS = st.one_of(st.integers(-(2**40), 2**40), st.sampled_from([0, 1, -1, TEMPLATE_SIZE_LIMIT, TEMPLATE_SIZE_LIMIT + 1,
-                                                                   10**10, 999999999]))
+NUMBERS = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.sampled_from([0, 1, -1, TEMPLATE_SIZE_LIMIT, TEMPLATE_SIZE_LIMIT + 1, 10**10, 999999999]),
+)
 METHODS = ("ljust", "rjust", "center", "zfill", "expandtabs")
 FILTERS = ("center", "indent", "truncate", "wordwrap", "batch", "slice", "round")
 
@@ -31,12 +33,28 @@ FILTERS = ("center", "indent", "truncate", "wordwrap", "batch", "slice", "round"
 def expressions(draw) -> str:
     """One jinja2 expression that sizes, divides or formats by a drawn number."""
     n, m = draw(NUMBERS), draw(NUMBERS)
-    return draw(st.sampled_from([
-        f'"ab" * {n}', f'("ab" * {m}) * {n}', f'[1, 2] * {n}', f'{m} ** {n}', f'{m} / {n}', f'{m} // {n}',
-        f'{m} % {n}', f'"%0{n}d" % 1', f'"%.{n}f" % 1.5', '"%*d" % ({n}, 1)'.format(n=n), '"%d" % "x"',
-        '"{{:>{n}}}".format(1)'.format(n=n), '"{{:>{{w}}}}".format(1, w={n})'.format(n=n), f'range({n})|list|length',
-        *(f'"a".{method}({n})' for method in METHODS), *(f'"ab"|{name}({n})' for name in FILTERS),
-    ]))
+    return draw(
+        st.sampled_from(
+            [
+                f'"ab" * {n}',
+                f'("ab" * {m}) * {n}',
+                f"[1, 2] * {n}",
+                f"{m} ** {n}",
+                f"{m} / {n}",
+                f"{m} // {n}",
+                f"{m} % {n}",
+                f'"%0{n}d" % 1',
+                f'"%.{n}f" % 1.5',
+                '"%*d" % ({n}, 1)'.format(n=n),
+                '"%d" % "x"',
+                '"{{:>{n}}}".format(1)'.format(n=n),
+                '"{{:>{{w}}}}".format(1, w={n})'.format(n=n),
+                f"range({n})|list|length",
+                *(f'"a".{method}({n})' for method in METHODS),
+                *(f'"ab"|{name}({n})' for name in FILTERS),
+            ]
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +69,14 @@ def tokenizer_dir(tmp_path_factory):
 @FUZZ
 @given(expression=expressions(), where=st.sampled_from(["before", "inside"]))
 def test_a_chat_template_computing_anything_renders_or_is_refused_naming_it_quickly(tokenizer_dir, expression, where):
-    template = (f"{{{{ {expression} }}}}{FRAMING}" if where == "before"
-                else FRAMING.replace("{{ m['content'] }}", f"{{{{ {expression} }}}}{{{{ m['content'] }}}}"))
-    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
-                                                                     "chat_template": template}))
+    template = (
+        f"{{{{ {expression} }}}}{FRAMING}"
+        if where == "before"
+        else FRAMING.replace("{{ m['content'] }}", f"{{{{ {expression} }}}}{{{{ m['content'] }}}}")
+    )
+    (tokenizer_dir / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "chat_template": template})
+    )
     tokenizer = Tokenizer.load(tokenizer_dir / "tokenizer.json")
     start = time.perf_counter()
     try:
@@ -73,8 +95,9 @@ def test_a_chat_template_computing_anything_renders_or_is_refused_naming_it_quic
     ('"%09999999d" % 1', "formats with a width"), ("1 / 0", "ZeroDivisionError"), ('"%s" % ()', "TypeError"),
 ])  # fmt: skip
 def test_the_templates_that_broke_it_are_refused_naming_the_reason(tokenizer_dir, expression, phrase):
-    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": "<|endoftext|>", "chat_template": f"{{{{ {expression} }}}}{FRAMING}"}))
+    (tokenizer_dir / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "chat_template": f"{{{{ {expression} }}}}{FRAMING}"})
+    )
     with pytest.raises(ApiError, match=phrase) as error:
         Tokenizer.load(tokenizer_dir / "tokenizer.json").encode_turns([Turn("user", "hi")])
     assert error.value.field == "chat_template"

@@ -99,8 +99,10 @@ def test_the_installed_script_ends_without_teardown_but_with_its_output_and_exit
     done = subprocess.run([script, "catalog", "--json"], capture_output=True, text=True)
     assert done.returncode == 0 and json.loads(done.stdout)["models"]
     marker = tmp_path / "handler-ran"
-    code = ("import atexit, pathlib, sys; from jgpt import cli\n"
-            f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
-            "print('out', end=''); sys.stderr.write('err'); cli.exit_now(3)")
+    code = (
+        "import atexit, pathlib, sys; from jgpt import cli\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+        "print('out', end=''); sys.stderr.write('err'); cli.exit_now(3)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr, marker.read_text()) == (3, "out", "err", "yes")

@@ -48,6 +48,7 @@ def _walk(parser: argparse.ArgumentParser, name: str):
 def every_option(monkeypatch) -> list[tuple[str, argparse.ArgumentParser, argparse.Action]]:
     """Every option of every command (command line, parser, action): each command's parser is caught
     where the command would parse its arguments."""
+
     def caught(self, args=None, namespace=None):
         raise _Built(self)
 
@@ -57,14 +58,20 @@ def every_option(monkeypatch) -> list[tuple[str, argparse.ArgumentParser, argpar
         with pytest.raises(_Built) as built:
             importlib.import_module(module).main(command, [])
         for name, parser in _walk(built.value.parser, f"jgpt {command}"):
-            options += [(name, parser, action) for action in parser._actions
-                        if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))]
+            options += [
+                (name, parser, action)
+                for action in parser._actions
+                if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+            ]
     return options
 
 
 def test_every_option_of_every_command_has_help(every_option):
-    missing = [f"{name} {'/'.join(action.option_strings) or action.dest}" for name, _, action in every_option
-               if not (action.help or "").strip()]
+    missing = [
+        f"{name} {'/'.join(action.option_strings) or action.dest}"
+        for name, _, action in every_option
+        if not (action.help or "").strip()
+    ]
     assert len(every_option) > 100 and missing == []
 
 
@@ -94,7 +101,9 @@ def test_version_is_the_installed_packages(capsys):
     assert "--version" in cli._help()
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["catalog", "--json"], ["catalog", "--help"], ["kvsim", "run", str(EXAMPLE)]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["catalog", "--json"], ["catalog", "--help"], ["kvsim", "run", str(EXAMPLE)]]
+)
 def test_a_closed_pipe_ends_quietly(argv):
     """`jgpt ... | head -1`: the reader is gone before jgpt writes (a block-buffered pipe, as in a shell)."""
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
@@ -136,8 +145,13 @@ def test_json_outputs_parse(tmp_path, capsys):
     assert run["id"] == record["id"] and run["outcomes"] == record["outcomes"]
     assert run["outcomes"]["totals"]["bytes_device_to_host"] == 700  # exact numbers, not "700 B"
     replayed = printed(["kvsim", "replay", str(tmp_path / "record.json"), "--json"])
-    assert replayed == {"id": run["id"], "identical": True, "bytes": (tmp_path / "record.json").stat().st_size,
-                        "events": len(record["events"]), "difference": None}
+    assert replayed == {
+        "id": run["id"],
+        "identical": True,
+        "bytes": (tmp_path / "record.json").stat().st_size,
+        "events": len(record["events"]),
+        "difference": None,
+    }
     labs = printed(["lab", "list", "--json"])
     assert {"id", "planned", "arms", "question"} == set(labs[0]) and len({lab["id"] for lab in labs}) == len(labs)
     assert printed(["catalog", "--json"])["models"]
@@ -158,7 +172,10 @@ def test_lab_summary_prints_human_units_and_json_keeps_the_numbers(lab_run, caps
     assert cli.main(["lab", "replay", str(lab_run.directory / "record.json"), "--json"]) == 0
     checked = json.loads(capsys.readouterr().out)
     assert (checked["id"], checked["arms_replayed"], checked["measured_runs_checked"]) == (
-        lab_run.record["id"], len(lab_run.record["arms"]), 0)
+        lab_run.record["id"],
+        len(lab_run.record["arms"]),
+        0,
+    )
     figures = summary(lab_run.record)
     assert json.loads((lab_run.directory / "summary.json").read_text()) == figures
     text = summary_text(figures)
@@ -167,8 +184,24 @@ def test_lab_summary_prints_human_units_and_json_keeps_the_numbers(lab_run, caps
         assert duration_us(arm["ttft_p50_us"]) in row and byte_size(arm["bytes_host_to_device"]) in row
 
 
-UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4, "PiB": 1024**5, "EiB": 1024**6,
-         "us": 1, "ms": 1e3, "s": 1e6, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+UNITS = {
+    "B": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+    "PiB": 1024**5,
+    "EiB": 1024**6,
+    "us": 1,
+    "ms": 1e3,
+    "s": 1e6,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+}
 
 
 def _read_back(text: str) -> float:
@@ -176,8 +209,10 @@ def _read_back(text: str) -> float:
     return float(number) * UNITS.get(unit, 1)
 
 
-@given(st.one_of(st.integers(0, 2**70), st.floats(0, 1e21, allow_nan=False)),
-       st.sampled_from([byte_size, duration_us, count]))
+@given(
+    st.one_of(st.integers(0, 2**70), st.floats(0, 1e21, allow_nan=False)),
+    st.sampled_from([byte_size, duration_us, count]),
+)
 def test_human_units_read_back_within_half_a_percent(value, formatter):
     text = formatter(value)
     number, _, unit = text.partition(" ")
@@ -192,8 +227,17 @@ def test_human_units_read_back_within_half_a_percent(value, formatter):
         assert float(number) < (1024 if formatter is byte_size else 1000)
 
 
-@pytest.mark.parametrize("value, text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (2515464192, "2.34 GiB"),
-                                         (1048575, "1.00 MiB"), (10 * 1024**2, "10.0 MiB")])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (2515464192, "2.34 GiB"),
+        (1048575, "1.00 MiB"),
+        (10 * 1024**2, "10.0 MiB"),
+    ],
+)
 def test_byte_sizes(value, text):
     assert byte_size(value) == text
 
@@ -227,8 +271,9 @@ def test_progress_only_on_a_terminal_and_never_when_quiet():
 
 
 def test_commands_draw_no_progress_when_stderr_is_not_a_terminal(tmp_path):
-    done = subprocess.run([str(SCRIPT), "kvsim", "run", str(EXAMPLE), "--out", str(tmp_path / "r.json")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(SCRIPT), "kvsim", "run", str(EXAMPLE), "--out", str(tmp_path / "r.json")], capture_output=True, text=True
+    )
     assert done.returncode == 0 and done.stderr == ""
 
 
@@ -260,8 +305,10 @@ def test_weights_are_read_without_orbax_as_orbax_restores_them(tmp_path):
 
 def test_loading_and_running_a_model_imports_neither_flax_nor_orbax():
     """Start-up: flax (via flax.struct) and orbax were a quarter and a third of a second of `jgpt generate`."""
-    code = ("import sys, inference.commands, inference.generation, inference.execution, jgpt.artifact, jgpt.catalog\n"
-            "print(sorted(m for m in ('flax', 'orbax') if m in sys.modules))")
+    code = (
+        "import sys, inference.commands, inference.generation, inference.execution, jgpt.artifact, jgpt.catalog\n"
+        "print(sorted(m for m in ('flax', 'orbax') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -282,10 +329,17 @@ def test_pytree_dataclass_keeps_flax_structs_contract():
             lengths: jax.Array
             checkpoint: str = module.field(pytree_node=False)
             precision: str | None = module.field(pytree_node=False, default=None)
+
         return State
 
-    ours, theirs = declare(pytree)(jnp.ones(2), jnp.zeros(3), "c", "f32"), declare(flax_struct)(jnp.ones(2), jnp.zeros(3), "c", "f32")
-    (leaves, tree), (their_leaves, their_tree) = jax.tree_util.tree_flatten_with_path(ours), jax.tree_util.tree_flatten_with_path(theirs)
+    ours, theirs = (
+        declare(pytree)(jnp.ones(2), jnp.zeros(3), "c", "f32"),
+        declare(flax_struct)(jnp.ones(2), jnp.zeros(3), "c", "f32"),
+    )
+    (leaves, tree), (their_leaves, their_tree) = (
+        jax.tree_util.tree_flatten_with_path(ours),
+        jax.tree_util.tree_flatten_with_path(theirs),
+    )
     assert [path for path, _ in leaves] == [path for path, _ in their_leaves]
     assert str(tree).replace("State", "") == str(their_tree).replace("State", "")  # static fields in the structure
     moved = jax.jit(lambda s: s.replace(lengths=s.lengths + 1))(ours)
@@ -299,10 +353,28 @@ def test_serve_summary_prints_bytes_in_human_units():
     from inference.measured_run import summary
 
     latency = {"count": 1, "p50": 1500, "p90": 1500, "p99": 1500}
-    totals = {"arrived": 1, "completed": 1, "stopped": 0, "cancelled": 0, "rejected": 0, "end_us": 2_000_000,
-              "compute_busy_fraction": 0.5, "latency_us": {"ttft": latency}, "hits_device": 0, "hits_host": 1,
-              "lookups": 1, "token_hit_rate": 0.5, "bytes_device_to_host": 2515464192, "bytes_host_to_device": 700,
-              "offloads": 1, "reloads": 1, "drops": 0}
-    document = {"totals": totals, "requests": {"r": {"selected_tokens": 4}},
-                "engine": {"compiled_programs": 2, "compile_wall_us": 1e6, "compiles_during_run": 0}}
+    totals = {
+        "arrived": 1,
+        "completed": 1,
+        "stopped": 0,
+        "cancelled": 0,
+        "rejected": 0,
+        "end_us": 2_000_000,
+        "compute_busy_fraction": 0.5,
+        "latency_us": {"ttft": latency},
+        "hits_device": 0,
+        "hits_host": 1,
+        "lookups": 1,
+        "token_hit_rate": 0.5,
+        "bytes_device_to_host": 2515464192,
+        "bytes_host_to_device": 700,
+        "offloads": 1,
+        "reloads": 1,
+        "drops": 0,
+    }
+    document = {
+        "totals": totals,
+        "requests": {"r": {"selected_tokens": 4}},
+        "engine": {"compiled_programs": 2, "compile_wall_us": 1e6, "compiles_during_run": 0},
+    }
     assert "moved: 2.34 GiB to host (1 offloads), 700 B to device (1 reloads)" in summary(document)

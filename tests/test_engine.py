@@ -31,7 +31,11 @@ def turns(conversation: int, turn: int) -> list[dict]:
     first = CONVERSATIONS[conversation]
     if turn == 0:
         return first
-    return [*first, {"role": "assistant", "text": ANSWERS[conversation]}, {"role": "user", "text": "count the letters in abc"}]
+    return [
+        *first,
+        {"role": "assistant", "text": ANSWERS[conversation]},
+        {"role": "user", "text": "count the letters in abc"},
+    ]
 
 
 def workload(gap_us: int, cancel_at_us: int | None = None) -> dict:
@@ -44,7 +48,9 @@ def workload(gap_us: int, cancel_at_us: int | None = None) -> dict:
     requests.insert(0, {"request_id": "long", "arrival_us": 0, "request": {"text": "sort " + "qwertyuiop" * 3}})
     document = {"kind": "mixed", "requests": requests}
     if cancel_at_us is not None:
-        document["customer_interaction"] = {"actions": [{"kind": "cancel", "at_us": cancel_at_us, "request_id": "long"}]}
+        document["customer_interaction"] = {
+            "actions": [{"kind": "cancel", "at_us": cancel_at_us, "request_id": "long"}]
+        }
     return document
 
 
@@ -118,9 +124,10 @@ def test_device_budget_invariant_holds_at_every_happening(mixed):
 def test_no_compile_during_the_run(mixed):
     _, _, served, document, _ = mixed
     assert served.compiles_during_run == 0
-    assert document["engine"]["compiled_programs"] == len(served.plan.prefill_window_buckets) + len(
-        served.plan.decode_batch_buckets
-    ) + 3  # the row insert, extract and move
+    assert (
+        document["engine"]["compiled_programs"]
+        == len(served.plan.prefill_window_buckets) + len(served.plan.decode_batch_buckets) + 3
+    )  # the row insert, extract and move
 
 
 @pytest.mark.parametrize(
@@ -143,7 +150,15 @@ def test_reuse_decisions_equal_kvsims(model, policy, max_active, device_position
     keys = ("status", "reuse_positions", "reuse_tier", "selected_tokens", "prompt_positions")
     for request_id, measured in document["requests"].items():
         assert {k: measured[k] for k in keys} == {k: simulated[request_id][k] for k in keys}, request_id
-    for name in ("hits_device", "hits_host", "offloads", "reloads", "drops", "bytes_device_to_host", "bytes_host_to_device"):
+    for name in (
+        "hits_device",
+        "hits_host",
+        "offloads",
+        "reloads",
+        "drops",
+        "bytes_device_to_host",
+        "bytes_host_to_device",
+    ):
         assert document["totals"][name] == run.outcomes["totals"][name], name
     assert min(document["totals"][name] for name in tiers) >= 1
 

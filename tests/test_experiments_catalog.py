@@ -82,11 +82,15 @@ def _lab(edit, lab_id="host-tier-vs-recompute"):
         (lambda d: d.update(evidence=["/etc/passwd"]), "evidence[0]"),
         (lambda d: d["workload"].update(kind="poisson"), "workload.kind"),
         (lambda d: d["workload"]["conversations"][0].update(turn_gap_us=-1), "workload.conversations[0].turn_gap_us"),
-        (lambda d: d["workload"]["conversations"][0]["turns"][0].update(role="robot"),
-         "workload.conversations[0].turns[0].role"),
+        (
+            lambda d: d["workload"]["conversations"][0]["turns"][0].update(role="robot"),
+            "workload.conversations[0].turns[0].role",
+        ),
         (lambda d: d["workload"]["conversations"][1].update(id="kiwi"), "workload.conversations"),
-        (lambda d: d["workload"].update(actions=[{"kind": "cancel", "at_us": 1, "request_id": "nobody"}]),
-         "workload.actions[0].request_id"),
+        (
+            lambda d: d["workload"].update(actions=[{"kind": "cancel", "at_us": 1, "request_id": "nobody"}]),
+            "workload.actions[0].request_id",
+        ),
     ],
 )
 def test_bad_lab_field_is_named(edit, field):
@@ -130,8 +134,10 @@ def test_listing_and_validating_labs_imports_no_jax():
     import subprocess
     import sys
 
-    code = ("import sys; from experiments.commands.lab import main; main('lab', ['list']); "
-            "from experiments.generation_defaults import generation_defaults; generation_defaults(); "
-            "print('jax' in sys.modules)")
+    code = (
+        "import sys; from experiments.commands.lab import main; main('lab', ['list']); "
+        "from experiments.generation_defaults import generation_defaults; generation_defaults(); "
+        "print('jax' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPOSITORY)
     assert result.stdout.strip().splitlines()[-1] == "False"

@@ -46,7 +46,9 @@ def _rewrite(directory, record, name, document):
     """Replace a file the record names, its entry's hash and size updated so only the content check can object."""
     data = (json.dumps(document, indent=1) + "\n").encode()
     (directory / name).write_bytes(data)
-    entries = [arm.get("measured_run") for arm in record["arms"]] + [run["measured_run"] for run in record["calibration"]["runs"]]
+    entries = [arm.get("measured_run") for arm in record["arms"]] + [
+        run["measured_run"] for run in record["calibration"]["runs"]
+    ]
     for entry in entries:
         if entry and entry["path"] == name:
             entry.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
@@ -70,10 +72,14 @@ def test_engine_arms_are_measured_and_the_record_replays(fidelity):
         policy = {s["control"]: s["value"] for s in arm["execution"]}["scheduling.policy"]
         assert measured["system"]["scheduling"]["policy"] == policy
     table = summary(record)
-    assert [row["source"] for row in table["arms"]] == ["measured on the engine", "simulated by kvsim (calibrated)",
-                                                        "simulated by kvsim (roofline)"] * 2
-    assert {(p["measured"], p["service"]) for p in table["fidelity"]} == {(arm["label"], s) for arm in engine
-                                                                       for s in ("calibrated", "roofline")}
+    assert [row["source"] for row in table["arms"]] == [
+        "measured on the engine",
+        "simulated by kvsim (calibrated)",
+        "simulated by kvsim (roofline)",
+    ] * 2
+    assert {(p["measured"], p["service"]) for p in table["fidelity"]} == {
+        (arm["label"], s) for arm in engine for s in ("calibrated", "roofline")
+    }
     for pair in table["fidelity"]:
         engine_arm = next(arm for arm in engine if arm["label"] == pair["measured"])
         ttft = next(row for row in pair["rows"] if row["field"] == "ttft.p50")
@@ -87,8 +93,12 @@ def test_calibrated_arm_is_fitted_out_of_sample_and_resimulates_byte_for_byte(fi
         data = (directory / entry["measured_run"]["path"]).read_bytes()
         measured = json.loads(data)
         # served the calibration workload, not the lab's: the prediction is out of sample
-        assert [r["request_id"] for r in measured["workload"]["requests"]] == [r.request_id for r in LAB.calibration_workload.requests]
-        assert not {r.request_id for r in LAB.calibration_workload.requests} & {r.request_id for r in LAB.workload.requests}
+        assert [r["request_id"] for r in measured["workload"]["requests"]] == [
+            r.request_id for r in LAB.calibration_workload.requests
+        ]
+        assert not {r.request_id for r in LAB.calibration_workload.requests} & {
+            r.request_id for r in LAB.workload.requests
+        }
         runs.append(read_measured_run(measured, hashlib.sha256(data).hexdigest()))
     assert len(runs) == 2  # one per scheduling policy the calibrated arms sweep
     fragment, _, _ = fit(runs)
@@ -178,16 +188,23 @@ def _lab(edit):
     return document
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda d: d.pop("calibration_workload"), "calibration_workload"),
-    (lambda d: d["sweep"][1]["values"].pop(1), "calibration_workload"),
-    (lambda d: d["sweep"][1]["values"].__setitem__(0, {"execution.runner": "engine", "compute_service.model": "calibrated"}),
-     "sweep"),
-    (lambda d: d["sweep"][1]["values"].append({"compute_service.model": "roofline"}), "sweep[1].values"),
-    (lambda d: d["sweep"][1]["values"].append({"scheduling.policy": "serialized"}), "sweep[1].values[3]"),
-    (lambda d: d["sweep"][1]["values"].append({}), "sweep[1].values[3]"),
-    (lambda d: d["sweep"][1]["values"].append({"execution.runner": "gpu"}), "sweep[1].values[3].execution.runner"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda d: d.pop("calibration_workload"), "calibration_workload"),
+        (lambda d: d["sweep"][1]["values"].pop(1), "calibration_workload"),
+        (
+            lambda d: d["sweep"][1]["values"].__setitem__(
+                0, {"execution.runner": "engine", "compute_service.model": "calibrated"}
+            ),
+            "sweep",
+        ),
+        (lambda d: d["sweep"][1]["values"].append({"compute_service.model": "roofline"}), "sweep[1].values"),
+        (lambda d: d["sweep"][1]["values"].append({"scheduling.policy": "serialized"}), "sweep[1].values[3]"),
+        (lambda d: d["sweep"][1]["values"].append({}), "sweep[1].values[3]"),
+        (lambda d: d["sweep"][1]["values"].append({"execution.runner": "gpu"}), "sweep[1].values[3].execution.runner"),
+    ],
+)
 def test_lab_refuses_runner_settings_that_cannot_run(edit, field):
     with pytest.raises(ApiError) as caught:
         ExperimentDesign.from_json(_lab(edit))
@@ -209,6 +226,10 @@ def test_report_shows_measured_against_predicted_without_kvsim_timelines_for_eng
     dom = _chromium(tmp_path, "--dump-dom", (tmp_path / "report.html").as_uri())
     panel = re.search(r'<div id="fidelity-panel">(.*?)</section>', dom, re.S).group(1)
     assert panel.count("<table") == len(data["summary"]["fidelity"]) == 4
-    latencies = [row for pair in data["summary"]["fidelity"] for row in pair["rows"]
-                 if not row["exact"] and row["field"] != "compute_busy_us" and row["measured"] and row["predicted"]]
+    latencies = [
+        row
+        for pair in data["summary"]["fidelity"]
+        for row in pair["rows"]
+        if not row["exact"] and row["field"] != "compute_busy_us" and row["measured"] and row["predicted"]
+    ]
     assert len(latencies) > 12 and panel.count('<circle class="point"') == len(latencies) and "within 10%" in panel

@@ -9,8 +9,14 @@ from experiments.inference_map import InferenceMap, default_inference_map, draw
 from jgpt.errors import ApiError
 
 COMPONENTS = {
-    "RequestEndpoint", "RequestRouter", "InferenceEngine", "StateManager", "ResourcePool", "ComputeKernel",
-    "DeviceRuntime", "CollectiveCommunication",
+    "RequestEndpoint",
+    "RequestRouter",
+    "InferenceEngine",
+    "StateManager",
+    "ResourcePool",
+    "ComputeKernel",
+    "DeviceRuntime",
+    "CollectiveCommunication",
 }
 
 

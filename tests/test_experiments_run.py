@@ -43,8 +43,14 @@ def runs(defaults, tmp_path_factory):
     out = tmp_path_factory.mktemp("labs")
     recordings = {}
     return {
-        lab.id: run_lab(lab, out / lab.id, report=lab.id == REPORTED, plots=lab.id == REPORTED,
-                        defaults=defaults, recordings=recordings)
+        lab.id: run_lab(
+            lab,
+            out / lab.id,
+            report=lab.id == REPORTED,
+            plots=lab.id == REPORTED,
+            defaults=defaults,
+            recordings=recordings,
+        )
         for lab in RUNNABLE
     }
 
@@ -112,8 +118,9 @@ def _inspectable(run):
     recording = run.record["recordings"][0]
     observations = json.loads((run.directory / recording["observations"]["path"]).read_bytes())
     computations = json.loads((run.directory / recording["computations"]["path"]).read_bytes())
-    return Inspectable(observations, recording["walkthrough"],
-                       {r["request_id"]: r["computations"] for r in computations["requests"]}), computations
+    return Inspectable(
+        observations, recording["walkthrough"], {r["request_id"]: r["computations"] for r in computations["requests"]}
+    ), computations
 
 
 def test_recorded_predictions_agree_with_the_greedy_outputs(runs):
@@ -175,8 +182,13 @@ def test_cli_lists_shows_and_refuses_planned_labs(tmp_path):
 
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 
 
@@ -185,8 +197,9 @@ def _chromium(tmp_path, *args):
     assert binary, "Debian's chromium package is required for the report test (apt-get install chromium)"
     profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
     profile.mkdir()
-    result = subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120
+    )
     return result.stdout
 
 
@@ -196,10 +209,20 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     text = page.read_text()
     # The SVG namespace URI names a namespace for createElementNS; nothing is fetched from it.
     unfetched = text.replace('href="http', "").replace("'http://www.w3.org/2000/svg'", "")
-    assert "http://" not in unfetched and "<link" not in text and " src=\"http" not in text
+    assert "http://" not in unfetched and "<link" not in text and ' src="http' not in text
     dom = _chromium(tmp_path, "--dump-dom", page.as_uri() + "#position=4&surface=request")
-    for section in ("overview", "arms", "architecture", "tokens", "prediction", "attention", "computations", "kvsim",
-                    "map", "contract"):
+    for section in (
+        "overview",
+        "arms",
+        "architecture",
+        "tokens",
+        "prediction",
+        "attention",
+        "computations",
+        "kvsim",
+        "map",
+        "contract",
+    ):
         assert f'id="{section}-section"' in dom
     state = json.loads(html.unescape(re.search(r'<div id="state">InspectionState (.*?)</div>', dom).group(1)))
     assert state["position"] == 4 and state["surface"] == "request"  # the state came from the URL fragment
@@ -211,7 +234,7 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     assert len(re.findall(r'<canvas class="heatmap" data-head="\d+"', dom)) == heads
     assert re.search(r"<p>after position 4 \(", dom)
     events = re.search(r'<table id="events">(.*?)</table>', dom).group(1)
-    assert "<td class=\"l\">arrival</td>" in events and "<td class=\"l\">compute_end</td>" in events
+    assert '<td class="l">arrival</td>' in events and '<td class="l">compute_end</td>' in events
     refused = _chromium(tmp_path, "--dump-dom", page.as_uri() + "#position=100000")
     assert re.search(r'role="alert">selection refused: position must be 0\.\.\d+</div>', refused)
     shot = tmp_path / "report.png"

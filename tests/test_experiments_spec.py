@@ -8,9 +8,16 @@ from jgpt.errors import ApiError
 from jgpt.ontology import OntologyBinding, concept
 
 SYSTEM_FIELDS = {
-    "max_requests", "max_new_tokens_cap", "scheduling.max_active_requests", "kv_cache.device_kv_bytes",
-    "kv_cache.host_kv_bytes", "kv_cache.retention_policy", "transfer.link_bytes_per_us", "transfer.link_latency_us",
-    "compute_service.compute_flops_per_us", "compute_service.memory_bytes_per_us",
+    "max_requests",
+    "max_new_tokens_cap",
+    "scheduling.max_active_requests",
+    "kv_cache.device_kv_bytes",
+    "kv_cache.host_kv_bytes",
+    "kv_cache.retention_policy",
+    "transfer.link_bytes_per_us",
+    "transfer.link_latency_us",
+    "compute_service.compute_flops_per_us",
+    "compute_service.memory_bytes_per_us",
 }
 
 
@@ -70,10 +77,18 @@ def test_spec_round_trips_through_json():
         ({"control": "kv_cache.retention_policy", "value": "fifo"}, "settings[0].value"),
         ({"control": "generation.selection", "value": "top_k"}, "settings[0].value"),
         ({"control": "kv_cache.host_kv_bytes", "value": 1, "note": "x"}, "settings[0].note"),
-        ({"control": "kv_cache.host_kv_bytes", "value": 1, "ontology_binding": {"primary": "Workload"}},
-         "settings[0].ontology_binding.primary"),
-        ({"control": "kv_cache.host_kv_bytes", "value": 1,
-          "ontology_binding": {"primary": "KVCache", "related": ["KVCache"]}}, "settings[0].ontology_binding.related[0]"),
+        (
+            {"control": "kv_cache.host_kv_bytes", "value": 1, "ontology_binding": {"primary": "Workload"}},
+            "settings[0].ontology_binding.primary",
+        ),
+        (
+            {
+                "control": "kv_cache.host_kv_bytes",
+                "value": 1,
+                "ontology_binding": {"primary": "KVCache", "related": ["KVCache"]},
+            },
+            "settings[0].ontology_binding.related[0]",
+        ),
         ("kv_cache.host_kv_bytes=1", "settings[0]"),
     ],
 )
@@ -123,5 +138,7 @@ def test_system_controls_nest_into_the_kvsim_config_document():
         )
     )
     assert spec.system_config_json() == {
-        "max_requests": 8, "kv_cache": {"device_kv_bytes": 100}, "transfer": {"link_bytes_per_us": 2.5},
+        "max_requests": 8,
+        "kv_cache": {"device_kv_bytes": 100},
+        "transfer": {"link_bytes_per_us": 2.5},
     }

@@ -77,10 +77,12 @@ np.save(out, np.asarray(jax.jit(forward, static_argnames="architecture")(weights
 
 ARCHITECTURES = {
     "gpt-gelu": ModelArchitecture(vocabulary=260, width=32, ffn=48, context=24, layers=2, heads=4),
-    "gpt-gelu-tanh": ModelArchitecture(vocabulary=260, width=24, ffn=96, context=16, layers=1, heads=2,
-                                       activation="gelu_tanh", epsilon=1e-6),
-    "llama-gqa": LlamaArchitecture(vocabulary=260, width=32, ffn=40, context=24, layers=2, heads=4, kv_heads=2,
-                                   rope_theta=500.0),
+    "gpt-gelu-tanh": ModelArchitecture(
+        vocabulary=260, width=24, ffn=96, context=16, layers=1, heads=2, activation="gelu_tanh", epsilon=1e-6
+    ),
+    "llama-gqa": LlamaArchitecture(
+        vocabulary=260, width=32, ffn=40, context=24, layers=2, heads=4, kv_heads=2, rope_theta=500.0
+    ),
 }
 
 
@@ -88,12 +90,19 @@ def perturbed_artifact(name: str, directory):
     architecture = ARCHITECTURES[name]
     weights, provenance = initialize(architecture, seed=3)
     rng = np.random.default_rng(sum(map(ord, name)))
-    tensors = {key: np.asarray(value) + 0.05 * rng.standard_normal(np.shape(value)).astype(np.float32)
-               for key, value in weights.as_dict().items()}
+    tensors = {
+        key: np.asarray(value) + 0.05 * rng.standard_normal(np.shape(value)).astype(np.float32)
+        for key, value in weights.as_dict().items()
+    }
     if "lm_bias" in tensors:
         tensors["lm_bias"] = np.zeros_like(tensors["lm_bias"])  # GPT2LMHeadModel's head has no bias
-    return save_artifact(directory, architecture, ModelWeights.from_dict({k: jnp.asarray(v) for k, v in tensors.items()}),
-                         provenance, Tokenizer.bytes_only())
+    return save_artifact(
+        directory,
+        architecture,
+        ModelWeights.from_dict({k: jnp.asarray(v) for k, v in tensors.items()}),
+        provenance,
+        Tokenizer.bytes_only(),
+    )
 
 
 @pytest.fixture(scope="module", params=[*ARCHITECTURES, "chat"])
@@ -119,8 +128,10 @@ def test_transformers_loads_the_export_with_jgpts_logits(exported):
     got = np.asarray(FORWARD(exported.artifact.weights, a, jnp.asarray(ids)).logits)
     error, from_exact = float(np.max(np.abs(got - expected))), float(np.max(np.abs(got - reference)))
     rounding = float(np.max(np.abs(expected - reference)))  # transformers' own float32 error
-    print(f"{exported.name}: max abs logit error {error:.2e} vs transformers float32, {from_exact:.2e} vs float64 "
-          f"(transformers float32 vs float64: {rounding:.2e}; logits up to {np.max(np.abs(reference)):.1f})")
+    print(
+        f"{exported.name}: max abs logit error {error:.2e} vs transformers float32, {from_exact:.2e} vs float64 "
+        f"(transformers float32 vs float64: {rounding:.2e}; logits up to {np.max(np.abs(reference)):.1f})"
+    )
     assert got.shape == expected.shape
     assert from_exact <= max(TOLERANCE, rounding) and error <= max(TOLERANCE, 2 * rounding)
 
@@ -132,15 +143,18 @@ def float64_throughout(model):
     config = model.config
     for module in model.modules():
         if isinstance(module, LlamaRMSNorm):
-            module.forward = lambda h, norm=module: norm.weight * (
-                h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+            module.forward = lambda h, norm=module: (
+                norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+            )
         if isinstance(module, LlamaRotaryEmbedding):
             inverse_frequency = 1.0 / config.rope_parameters["rope_theta"] ** (
-                torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
+                torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
+            )
 
             def rotary(x, position_ids, inverse_frequency=inverse_frequency):
                 angles = torch.cat([position_ids[..., None].double() * inverse_frequency] * 2, dim=-1)
                 return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
             module.forward = rotary
     return model
 
@@ -151,8 +165,12 @@ def test_jgpt_and_transformers_agree_within_1e5_in_float64(exported):
     a = exported.artifact.architecture
     ids = np.random.default_rng(0).integers(0, a.vocabulary, (2, a.context)).astype(np.int32)
     np.save(exported.root / "ids.npy", ids)
-    run = subprocess.run([sys.executable, "-c", FLOAT64_FORWARD, exported.out, exported.root / "ids.npy",
-                          exported.root / "float64.npy"], capture_output=True, text=True, cwd=REPOSITORY)
+    run = subprocess.run(
+        [sys.executable, "-c", FLOAT64_FORWARD, exported.out, exported.root / "ids.npy", exported.root / "float64.npy"],
+        capture_output=True,
+        text=True,
+        cwd=REPOSITORY,
+    )
     assert run.returncode == 0, run.stderr
     got = np.load(exported.root / "float64.npy")
     model = AutoModelForCausalLM.from_pretrained(exported.out, dtype=torch.float64, attn_implementation="sdpa").eval()
@@ -162,9 +180,11 @@ def test_jgpt_and_transformers_agree_within_1e5_in_float64(exported):
         transformers32 = exported.model(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
     jgpt32 = np.asarray(FORWARD(exported.artifact.weights, a, jnp.asarray(ids)).logits)
     error = lambda x: float(np.max(np.abs(x - expected)))
-    print(f"{exported.name}: float64 max abs logit error {error(got):.1e} (logits up to {np.max(np.abs(expected)):.1f}; "
-          f"transformers' float64 as shipped {error(as_shipped):.1e}); float32 forwards from it: jgpt "
-          f"{error(jgpt32):.1e}, transformers {error(transformers32):.1e}")
+    print(
+        f"{exported.name}: float64 max abs logit error {error(got):.1e} (logits up to {np.max(np.abs(expected)):.1f}; "
+        f"transformers' float64 as shipped {error(as_shipped):.1e}); float32 forwards from it: jgpt "
+        f"{error(jgpt32):.1e}, transformers {error(transformers32):.1e}"
+    )
     assert got.dtype == expected.dtype == np.float64 and got.shape == expected.shape
     assert error(got) <= TOLERANCE
 
@@ -219,17 +239,25 @@ def test_export_refuses_a_non_empty_directory_unless_forced_and_replaces_it_whol
     assert code == 2 and err.count("\n") == 1 and "--force" in err and "Traceback" not in err
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     assert run_jgpt(["export-hf", artifact.path, "--out", out, "--force"])[0] == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
-                                                     "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact", "out"]  # no staging left
     code, _, err = run_jgpt(["export-hf", artifact.path, "--out", tmp_path, "--force"])
     assert code == 2 and "the artifact being exported" in err and (tmp_path / "artifact" / "manifest.json").is_file()
 
 
-@pytest.mark.parametrize("args, phrase", [
-    (["no-such-model"], "no-such-model"),
-    (["ARTIFACT", "--out", "FILE"], "is a file"),
-])
+@pytest.mark.parametrize(
+    "args, phrase",
+    [
+        (["no-such-model"], "no-such-model"),
+        (["ARTIFACT", "--out", "FILE"], "is a file"),
+    ],
+)
 def test_export_bad_input_is_one_line(tmp_path, args, phrase):
     artifact = perturbed_artifact("gpt-gelu-tanh", tmp_path / "artifact")
     (tmp_path / "file").write_text("x")

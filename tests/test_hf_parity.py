@@ -29,21 +29,64 @@ TOLERANCE = 1e-5
 
 CONFIGS = {
     "gpt2-base": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=16)),
-    "gpt2-exact-gelu-ffn": lambda: GPT2LMHeadModel(GPT2Config(
-        vocab_size=61, n_embd=48, n_layer=3, n_head=3, n_positions=20, n_inner=72,
-        activation_function="gelu", layer_norm_epsilon=1e-6)),
-    "gpt2-untied": lambda: GPT2LMHeadModel(GPT2Config(
-        vocab_size=130, n_embd=24, n_layer=1, n_head=2, n_positions=12,
-        activation_function="gelu_pytorch_tanh", tie_word_embeddings=False)),
-    "llama-base": lambda: LlamaForCausalLM(LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=16)),
-    "llama-gqa-theta": lambda: LlamaForCausalLM(LlamaConfig(
-        vocab_size=61, hidden_size=48, intermediate_size=40, num_hidden_layers=3, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=20, rms_norm_eps=1e-5, rope_theta=500.0)),
-    "llama-mqa-tied": lambda: LlamaForCausalLM(LlamaConfig(
-        vocab_size=260, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=12, tie_word_embeddings=True)),  # embeds the byte tokenizer
+    "gpt2-exact-gelu-ffn": lambda: GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=61,
+            n_embd=48,
+            n_layer=3,
+            n_head=3,
+            n_positions=20,
+            n_inner=72,
+            activation_function="gelu",
+            layer_norm_epsilon=1e-6,
+        )
+    ),
+    "gpt2-untied": lambda: GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=130,
+            n_embd=24,
+            n_layer=1,
+            n_head=2,
+            n_positions=12,
+            activation_function="gelu_pytorch_tanh",
+            tie_word_embeddings=False,
+        )
+    ),
+    "llama-base": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=96,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=16,
+        )
+    ),
+    "llama-gqa-theta": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=61,
+            hidden_size=48,
+            intermediate_size=40,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            max_position_embeddings=20,
+            rms_norm_eps=1e-5,
+            rope_theta=500.0,
+        )
+    ),
+    "llama-mqa-tied": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=260,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=12,
+            tie_word_embeddings=True,
+        )
+    ),  # embeds the byte tokenizer
 }
 
 
@@ -82,8 +125,12 @@ def test_logits_match_transformers_up_to_the_full_context(imported):
     assert got.shape == expected.shape
     assert np.max(np.abs(got - expected)) <= TOLERANCE
     short = ids[:, :5]  # a shorter sequence: the same computation on a prefix
-    np.testing.assert_allclose(FORWARD(artifact.weights, architecture, jnp.asarray(short)).logits,
-                               reference_logits(model, short), atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(
+        FORWARD(artifact.weights, architecture, jnp.asarray(short)).logits,
+        reference_logits(model, short),
+        atol=TOLERANCE,
+        rtol=0,
+    )
 
 
 def test_cached_continuation_matches_transformers(imported):
@@ -118,8 +165,11 @@ def test_parameter_count_matches_the_torch_model(imported):
 def test_unsupported_configurations_are_refused_naming_the_setting(tmp_path):
     save_perturbed("gpt2-base", tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    for setting, value in [("activation_function", "relu"), ("scale_attn_by_inverse_layer_idx", True),
-                           ("model_type", "bert")]:
+    for setting, value in [
+        ("activation_function", "relu"),
+        ("scale_attn_by_inverse_layer_idx", True),
+        ("model_type", "bert"),
+    ]:
         (tmp_path / "config.json").write_text(json.dumps({**config, setting: value}))
         with pytest.raises(ApiError) as error:
             convert(tmp_path)

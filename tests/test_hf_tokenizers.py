@@ -39,8 +39,14 @@ def hf(request, tmp_path_factory):
     model, tokenizer = save_model(request.param, root / "hf")
     assert jgpt(["import-hf", str(root / "hf"), "--out", str(root / "artifact")]) == 0
     artifact = load_artifact(root / "artifact")
-    return types.SimpleNamespace(family=request.param, root=root, model=model, reference=tokenizer,
-                                 artifact=artifact, tokenizer=artifact.tokenizer())
+    return types.SimpleNamespace(
+        family=request.param,
+        root=root,
+        model=model,
+        reference=tokenizer,
+        artifact=artifact,
+        tokenizer=artifact.tokenizer(),
+    )
 
 
 def test_generate_selects_the_ids_and_prints_the_text_of_transformers_generate(hf, capsys):
@@ -54,10 +60,12 @@ def test_generate_selects_the_ids_and_prints_the_text_of_transformers_generate(h
     eos = hf.reference.eos_token_id
     with torch.no_grad():
         generated = hf.model.generate(**prompt, max_new_tokens=BUDGET, do_sample=False, pad_token_id=eos)
-    expected_ids = generated[0, prompt.input_ids.shape[1]:].tolist()
+    expected_ids = generated[0, prompt.input_ids.shape[1] :].tolist()
     expected_text = hf.reference.decode([t for t in expected_ids if t != eos], skip_special_tokens=False)
-    print(f"{hf.family}: ids {response['output_ids']} vs transformers {expected_ids}; "
-          f"text {printed[:-1]!r} vs {expected_text!r}")
+    print(
+        f"{hf.family}: ids {response['output_ids']} vs transformers {expected_ids}; "
+        f"text {printed[:-1]!r} vs {expected_text!r}"
+    )
     assert response["prompt_ids"] == prompt.input_ids[0].tolist()
     assert response["output_ids"] == expected_ids
     assert printed == expected_text + "\n"
@@ -66,8 +74,12 @@ def test_generate_selects_the_ids_and_prints_the_text_of_transformers_generate(h
 def test_prompt_logits_match_torch(hf):
     from jgpt.model import forward
 
-    ids = np.asarray([hf.tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids[:6]
-                      for text in ("some text about the cat", "the quick brown fox jumps")])
+    ids = np.asarray(
+        [
+            hf.tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids[:6]
+            for text in ("some text about the cat", "the quick brown fox jumps")
+        ]
+    )
     with torch.no_grad():
         expected = hf.model(torch.from_numpy(ids)).logits.numpy()
     got = np.asarray(forward(hf.artifact.weights, hf.artifact.architecture, ids.astype(np.int32)).logits)
@@ -122,8 +134,10 @@ def test_the_artifact_keeps_the_files_as_they_came(hf):
     assert (artifact.path / "tokenizer_config.json").read_bytes() == (source / "tokenizer_config.json").read_bytes()
     assert "tokenizer_config.json" in {asset.path for asset in artifact.assets}
     assert hf.tokenizer.vocab_size == len(hf.reference) and hf.tokenizer.turn_end_id == hf.reference.eos_token_id
-    assert hf.tokenizer.manifest["companions_sha256"]["tokenizer_config.json"] == \
-        hashlib.sha256((source / "tokenizer_config.json").read_bytes()).hexdigest()
+    assert (
+        hf.tokenizer.manifest["companions_sha256"]["tokenizer_config.json"]
+        == hashlib.sha256((source / "tokenizer_config.json").read_bytes()).hexdigest()
+    )
 
 
 def test_an_artifact_refuses_an_unlisted_companion(hf, tmp_path):
@@ -135,8 +149,10 @@ def test_an_artifact_refuses_an_unlisted_companion(hf, tmp_path):
     assert error.value.field == "tokenizer_sha256" and "chat_template.jinja" in error.value.reason
 
 
-CHAT = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
+CHAT = (
+    "{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}"
+)
 
 
 def _gpt2_with(gpt2, tmp_path, **config) -> HFTokenizer:
@@ -159,8 +175,9 @@ def test_a_chat_template_frames_turns_like_transformers_and_typed_framing_stays_
     turns = [Turn("system", "be brief"), Turn("user", "some text 👋")]
     encoding = tokenizer.encode_turns(turns, open_turn="assistant")
     messages = [{"role": turn.role, "content": turn.text} for turn in turns]
-    expected = gpt2.reference.apply_chat_template(messages, chat_template=CHAT, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
+    expected = gpt2.reference.apply_chat_template(
+        messages, chat_template=CHAT, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert list(encoding.ids) == list(expected)
     assert b"".join(span.raw_bytes for span in encoding.spans if span.kind == "text") == "be briefsome text 👋".encode()
     assert {span.turn for span in encoding.spans if span.kind == "text"} == {0, 1}
@@ -169,11 +186,14 @@ def test_a_chat_template_frames_turns_like_transformers_and_typed_framing_stays_
     assert all(tokenizer.turn_end_id not in s.ids for s in forged.spans if s.kind == "text")
 
 
-@pytest.mark.parametrize("template, phrase", [
-    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "cannot be rendered"),
-    ("{{ raise_exception('no system turns') }}", "no system turns"),
-    ("{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}", "exactly once"),
-])
+@pytest.mark.parametrize(
+    "template, phrase",
+    [
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "cannot be rendered"),
+        ("{{ raise_exception('no system turns') }}", "no system turns"),
+        ("{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}", "exactly once"),
+    ],
+)
 def test_chat_templates_run_sandboxed_and_must_render_each_turn_once(gpt2, tmp_path, template, phrase):
     tokenizer = _gpt2_with(gpt2, tmp_path, chat_template=template)
     with pytest.raises(ApiError, match=phrase) as error:
@@ -196,10 +216,16 @@ def test_foreign_tokenizer_files_are_checked_before_the_library_reads_them(gpt2,
         "no eos": (spec, None, "names the eos_token"),
         "unknown eos": (spec, {"eos_token": "</nope>"}, "not a token"),
         "wordpiece": ({**spec, "model": {**spec["model"], "type": "WordPiece"}}, {"eos_token": "x"}, "BPE"),
-        "merge outside the vocab": ({**spec, "model": {**spec["model"], "merges": [["zz", "qq"]]}},
-                                    {"eos_token": "x"}, "not in the vocab"),
-        "gap in the ids": ({**spec, "added_tokens": [{**spec["added_tokens"][0], "id": 10 ** 6}]},
-                           {"eos_token": "x"}, "without gaps"),
+        "merge outside the vocab": (
+            {**spec, "model": {**spec["model"], "merges": [["zz", "qq"]]}},
+            {"eos_token": "x"},
+            "not in the vocab",
+        ),
+        "gap in the ids": (
+            {**spec, "added_tokens": [{**spec["added_tokens"][0], "id": 10**6}]},
+            {"eos_token": "x"},
+            "without gaps",
+        ),
     }
     for name, (document, config, phrase) in cases.items():
         directory = tmp_path / name.replace(" ", "-")
@@ -232,12 +258,27 @@ def test_a_tokenizer_file_over_the_limit_is_refused_before_reading(tmp_path, mon
 
 
 def test_record_runs_a_workload_with_the_imported_tokenizer(hf, tmp_path, capsys):
-    workload = {"kind": "single_turn", "requests": [
-        {"request_id": f"r{n}", "arrival_us": n, "request": {"text": text, "generation": {"max_new_tokens": 3}}}
-        for n, text in enumerate(["some text", "some text about the cat"])]}
+    workload = {
+        "kind": "single_turn",
+        "requests": [
+            {"request_id": f"r{n}", "arrival_us": n, "request": {"text": text, "generation": {"max_new_tokens": 3}}}
+            for n, text in enumerate(["some text", "some text about the cat"])
+        ],
+    }
     (tmp_path / "workload.json").write_text(json.dumps(workload))
-    assert jgpt(["record", str(tmp_path / "workload.json"), "--model", str(hf.root / "artifact"),
-                 "--out", str(tmp_path / "computations.json")]) == 0
+    assert (
+        jgpt(
+            [
+                "record",
+                str(tmp_path / "workload.json"),
+                "--model",
+                str(hf.root / "artifact"),
+                "--out",
+                str(tmp_path / "computations.json"),
+            ]
+        )
+        == 0
+    )
     document = json.loads((tmp_path / "computations.json").read_text())
     assert document["model"]["tokenizer_sha256"] == hf.artifact.tokenizer_sha256
     for request, text in zip(document["requests"], ["some text", "some text about the cat"]):
@@ -253,8 +294,10 @@ def test_tokenize_command_shows_an_imported_tokenizers_spans(hf, capsys):
     assert out.rstrip("\n").endswith(f"decoded: {decoded}")
 
 
-GPT2_CONFIG = {"eos_token": "<|endoftext|>",
-               "chat_template": "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"}
+GPT2_CONFIG = {
+    "eos_token": "<|endoftext|>",
+    "chat_template": "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}",
+}
 
 
 @FUZZ

@@ -65,7 +65,10 @@ MOONCAKE = [json.loads(line) for line in (DATA / "kvsim_mooncake_sample.jsonl").
 AZURE = list(csv.reader(io.StringIO((DATA / "kvsim_azure_sample.csv").read_text())))
 CATALOG = json.loads((REPO / "checkpoints" / "catalog.json").read_text())
 NO_MODEL = "/nonexistent/jgpt-model"
-SYSTEM, SERVED = DATA / "engine_system.json", DATA / "engine_workload.json"  # valid inputs of `serve` beside the fuzzed one
+SYSTEM, SERVED = (
+    DATA / "engine_system.json",
+    DATA / "engine_workload.json",
+)  # valid inputs of `serve` beside the fuzzed one
 
 
 def _record() -> bytes:
@@ -107,23 +110,40 @@ def _viewed(path: tuple, value) -> bool:
 READERS = {
     "tokenize --turns": Reader(lambda i, o: ["tokenize", "--turns", i], "turns", TURNS),
     "record": Reader(lambda i, o: ["record", i, "--out", o, "--model", NO_MODEL], "workload", WORKLOAD, accepted=()),
-    "serve": Reader(lambda i, o: ["serve", i, "--system", SYSTEM, "--out", o, "--model", NO_MODEL], "workload",
-                    WORKLOAD, accepted=()),
-    "serve --system": Reader(lambda i, o: ["serve", SERVED, "--system", i, "--out", o, "--model", NO_MODEL], "system",
-                             json.loads((DATA / "engine_system.json").read_text()), accepted=()),
+    "serve": Reader(
+        lambda i, o: ["serve", i, "--system", SYSTEM, "--out", o, "--model", NO_MODEL],
+        "workload",
+        WORKLOAD,
+        accepted=(),
+    ),
+    "serve --system": Reader(
+        lambda i, o: ["serve", SERVED, "--system", i, "--out", o, "--model", NO_MODEL],
+        "system",
+        json.loads((DATA / "engine_system.json").read_text()),
+        accepted=(),
+    ),
     "kvsim run": Reader(lambda i, o: ["kvsim", "run", i, "--out", o], "INPUT", EXAMPLE),
     "kvsim replay": Reader(lambda i, o: ["kvsim", "replay", i], "record", RECORD, accepted=(0, 1)),
-    "kvsim plot": Reader(lambda i, o: ["kvsim", "plot", i, "--out-dir", o], "record", RECORD, where=_viewed,
-                         wrong_type=True),
+    "kvsim plot": Reader(
+        lambda i, o: ["kvsim", "plot", i, "--out-dir", o], "record", RECORD, where=_viewed, wrong_type=True
+    ),
     "kvsim perfetto": Reader(lambda i, o: ["kvsim", "perfetto", i, "--out", o], "record", RECORD),
     "kvsim import-trace mooncake": Reader(
         lambda i, o: ["kvsim", "import-trace", i, "--format", "mooncake", "--block-tokens", "4", "--out", o],
-        "trace line 1", MOONCAKE[0]),
+        "trace line 1",
+        MOONCAKE[0],
+    ),
     # A valid config is refused too: --out is the config file itself, so no example trains.
-    "train --config": Reader(lambda i, o: ["train", "--config", i, "--out", i, "--quiet"], "config", CONFIG,
-                             accepted=()),
-    "catalog add": Reader(lambda i, o: ["catalog", "--catalog", i, "add", NO_MODEL, "--id", "x", "--label", "y"],
-                          "catalog", CATALOG, accepted=(), reads_non_finite=True),
+    "train --config": Reader(
+        lambda i, o: ["train", "--config", i, "--out", i, "--quiet"], "config", CONFIG, accepted=()
+    ),
+    "catalog add": Reader(
+        lambda i, o: ["catalog", "--catalog", i, "add", NO_MODEL, "--id", "x", "--label", "y"],
+        "catalog",
+        CATALOG,
+        accepted=(),
+        reads_non_finite=True,
+    ),
     "catalog": Reader(lambda i, o: ["catalog", "--catalog", i], "catalog", CATALOG, reads_non_finite=True),
     "lab replay": Reader(lambda i, o: ["lab", "replay", i], "record", {"lab": "x", "arms": []}, accepted=()),
 }
@@ -175,7 +195,9 @@ def test_every_record_kvsim_run_writes_can_be_viewed(tmp_path, data):
 
     source, out = _prepare(tmp_path, data)
     if assert_clean(["kvsim", "run", source, "--out", out], inputs=[source], watch=[tmp_path]) == 0:
-        assert json.loads(b"".join(trace_chunks(whole_view(check_viewable(read_record(out.read_bytes()))))))["traceEvents"]
+        assert json.loads(b"".join(trace_chunks(whole_view(check_viewable(read_record(out.read_bytes()))))))[
+            "traceEvents"
+        ]
 
 
 WRITERS = {
@@ -206,7 +228,9 @@ def test_synthesize_refuses_hostile_output_paths(tmp_path, data):
     file.write_text("kept")
     what, out = data.draw(st.sampled_from(hostile_outputs(tmp_path, file)[:3]))  # it reads no input
     requests = data.draw(st.integers(1, 5))
-    refused = assert_refused(["kvsim", "synthesize", "--requests", requests, "--out", out], inputs=[file], watch=[tmp_path])
+    refused = assert_refused(
+        ["kvsim", "synthesize", "--requests", requests, "--out", out], inputs=[file], watch=[tmp_path]
+    )
     assert ": --out: " in refused, f"{what}: {refused}"
 
 
@@ -230,6 +254,7 @@ def test_a_file_where_a_directory_is_written_is_refused(tmp_path, name, where):
 
 # -- entry points whose hostile input is text or arguments rather than JSON -------------------
 
+
 @FUZZ
 @given(corpus=st.binary(max_size=300))
 def test_tokenize_train_on_random_bytes_trains_or_refuses_cleanly(tmp_path, corpus):
@@ -242,8 +267,11 @@ def test_tokenize_train_on_random_bytes_trains_or_refuses_cleanly(tmp_path, corp
 @st.composite
 def _azure_rows(draw) -> bytes:
     rows = [list(row) for row in AZURE]
-    hostile = st.one_of(st.text(max_size=30), st.sampled_from([str(v) for v in HOSTILE_SCALARS]),
-                        st.sampled_from(["2023-11-16 18:15:46+05:00", "2023-11-16T18:15:46Z", "", "1e999", "9" * 5000]))
+    hostile = st.one_of(
+        st.text(max_size=30),
+        st.sampled_from([str(v) for v in HOSTILE_SCALARS]),
+        st.sampled_from(["2023-11-16 18:15:46+05:00", "2023-11-16T18:15:46Z", "", "1e999", "9" * 5000]),
+    )
     for _ in range(draw(st.integers(1, 3))):
         row = draw(st.integers(0, len(rows) - 1))
         if draw(st.booleans()) and rows[row]:
@@ -259,7 +287,9 @@ def _azure_rows(draw) -> bytes:
 @given(data=st.data())
 def test_azure_trace_rows_of_any_shape_are_imported_or_refused_cleanly(tmp_path, data):
     source, out = _prepare(tmp_path, data.draw(st.one_of(_azure_rows(), hostile_json())))
-    assert_clean(["kvsim", "import-trace", source, "--format", "azure", "--out", out], inputs=[source], watch=[tmp_path])
+    assert_clean(
+        ["kvsim", "import-trace", source, "--format", "azure", "--out", out], inputs=[source], watch=[tmp_path]
+    )
 
 
 @FUZZ
@@ -362,6 +392,7 @@ def test_the_fuzz_fixtures_are_accepted_as_given(tmp_path):
 
 
 # -- the issue's own examples, one by one ------------------------------------------------------
+
 
 def _edited(document, edit) -> bytes:
     copy = json.loads(json.dumps(document))

@@ -57,7 +57,9 @@ VIEWERS = {
 def test_a_streamed_record_with_a_hostile_line_is_read_or_refused_cleanly(streamed_lines, tmp_path, data):
     lines = list(streamed_lines)
     at = data.draw(st.integers(0, len(lines) - 1), label="line")
-    lines[at] = data.draw(st.one_of(mutated_json(json.loads(lines[at])), hostile_json().filter(lambda b: b"\n" not in b)))
+    lines[at] = data.draw(
+        st.one_of(mutated_json(json.loads(lines[at])), hostile_json().filter(lambda b: b"\n" not in b))
+    )
     directory = Path(tempfile.mkdtemp(dir=tmp_path))  # one per example: what an accepted one wrote stays
     source = directory / "record.jsonl"
     source.write_bytes(b"\n".join(lines) + b"\n")
@@ -202,7 +204,9 @@ def test_a_coordinator_outside_any_cluster_without_a_process_layout_is_refused_n
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=environment, capture_output=True, text=True,
                           timeout=DEADLINE)  # fmt: skip
     field, reason = (done.stdout.split("\n", 1) + [""])[:2]
-    assert done.returncode == 0 and field == "JAX_COORDINATOR_ADDRESS" and "set JGPT_NUM_PROCESSES" in reason, done.stderr
+    assert done.returncode == 0 and field == "JAX_COORDINATOR_ADDRESS" and "set JGPT_NUM_PROCESSES" in reason, (
+        done.stderr
+    )
 
 
 TINY_TRAIN = ["train", "--steps", "1", "--batch-size", "2", "--layers", "1", "--width", "16", "--ffn", "16",
@@ -215,8 +219,9 @@ TINY_TRAIN = ["train", "--steps", "1", "--batch-size", "2", "--layers", "1", "--
     (TINY_TRAIN, {"JAX_COORDINATOR_ADDRESS": "localhost", "JGPT_NUM_PROCESSES": "1", "JGPT_PROCESS_ID": "0"},
      "JAX_COORDINATOR_ADDRESS"),
 ])  # fmt: skip
-def test_a_launcher_environment_jax_cannot_start_in_is_one_line_naming_the_variable(tmp_path, command, environment,
-                                                                                     field):
+def test_a_launcher_environment_jax_cannot_start_in_is_one_line_naming_the_variable(
+    tmp_path, command, environment, field
+):
     """A backend JAX cannot start was a RuntimeError traceback from `jgpt devices` and `jgpt train`."""
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "jgpt", *command, *(["--out", str(out)] if command[0] == "train" else [])]

@@ -128,11 +128,25 @@ def test_a_full_disk_while_drawing_plots_leaves_no_half_drawn_file(tmp_path, mon
 # Outputs on a file system that cannot hold a new file: /proc refuses every create.
 UNWRITABLE = {
     "kvsim run": lambda record: ["kvsim", "run", DATA / "kvsim_worked_example.json", "--out", "/proc/jgpt-record.json"],
-    "kvsim synthesize": lambda record: ["kvsim", "synthesize", "--requests", "2", "--out", "/proc/jgpt-computations.json"],
+    "kvsim synthesize": lambda record: [
+        "kvsim",
+        "synthesize",
+        "--requests",
+        "2",
+        "--out",
+        "/proc/jgpt-computations.json",
+    ],
     "kvsim perfetto": lambda record: ["kvsim", "perfetto", record, "--out", "/proc/jgpt-trace.json"],
     "kvsim plot": lambda record: ["kvsim", "plot", record, "--out-dir", "/proc/jgpt-plots"],
-    "tokenize --train": lambda record: ["tokenize", "--train", DATA / "kvsim_azure_sample.csv", "--vocab-size", "270",
-                                        "--out", "/proc/jgpt-tokenizer.json"],
+    "tokenize --train": lambda record: [
+        "tokenize",
+        "--train",
+        DATA / "kvsim_azure_sample.csv",
+        "--vocab-size",
+        "270",
+        "--out",
+        "/proc/jgpt-tokenizer.json",
+    ],
 }
 
 
@@ -153,8 +167,21 @@ def test_tokenize_train_refuses_a_min_frequency_out_of_range_naming_it(tmp_path,
     """2^70 used to reach the Rust trainer as an OverflowError traceback."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("some text some text\n")
-    line = assert_refused(["tokenize", "--train", corpus, "--vocab-size", "270", "--min-frequency", value,
-                           "--out", tmp_path / "tokenizer.json"], inputs=[corpus], watch=[tmp_path])
+    line = assert_refused(
+        [
+            "tokenize",
+            "--train",
+            corpus,
+            "--vocab-size",
+            "270",
+            "--min-frequency",
+            value,
+            "--out",
+            tmp_path / "tokenizer.json",
+        ],
+        inputs=[corpus],
+        watch=[tmp_path],
+    )
     assert ": --min-frequency: must be an integer in [1, " in line, line
 
 
@@ -170,10 +197,23 @@ def test_generate_refuses_a_budget_past_int32_before_loading(value):
 @given(value=st.one_of(st.integers(max_value=0), st.integers(min_value=2**31, max_value=2**80)))
 def test_a_workload_budget_past_int32_is_refused_naming_the_request(tmp_path, value):
     workload = tmp_path / "workload.json"
-    workload.write_text(json.dumps({"kind": "requests", "requests": [
-        {"request_id": "a", "arrival_us": 0, "request": {"text": "hi", "generation": {"max_new_tokens": value}}}]}))
-    line = assert_refused(["record", workload, "--out", tmp_path / "out.json", "--model", NO_MODEL],
-                          inputs=[workload], watch=[tmp_path])
+    workload.write_text(
+        json.dumps(
+            {
+                "kind": "requests",
+                "requests": [
+                    {
+                        "request_id": "a",
+                        "arrival_us": 0,
+                        "request": {"text": "hi", "generation": {"max_new_tokens": value}},
+                    }
+                ],
+            }
+        )
+    )
+    line = assert_refused(
+        ["record", workload, "--out", tmp_path / "out.json", "--model", NO_MODEL], inputs=[workload], watch=[tmp_path]
+    )
     assert "max_new_tokens: must be an integer in 1..2147483647" in line, line
 
 
@@ -197,8 +237,12 @@ def test_lab_run_never_replaces_a_directory_holding_other_files(lab_run, tmp_pat
         assert f": out: {out} is a non-empty directory that is not a lab run's" in line, f"{what}: {line}"
     link = tmp_path / "link-to-a-run"
     link.symlink_to(lab_run.directory)
-    assert_refused(["lab", "run", "admission-slots-latency", "--out", link], inputs=[lab_run.directory / "record.json"],
-                   watch=[lab_run.directory], field="out")
+    assert_refused(
+        ["lab", "run", "admission-slots-latency", "--out", link],
+        inputs=[lab_run.directory / "record.json"],
+        watch=[lab_run.directory],
+        field="out",
+    )
 
 
 def test_lab_run_may_replace_an_earlier_run_with_its_plots_and_report(lab_run, tmp_path):
@@ -219,8 +263,9 @@ def test_lab_run_may_replace_an_earlier_run_with_its_plots_and_report(lab_run, t
     ("abc", "0", "JGPT_NUM_PROCESSES"), ("0", "0", "JGPT_NUM_PROCESSES"), ("2", "-1", "JGPT_PROCESS_ID"),
     ("2", "2", "JGPT_PROCESS_ID"), (str(2**70), "0", "JGPT_NUM_PROCESSES"), ("٣", "0", "JGPT_NUM_PROCESSES"),
 ])  # fmt: skip
-def test_launcher_variables_that_are_not_a_process_layout_are_refused_naming_them(monkeypatch, processes, process,
-                                                                                   field):
+def test_launcher_variables_that_are_not_a_process_layout_are_refused_naming_them(
+    monkeypatch, processes, process, field
+):
     """int("abc") was a ValueError traceback before jax.distributed started."""
     from training.sharding import initialize_distributed
 
@@ -236,8 +281,9 @@ def test_a_command_line_input_that_ends_in_a_closed_pipe_is_read_whole(tmp_path)
     """`jgpt kvsim run <(cat input.json)`: the read is not refused for being a pipe."""
     fifo = tmp_path / "input"
     os.mkfifo(fifo)
-    writer = threading.Thread(target=lambda: _write_ignoring_a_closed_reader(
-        fifo, (DATA / "kvsim_worked_example.json").read_bytes()))
+    writer = threading.Thread(
+        target=lambda: _write_ignoring_a_closed_reader(fifo, (DATA / "kvsim_worked_example.json").read_bytes())
+    )
     writer.start()
     code, stdout, stderr = run_jgpt(["kvsim", "run", fifo])
     writer.join(timeout=10)
@@ -267,8 +313,23 @@ def test_an_output_name_of_the_longest_length_is_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
 
 
-TINY_TRAINING = ["--steps", "1", "--layers", "1", "--width", "32", "--ffn", "64", "--heads", "2", "--batch-size", "2",
-                 "--train-conversations", "20", "--quiet"]
+TINY_TRAINING = [
+    "--steps",
+    "1",
+    "--layers",
+    "1",
+    "--width",
+    "32",
+    "--ffn",
+    "64",
+    "--heads",
+    "2",
+    "--batch-size",
+    "2",
+    "--train-conversations",
+    "20",
+    "--quiet",
+]
 
 
 @pytest.mark.parametrize("held", [

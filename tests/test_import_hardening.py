@@ -26,9 +26,13 @@ from tests.test_path_confinement import artifact, tiny_gpt2  # noqa: F401  (arti
 
 SIZES = ("vocab_size", "n_embd", "n_positions", "n_layer", "n_head")
 NOT_A_SIZE = st.one_of(
-    st.text(max_size=5), st.booleans(), st.integers(max_value=0), st.integers(min_value=DIMENSION_LIMIT + 1),
+    st.text(max_size=5),
+    st.booleans(),
+    st.integers(max_value=0),
+    st.integers(min_value=DIMENSION_LIMIT + 1),
     st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: not float(x).is_integer()),
-    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
     st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999"]).map(lambda lexeme: ("raw", lexeme)),
 )
 
@@ -54,13 +58,29 @@ def test_import_hf_refuses_a_config_size_that_is_not_a_size_naming_it(hf, tmp_pa
     shutil.copytree(hf, model)
     config = json.loads((hf / "config.json").read_text())
     (model / "config.json").write_text(_config_text(config, key, value))
-    assert_refused(["import-hf", model, "--out", root / "out"], inputs=[model / "config.json"], watch=[root],
-                   field=f"config.json:{key}")
+    assert_refused(
+        ["import-hf", model, "--out", root / "out"],
+        inputs=[model / "config.json"],
+        watch=[root],
+        field=f"config.json:{key}",
+    )
 
 
 @FUZZ
-@given(document=mutated_json({"model_type": "gpt2", "vocab_size": 8, "n_embd": 4, "n_positions": 4, "n_layer": 1,
-                              "n_head": 2, "activation_function": "gelu_new", "rope_scaling": None}))
+@given(
+    document=mutated_json(
+        {
+            "model_type": "gpt2",
+            "vocab_size": 8,
+            "n_embd": 4,
+            "n_positions": 4,
+            "n_layer": 1,
+            "n_head": 2,
+            "activation_function": "gelu_new",
+            "rope_scaling": None,
+        }
+    )
+)
 def test_import_hf_any_hostile_config_is_refused_cleanly_or_imports(hf, tmp_path_factory, document):
     root = tmp_path_factory.mktemp("mutated")
     model = root / "model"
@@ -96,14 +116,27 @@ def test_import_hf_overwrite_replaces_only_an_artifact_and_never_the_source(hf, 
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    assert_refused(["import-hf", model, "--out", mine, "--overwrite"], inputs=[mine / "notes.txt"], watch=[tmp_path],
-                   field="out")
-    assert_refused(["import-hf", model, "--out", model, "--overwrite"], inputs=[model / "config.json"], watch=[tmp_path],
-                   field="out")
-    assert_refused(["import-hf", model, "--out", tmp_path, "--overwrite"], inputs=[model / "config.json"],
-                   watch=[tmp_path], field="out")
-    assert_refused(["import-hf", model, "--out", model / "config.json", "--overwrite"], inputs=[model / "config.json"],
-                   watch=[tmp_path], field="out")
+    assert_refused(
+        ["import-hf", model, "--out", mine, "--overwrite"], inputs=[mine / "notes.txt"], watch=[tmp_path], field="out"
+    )
+    assert_refused(
+        ["import-hf", model, "--out", model, "--overwrite"],
+        inputs=[model / "config.json"],
+        watch=[tmp_path],
+        field="out",
+    )
+    assert_refused(
+        ["import-hf", model, "--out", tmp_path, "--overwrite"],
+        inputs=[model / "config.json"],
+        watch=[tmp_path],
+        field="out",
+    )
+    assert_refused(
+        ["import-hf", model, "--out", model / "config.json", "--overwrite"],
+        inputs=[model / "config.json"],
+        watch=[tmp_path],
+        field="out",
+    )
     assert run_jgpt(["import-hf", model, "--out", tmp_path / "artifact"])[0] == 0
     (tmp_path / "artifact" / "notes.txt").write_text("not the artifact's")
     assert_refused(["import-hf", model, "--out", tmp_path / "artifact", "--overwrite"], watch=[tmp_path], field="out")
@@ -118,17 +151,27 @@ BYTES_ONLY = json.loads(Tokenizer.bytes_only().document)
 WITH_MERGES = json.loads(Tokenizer.train(["abababab cdcdcd abab"] * 4, 264).document)
 
 
-@pytest.mark.parametrize("document", [b"garbage", json.dumps({"model": {"type": "WordPiece"}}).encode(),
-                                      json.dumps({**WITH_MERGES, "normalizer": "NFC"}).encode(),
-                                      json.dumps({**WITH_MERGES, "model": {**WITH_MERGES["model"], "merges": [[1, 2]]}}).encode(),
-                                      # a Hugging Face tokenizer.json with no tokenizer_config.json naming its EOS
-                                      json.dumps({**WITH_MERGES, "added_tokens": []}).encode()])
+@pytest.mark.parametrize(
+    "document",
+    [
+        b"garbage",
+        json.dumps({"model": {"type": "WordPiece"}}).encode(),
+        json.dumps({**WITH_MERGES, "normalizer": "NFC"}).encode(),
+        json.dumps({**WITH_MERGES, "model": {**WITH_MERGES["model"], "merges": [[1, 2]]}}).encode(),
+        # a Hugging Face tokenizer.json with no tokenizer_config.json naming its EOS
+        json.dumps({**WITH_MERGES, "added_tokens": []}).encode(),
+    ],
+)
 def test_import_hf_refuses_a_foreign_or_garbage_tokenizer_at_import(hf, tmp_path, document):
     model = tmp_path / "model"
     shutil.copytree(hf, model)
     (model / "tokenizer.json").write_bytes(document)
-    assert_refused(["import-hf", model, "--out", tmp_path / "out"], inputs=[model / "tokenizer.json"],
-                   watch=[tmp_path], field="tokenizer.json")
+    assert_refused(
+        ["import-hf", model, "--out", tmp_path / "out"],
+        inputs=[model / "tokenizer.json"],
+        watch=[tmp_path],
+        field="tokenizer.json",
+    )
 
 
 @FUZZ
@@ -173,17 +216,23 @@ def test_manifest_any_hostile_resealed_manifest_is_refused_naming_a_manifest_fie
 def hashlib_of(document) -> str:
     """The seal a forger would write: canonical JSON, NaN allowed (as a hostile writer might)."""
     import hashlib
-    return hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()).hexdigest()
+
+    return hashlib.sha256(
+        json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
+    ).hexdigest()
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda m: m.pop("assets"), "assets"),
-    (lambda m: m["architecture"].update(epsilon=math.nan), "architecture.epsilon"),
-    (lambda m: m["architecture"].update(heads="4"), "architecture.heads"),
-    (lambda m: m.update(parameters=math.inf), "parameters"),
-    (lambda m: m["assets"].append("weights"), "assets[%d]"),
-    (lambda m: m.update(tokenizer_sha256=5), "tokenizer_sha256"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda m: m.pop("assets"), "assets"),
+        (lambda m: m["architecture"].update(epsilon=math.nan), "architecture.epsilon"),
+        (lambda m: m["architecture"].update(heads="4"), "architecture.heads"),
+        (lambda m: m.update(parameters=math.inf), "parameters"),
+        (lambda m: m["assets"].append("weights"), "assets[%d]"),
+        (lambda m: m.update(tokenizer_sha256=5), "tokenizer_sha256"),
+    ],
+)
 def test_manifest_refuses_resealed_manifests_naming_the_field(artifact, tmp_path, change, field):  # noqa: F811
     copy = tmp_path / "copy"
     shutil.copytree(artifact, copy)
@@ -198,20 +247,33 @@ def test_manifest_refuses_resealed_manifests_naming_the_field(artifact, tmp_path
     assert error.value.field == (field % assets if "%d" in field else field)
 
 
-ENTRY = {"id": "m", "label": "m", "role": "default", "parameters": 10, "architecture": {"vocabulary": 260},
-         "tokenizer": None, "weights": {"path": "m", "sha256": "0" * 64, "bytes": 1}, "stop_ids": [259]}
+ENTRY = {
+    "id": "m",
+    "label": "m",
+    "role": "default",
+    "parameters": 10,
+    "architecture": {"vocabulary": 260},
+    "tokenizer": None,
+    "weights": {"path": "m", "sha256": "0" * 64, "bytes": 1},
+    "stop_ids": [259],
+}
 CATALOG = {"storage": {"base_url": "."}, "models": [ENTRY]}
 
 
 SENTINEL = "\u0000"  # replaced by a raw lexeme json.dumps cannot write (NaN, Infinity)
 
 
-@pytest.mark.parametrize("key, value, lexeme, field", [
-    ("parameters", "5", None, "models[0].parameters"), ("parameters", SENTINEL, "NaN", "models[0].parameters"),
-    ("role", "admin", None, "models[0].role"), ("id", "", None, "models[0].id"),
-    ("stop_ids", [-5], None, "models[0].stop_ids[0]"),
-    ("architecture", {"epsilon": SENTINEL}, "Infinity", "models[0].architecture.epsilon"),
-])
+@pytest.mark.parametrize(
+    "key, value, lexeme, field",
+    [
+        ("parameters", "5", None, "models[0].parameters"),
+        ("parameters", SENTINEL, "NaN", "models[0].parameters"),
+        ("role", "admin", None, "models[0].role"),
+        ("id", "", None, "models[0].id"),
+        ("stop_ids", [-5], None, "models[0].stop_ids[0]"),
+        ("architecture", {"epsilon": SENTINEL}, "Infinity", "models[0].architecture.epsilon"),
+    ],
+)
 def test_catalog_refuses_entries_naming_the_field(tmp_path, key, value, lexeme, field):
     text = json.dumps({**CATALOG, "models": [{**ENTRY, key: value}]})
     path = tmp_path / "catalog.json"
@@ -245,13 +307,17 @@ def test_import_hf_refuses_a_config_past_the_parameter_limit(hf, tmp_path):
     shutil.copytree(hf, model)
     config = json.loads((hf / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "n_layer": DIMENSION_LIMIT, "n_embd": 4096, "n_head": 32}))
-    assert "more than jgpt's limit" in assert_refused(["import-hf", model, "--out", tmp_path / "out"], watch=[tmp_path],
-                                                      field="config.json")
+    assert "more than jgpt's limit" in assert_refused(
+        ["import-hf", model, "--out", tmp_path / "out"], watch=[tmp_path], field="config.json"
+    )
 
 
 @FUZZ
-@given(tensor=st.sampled_from(["wte.weight", "wpe.weight", "ln_f.bias", "h.0.attn.c_attn.weight", "h.0.mlp.c_proj.bias"]),
-       at=st.integers(0, 3), value=st.sampled_from([math.nan, math.inf, -math.inf, 1e39, -3.5e38]))
+@given(
+    tensor=st.sampled_from(["wte.weight", "wpe.weight", "ln_f.bias", "h.0.attn.c_attn.weight", "h.0.mlp.c_proj.bias"]),
+    at=st.integers(0, 3),
+    value=st.sampled_from([math.nan, math.inf, -math.inf, 1e39, -3.5e38]),
+)
 def test_import_hf_refuses_weights_that_are_not_finite_naming_the_tensor(hf, tmp_path_factory, tensor, at, value):
     """NaN, an infinity or a float64 past float32's range imported as an artifact whose every logit was NaN."""
     import numpy as np
@@ -263,5 +329,7 @@ def test_import_hf_refuses_weights_that_are_not_finite_naming_the_tensor(hf, tmp
     tensors[f"transformer.{tensor}"].flat[at] = value
     save_file(tensors, str(model / "model.safetensors"))
     out = model.parent / "artifact"
-    line = assert_refused(["import-hf", model, "--out", out], inputs=[model / "model.safetensors"], watch=[model.parent])
+    line = assert_refused(
+        ["import-hf", model, "--out", out], inputs=[model / "model.safetensors"], watch=[model.parent]
+    )
     assert f": safetensors:{tensor}: holds a value that is not a finite float32 number" in line, line

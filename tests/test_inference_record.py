@@ -30,7 +30,11 @@ CONVERSATION = [
 WORKLOAD = {
     "kind": "requests",
     "requests": [
-        {"request_id": "a", "arrival_us": 0, "request": {"turns": CONVERSATION[:1], "generation": {"max_new_tokens": 4}}},
+        {
+            "request_id": "a",
+            "arrival_us": 0,
+            "request": {"turns": CONVERSATION[:1], "generation": {"max_new_tokens": 4}},
+        },
         {"request_id": "b", "arrival_us": 5, "request": {"turns": CONVERSATION, "generation": {"max_new_tokens": 3}}},
         {"request_id": "c", "arrival_us": 5, "request": {"text": "Hi", "generation": {"max_new_tokens": 2}}},
     ],
@@ -151,9 +155,9 @@ def test_jaxpr_matmul_flops_of_a_decode_equal_the_recorded_count(architecture):
     execution = ModelExecution(weights, architecture, StateIdentity("c", "t", "float32"))
     position = 9
     state = execution.empty_state(batch=1, capacity=position + 1).replace(lengths=jnp.asarray([position], jnp.int32))
-    jaxpr = jax.make_jaxpr(lambda w, s: advance(w, architecture, s, jnp.ones((1, 1), jnp.int32), jnp.ones(1, jnp.int32), True))(
-        weights, state
-    )
+    jaxpr = jax.make_jaxpr(
+        lambda w, s: advance(w, architecture, s, jnp.ones((1, 1), jnp.int32), jnp.ones(1, jnp.int32), True)
+    )(weights, state)
     assert _dot_flops(jaxpr.jaxpr) == execution.costs.matmul_flops(position, position + 1)
 
 
@@ -218,7 +222,9 @@ def test_record_cli_writes_the_document_and_refuses_bad_input_without_output(art
 
 
 def test_generate_cli_json_and_plain(artifact_dir, capsys):
-    code, out, err = run_cli(capsys, "generate", "--model", str(artifact_dir), "--max-new-tokens", "3", "--json", "--observe", "1", "Hi")
+    code, out, err = run_cli(
+        capsys, "generate", "--model", str(artifact_dir), "--max-new-tokens", "3", "--json", "--observe", "1", "Hi"
+    )
     assert code == 0, err
     response = json.loads(out)
     assert len(response["output_ids"]) == 3 and response["outcome"]["stop_reason"] == "max_new_tokens"
@@ -226,7 +232,9 @@ def test_generate_cli_json_and_plain(artifact_dir, capsys):
     assert {o["step"] for o in response["observations"]} == {1}
     assert max(c["reference_max_abs_error"] for c in response["computations"]) <= 1e-5
 
-    code, out, err = run_cli(capsys, "generate", "--model", str(artifact_dir), "--max-new-tokens", "3", "--ids", "257,72,105,259,258")
+    code, out, err = run_cli(
+        capsys, "generate", "--model", str(artifact_dir), "--max-new-tokens", "3", "--ids", "257,72,105,259,258"
+    )
     assert code == 0, err
     assert "max_new_tokens: 3 selected" in err
     selected = generate_ids(artifact_dir, [257, 72, 105, 259, 258], 3)

@@ -31,7 +31,9 @@ def _wait_for(condition, what: str, process: subprocess.Popen | None = None) -> 
     deadline = time.monotonic() + DEADLINE
     while not condition():
         if process is not None and process.poll() is not None:
-            raise AssertionError(f"the process ended (exit {process.returncode}) before {what}: {process.stderr.read()}")
+            raise AssertionError(
+                f"the process ended (exit {process.returncode}) before {what}: {process.stderr.read()}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
@@ -77,7 +79,9 @@ def test_train_lock_refuses_a_second_run_on_the_same_out_naming_the_holder(train
     assert second.returncode == 2, second.stderr
     assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr
     assert f"in use by another jgpt train (process {first.pid})" in second.stderr
-    resumed = subprocess.run(_train(out, config, "--resume"), cwd=REPO, capture_output=True, text=True, timeout=DEADLINE)
+    resumed = subprocess.run(
+        _train(out, config, "--resume"), cwd=REPO, capture_output=True, text=True, timeout=DEADLINE
+    )
     assert resumed.returncode == 2 and f"(process {first.pid})" in resumed.stderr
     assert first.poll() is None, "the refused runs must not disturb the running one"
     assert (out / "run.json").read_bytes() == metrics_before and _holder(out) == str(first.pid)

@@ -83,9 +83,21 @@ def test_training_command_on_a_mesh_follows_one_device(tmp_path):
 
     def losses(devices: int, *extra: str) -> list[float]:
         out = tmp_path / f"run{devices}"
-        command = [sys.executable, "-m", "training", "train", "--config", str(config), "--out", str(out), "--quiet", *extra]
-        done = subprocess.run(command, cwd=REPO, env=environment(devices), capture_output=True, text=True, timeout=600,
-                              check=False)
+        command = [
+            sys.executable,
+            "-m",
+            "training",
+            "train",
+            "--config",
+            str(config),
+            "--out",
+            str(out),
+            "--quiet",
+            *extra,
+        ]
+        done = subprocess.run(
+            command, cwd=REPO, env=environment(devices), capture_output=True, text=True, timeout=600, check=False
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["devices"] == devices
         return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]

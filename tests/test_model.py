@@ -39,6 +39,7 @@ def random_ids(shape, vocabulary, seed=0) -> jax.Array:
 
 # --- architecture -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("cls", "changes", "field"),
     [
@@ -82,6 +83,7 @@ def test_architecture_json_rejects_unknown_and_missing_fields():
 
 
 # --- weights ------------------------------------------------------------------------------------------
+
 
 def gpt_parameters(V, C, F, T, L):
     per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (C * F + F) + (F * C + C)
@@ -133,6 +135,7 @@ def test_check_weights_names_the_tensor_at_fault():
 
 # --- forward ------------------------------------------------------------------------------------------
 
+
 class ForwardBoundaryTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_shapes_and_dtypes(self):
@@ -178,7 +181,9 @@ def test_changing_token_t_never_changes_earlier_logits(name, data):
     T = architecture.context
     ids = random_ids((1, T), architecture.vocabulary, seed=data.draw(st.integers(0, 1000)))
     t = data.draw(st.integers(0, T - 1))
-    changed = ids.at[0, t].set((ids[0, t] + data.draw(st.integers(1, architecture.vocabulary - 1))) % architecture.vocabulary)
+    changed = ids.at[0, t].set(
+        (ids[0, t] + data.draw(st.integers(1, architecture.vocabulary - 1))) % architecture.vocabulary
+    )
     before = FORWARD(weights_of(name), architecture, ids).logits
     after = FORWARD(weights_of(name), architecture, changed).logits
     np.testing.assert_array_equal(before[:, :t], after[:, :t])
@@ -197,13 +202,17 @@ def test_prefill_then_continuation_through_the_cache_equals_one_full_pass(name, 
     split = 9
     prefix = FORWARD(weights_of(name), architecture, ids[:, :split], cache=cache, unroll=unroll)
     positions = jnp.broadcast_to(jnp.arange(split, T, dtype=jnp.int32), (B, T - split))
-    rest = FORWARD(weights_of(name), architecture, ids[:, split:], positions=positions, cache=prefix.cache, unroll=unroll)
+    rest = FORWARD(
+        weights_of(name), architecture, ids[:, split:], positions=positions, cache=prefix.cache, unroll=unroll
+    )
     np.testing.assert_allclose(prefix.logits, full[:, :split], atol=1e-5, rtol=0)
     np.testing.assert_allclose(rest.logits, full[:, split:], atol=1e-5, rtol=0)
     # One token at a time (decode) from the prefix.
     cache = prefix.cache
     for p in range(split, split + 3):
-        step = FORWARD(weights_of(name), architecture, ids[:, p : p + 1], positions=jnp.full((B, 1), p, jnp.int32), cache=cache)
+        step = FORWARD(
+            weights_of(name), architecture, ids[:, p : p + 1], positions=jnp.full((B, 1), p, jnp.int32), cache=cache
+        )
         np.testing.assert_allclose(step.logits[:, 0], full[:, p], atol=1e-5, rtol=0)
         cache = step.cache
     np.testing.assert_allclose(cache.keys[:, :, :, : split + 3], rest.cache.keys[:, :, :, : split + 3], atol=1e-6)
@@ -216,7 +225,9 @@ def test_rows_at_different_positions_share_one_cached_call():
     full = FORWARD(weights_of(name), architecture, ids).logits
     cache = FORWARD(weights_of(name), architecture, ids[:, :10], cache=KVBuffers.empty(architecture, 2, 16)).cache
     positions = jnp.array([[6], [9]], jnp.int32)
-    step = FORWARD(weights_of(name), architecture, jnp.take_along_axis(ids, positions, 1), positions=positions, cache=cache)
+    step = FORWARD(
+        weights_of(name), architecture, jnp.take_along_axis(ids, positions, 1), positions=positions, cache=cache
+    )
     np.testing.assert_allclose(step.logits[0, 0], full[0, 6], atol=1e-5, rtol=0)
     np.testing.assert_allclose(step.logits[1, 0], full[1, 9], atol=1e-5, rtol=0)
 
@@ -243,6 +254,7 @@ def test_observations_name_each_operation_with_layer_and_positions(name):
 
 
 # --- walkthrough --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_walkthrough_stages_are_owned_by_admitted_concepts_and_inspect_real_observations(name):
@@ -277,8 +289,12 @@ def test_logits_at_projects_only_each_rows_chosen_token():
 
 # --- layer strategy -----------------------------------------------------------------------------------
 
-STRATEGIES = [LayerStrategy.unrolled_layers(), LayerStrategy.unrolled_layers(output_major=True),
-              LayerStrategy.scan(unroll=True), LayerStrategy.scan(unroll=2)]
+STRATEGIES = [
+    LayerStrategy.unrolled_layers(),
+    LayerStrategy.unrolled_layers(output_major=True),
+    LayerStrategy.scan(unroll=True),
+    LayerStrategy.scan(unroll=2),
+]
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -294,7 +310,9 @@ def test_every_layer_strategy_gives_the_rolled_scans_logits_cache_and_observatio
     # The same operations in the same order; 1e-6 leaves room for XLA fusing them differently.
     for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(other)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
-    assert [(r.stage, r.layer) for r in scanned.observations.records] == [(r.stage, r.layer) for r in other.observations.records]
+    assert [(r.stage, r.layer) for r in scanned.observations.records] == [
+        (r.stage, r.layer) for r in other.observations.records
+    ]
 
 
 @pytest.mark.parametrize(("backend", "expected"), [

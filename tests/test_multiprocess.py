@@ -93,12 +93,22 @@ def test_jgpt_train_over_two_processes_writes_one_run_reaches_one_process_weight
 
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY_RUN))
-    train = lambda out, *flags: ["-m", "training", "train", "--config", str(config), "--out", str(out), "--quiet", *flags]
+    train = lambda out, *flags: [
+        "-m",
+        "training",
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--quiet",
+        *flags,
+    ]
     two, one = tmp_path / "two", tmp_path / "one"
     alone = _launch([train(one)], {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
     outputs = _finished(_launch([train(two)] * PROCESSES, _distributed_environment()) + alone)
 
-    summaries = [stdout[stdout.find("{\n"):] if "{\n" in stdout else "" for stdout, _ in outputs]  # gloo prints first
+    summaries = [stdout[stdout.find("{\n") :] if "{\n" in stdout else "" for stdout, _ in outputs]  # gloo prints first
     assert json.loads(summaries[0])["devices"] == PROCESSES and summaries[1] == ""  # process 0 alone reports
     assert sorted(path.name for path in two.iterdir()) == sorted(path.name for path in one.iterdir()) == RUN_FILES
     assert [record["step"] for record in _metrics(two)] == list(range(1, TINY_RUN["steps"] + 1))  # written once

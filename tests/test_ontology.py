@@ -40,7 +40,12 @@ def test_concepts_carry_description_lifecycle_owns_excludes_and_fields():
     assert kv_cache.record("KVCacheConfig").field_names == ("device_kv_bytes", "host_kv_bytes", "retention_policy")
     system = ontology.concept("InferenceSystem")
     assert system.record("KVResidencySystemConfig").field_names == (
-        "max_requests", "max_new_tokens_cap", "scheduling", "kv_cache", "transfer", "compute_service",
+        "max_requests",
+        "max_new_tokens_cap",
+        "scheduling",
+        "kv_cache",
+        "transfer",
+        "compute_service",
     )
     assert ontology.owner_of_record("StateTransferConfig").name == "StateTransfer"
     for c in ontology.admitted_concepts():

@@ -73,7 +73,11 @@ def test_path_confinement_refuses_a_fifo_or_device_inside_the_directory(tmp_path
 
 
 @FUZZ
-@given(relative=st.lists(st.sampled_from(["a", "/", ".", "..", "\\", "b/", "link/", "sub/", "\x00"]), max_size=8).map("".join))
+@given(
+    relative=st.lists(st.sampled_from(["a", "/", ".", "..", "\\", "b/", "link/", "sub/", "\x00"]), max_size=8).map(
+        "".join
+    )
+)
 def test_path_confinement_any_accepted_path_resolves_inside(tmp_path_factory, relative):
     base = tmp_path_factory.getbasetemp() / "confinement-base"
     (base / "sub").mkdir(parents=True, exist_ok=True)
@@ -89,12 +93,14 @@ def test_path_confinement_any_accepted_path_resolves_inside(tmp_path_factory, re
 
 # --- manifests --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
     architecture = ModelArchitecture(vocabulary=260, width=16, ffn=32, context=8, layers=1, heads=2)
     weights, provenance = initialize(architecture, seed=0)
-    return save_artifact(tmp_path_factory.mktemp("artifact") / "tiny", architecture, weights, provenance,
-                         Tokenizer.bytes_only()).path
+    return save_artifact(
+        tmp_path_factory.mktemp("artifact") / "tiny", architecture, weights, provenance, Tokenizer.bytes_only()
+    ).path
 
 
 def reseal(directory: Path, change) -> None:
@@ -135,6 +141,7 @@ def test_path_confinement_manifest_symlinked_weights_and_tokenizer(artifact, tmp
 
 # --- Hugging Face shard index -------------------------------------------------------------------
 
+
 def tiny_gpt2(directory: Path) -> Path:
     """A GPT-2 directory as save_pretrained writes it, made with numpy alone."""
     from safetensors.numpy import save_file
@@ -143,13 +150,28 @@ def tiny_gpt2(directory: Path) -> Path:
     config = {"model_type": "gpt2", "vocab_size": V, "n_embd": C, "n_positions": T, "n_layer": 1, "n_head": 2}
     rng = np.random.default_rng(0)
     shapes = {"wte.weight": (V, C), "wpe.weight": (T, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
-    shapes |= {f"h.0.{name}": shape for name, shape in {
-        "ln_1.weight": (C,), "ln_1.bias": (C,), "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,),
-        "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,), "ln_2.weight": (C,), "ln_2.bias": (C,),
-        "mlp.c_fc.weight": (C, F), "mlp.c_fc.bias": (F,), "mlp.c_proj.weight": (F, C), "mlp.c_proj.bias": (C,)}.items()}
+    shapes |= {
+        f"h.0.{name}": shape
+        for name, shape in {
+            "ln_1.weight": (C,),
+            "ln_1.bias": (C,),
+            "attn.c_attn.weight": (C, 3 * C),
+            "attn.c_attn.bias": (3 * C,),
+            "attn.c_proj.weight": (C, C),
+            "attn.c_proj.bias": (C,),
+            "ln_2.weight": (C,),
+            "ln_2.bias": (C,),
+            "mlp.c_fc.weight": (C, F),
+            "mlp.c_fc.bias": (F,),
+            "mlp.c_proj.weight": (F, C),
+            "mlp.c_proj.bias": (C,),
+        }.items()
+    }
     directory.mkdir(parents=True, exist_ok=True)
-    save_file({f"transformer.{k}": rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()},
-              str(directory / "model.safetensors"))
+    save_file(
+        {f"transformer.{k}": rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()},
+        str(directory / "model.safetensors"),
+    )
     (directory / "config.json").write_text(json.dumps(config))
     return directory
 
@@ -170,11 +192,16 @@ def test_path_confinement_safetensors_index_shards(tmp_path, shard):
     with pytest.raises(ApiError) as error:
         convert(model)
     assert error.value.field == "model.safetensors.index.json" and "inside its directory" in error.value.reason
-    assert_refused(["import-hf", model, "--out", tmp_path / "out"], inputs=[model / "model.safetensors.index.json"],
-                   watch=[tmp_path], field="model.safetensors.index.json")
+    assert_refused(
+        ["import-hf", model, "--out", tmp_path / "out"],
+        inputs=[model / "model.safetensors.index.json"],
+        watch=[tmp_path],
+        field="model.safetensors.index.json",
+    )
 
 
 # --- lab records ------------------------------------------------------------------------------------
+
 
 def test_path_confinement_lab_record_file_entries(tmp_path):
     """A record naming ../ or an absolute path is refused before the file is read, naming the entry."""
@@ -184,20 +211,33 @@ def test_path_confinement_lab_record_file_entries(tmp_path):
     (tmp_path / "outside.json").write_text("{}")
     for escape in ("../outside.json", str(tmp_path / "outside.json"), "a/../../outside.json"):
         entry = {"path": escape, "sha256": "0" * 64, "bytes": 2}
-        record = {"format": "jgpt-experiment-execution", "version": 1, "lab": lab,
-                  "recordings": [{"computations": entry, "observations": entry}], "arms": [{}]}
+        record = {
+            "format": "jgpt-experiment-execution",
+            "version": 1,
+            "lab": lab,
+            "recordings": [{"computations": entry, "observations": entry}],
+            "arms": [{}],
+        }
         (tmp_path / "run").mkdir(exist_ok=True)
         (tmp_path / "run" / "record.json").write_bytes(_dumps(record))
         with pytest.raises(ApiError) as error:
             replay(tmp_path / "run" / "record.json")
         assert error.value.field == "record.recordings[0].computations.path"
-        assert_refused(["lab", "replay", tmp_path / "run" / "record.json"], inputs=[tmp_path / "run" / "record.json"],
-                       watch=[tmp_path], field="record.recordings[0].computations.path")
-        assert_refused(["report", tmp_path / "run" / "record.json", "--out", tmp_path / "page.html"],
-                       watch=[tmp_path], field="record.recordings[0].computations.path")
+        assert_refused(
+            ["lab", "replay", tmp_path / "run" / "record.json"],
+            inputs=[tmp_path / "run" / "record.json"],
+            watch=[tmp_path],
+            field="record.recordings[0].computations.path",
+        )
+        assert_refused(
+            ["report", tmp_path / "run" / "record.json", "--out", tmp_path / "page.html"],
+            watch=[tmp_path],
+            field="record.recordings[0].computations.path",
+        )
 
 
 # --- kvsim input -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("escape", ["../outside.json", "/etc/passwd", "a/../../outside.json"])
 def test_path_confinement_kvsim_input_computations(tmp_path, escape):
@@ -206,15 +246,27 @@ def test_path_confinement_kvsim_input_computations(tmp_path, escape):
     (tmp_path / "run").mkdir()
     source = tmp_path / "run" / "input.json"
     source.write_text(json.dumps({"system": {}, "computations": escape}))
-    assert_refused(["kvsim", "run", source, "--out", tmp_path / "record.json"], inputs=[source], watch=[tmp_path],
-                   field="computations: ")
+    assert_refused(
+        ["kvsim", "run", source, "--out", tmp_path / "record.json"],
+        inputs=[source],
+        watch=[tmp_path],
+        field="computations: ",
+    )
 
 
 # --- catalog -----------------------------------------------------------------------------------------
 
+
 def catalog_file(path: Path, base_url: str, weights: dict) -> Path:
-    entry = {"id": "m", "label": "m", "role": None, "parameters": 1, "architecture": {}, "tokenizer": None,
-             "weights": weights}
+    entry = {
+        "id": "m",
+        "label": "m",
+        "role": None,
+        "parameters": 1,
+        "architecture": {},
+        "tokenizer": None,
+        "weights": weights,
+    }
     path.write_text(json.dumps({"storage": {"base_url": base_url}, "models": [entry]}))
     return path
 
@@ -222,19 +274,28 @@ def catalog_file(path: Path, base_url: str, weights: dict) -> Path:
 @pytest.mark.parametrize("sha256", ["../" * 4 + "etc", "/etc", "A" * 64, "0" * 63, "../" + "0" * 61])
 def test_path_confinement_catalog_cache_path(tmp_path, monkeypatch, sha256):
     monkeypatch.setenv("JGPT_CACHE", str(tmp_path / "cache"))
-    catalog = catalog_file(tmp_path / "catalog.json", "https://models.example/", {"path": "m", "sha256": sha256, "bytes": 1})
+    catalog = catalog_file(
+        tmp_path / "catalog.json", "https://models.example/", {"path": "m", "sha256": sha256, "bytes": 1}
+    )
     with pytest.raises(ApiError) as error:
         read_catalog(catalog)
     assert error.value.field == "models[0].weights.sha256"
-    assert_refused(["catalog", "--catalog", catalog], inputs=[catalog], watch=[tmp_path], field="models[0].weights.sha256")
+    assert_refused(
+        ["catalog", "--catalog", catalog], inputs=[catalog], watch=[tmp_path], field="models[0].weights.sha256"
+    )
 
 
 def test_path_confinement_catalog_local_storage(tmp_path, artifact):
     shutil.copytree(artifact, tmp_path / "elsewhere")
     (tmp_path / "store").mkdir()
-    for base_url, path, field in [(".", "../elsewhere", "m.weights.path"), ("store", "/tmp", "m.weights.path"),
-                                  ("..", "elsewhere", "storage.base_url")]:
-        catalog = catalog_file(tmp_path / "store" / "catalog.json", base_url, {"path": path, "sha256": "0" * 64, "bytes": 1})
+    for base_url, path, field in [
+        (".", "../elsewhere", "m.weights.path"),
+        ("store", "/tmp", "m.weights.path"),
+        ("..", "elsewhere", "storage.base_url"),
+    ]:
+        catalog = catalog_file(
+            tmp_path / "store" / "catalog.json", base_url, {"path": path, "sha256": "0" * 64, "bytes": 1}
+        )
         with pytest.raises(ApiError) as error:
             resolve_model("m", catalog)
         assert error.value.field == field
@@ -246,7 +307,10 @@ def test_path_confinement_catalog_local_storage(tmp_path, artifact):
 
 def test_path_confinement_manifest_unlisted_files_and_linked_directories_under_weights(artifact, tmp_path):
     (tmp_path / "outside").mkdir()
-    for name, make in (("extra", lambda p: p.write_bytes(b"x")), ("linked", lambda p: p.symlink_to(tmp_path / "outside"))):
+    for name, make in (
+        ("extra", lambda p: p.write_bytes(b"x")),
+        ("linked", lambda p: p.symlink_to(tmp_path / "outside")),
+    ):
         copy = tmp_path / f"copy-{name}"
         shutil.copytree(artifact, copy)
         make(copy / "weights" / name)

@@ -80,7 +80,9 @@ def test_a_bf16_train_step_keeps_f32_master_weights_and_follows_the_f32_loss():
     tokens = TokenStream(jnp.asarray(np.random.default_rng(0).integers(0, 260, 3000, dtype=np.int32)), 32)
     losses, states = {}, {}
     for precision in ("float32", "bfloat16"):
-        architecture = LlamaArchitecture(vocabulary=260, width=32, ffn=64, context=32, layers=2, heads=2, precision=precision)
+        architecture = LlamaArchitecture(
+            vocabulary=260, width=32, ffn=64, context=32, layers=2, heads=2, precision=precision
+        )
         adamw = optimizer.adamw(config)
         one_device = batch_sharding(mesh(1, jax.devices()[:1]))
         step = make_train_step(architecture, adamw, jax.random.key(1), 8, one_device, True)
@@ -104,7 +106,9 @@ def test_kv_bytes_in_evidence_and_in_the_recorded_document_follow_the_precision(
     evidence, documents = {}, {}
     workload = tmp_path / "workload.json"
     request = {"prompt_ids": [72, 105, 33], "generation": {"max_new_tokens": 3}}
-    workload.write_text(json.dumps({"kind": "single_turn", "requests": [{"request_id": "a", "arrival_us": 0, "request": request}]}))
+    workload.write_text(
+        json.dumps({"kind": "single_turn", "requests": [{"request_id": "a", "arrival_us": 0, "request": request}]})
+    )
     for name in ("f32", "bf16"):
         assert jgpt(["generate", "--model", str(model.path), "--ids", "72,105,33", "--max-new-tokens", "3",
                      "--json", "--precision", name]) == 0  # fmt: skip
@@ -120,7 +124,11 @@ def test_kv_bytes_in_evidence_and_in_the_recorded_document_follow_the_precision(
     assert documents["bf16"]["kv_bytes_per_position"] == kv_f32 // 2
     # A work reads the weights and the KV state: both halve, the gathered rows and f32 logits do not.
     for f32_work, bf16_work in zip(evidence["f32"]["computations"], evidence["bf16"]["computations"]):
-        assert 0.5 * f32_work["logical_memory_bytes"] < bf16_work["logical_memory_bytes"] < 0.6 * f32_work["logical_memory_bytes"]
+        assert (
+            0.5 * f32_work["logical_memory_bytes"]
+            < bf16_work["logical_memory_bytes"]
+            < 0.6 * f32_work["logical_memory_bytes"]
+        )
 
     # A model trained in bf16 (its architecture says so; weights stored f32) is served like --precision bf16.
     twin = save_artifact(tmp_path / "bf16-twin", dataclasses.replace(a, precision="bfloat16"), model.weights,
@@ -171,9 +179,13 @@ def test_bf16_matmuls_as_rounded_f32_operands_match_native_bf16_on_logits_and_tr
 
     def run(precision: str, native: bool):
         """Logits, and the losses and weights of 3 train steps, compiled with bf16 matmuls `native` or rounded."""
-        architecture = LlamaArchitecture(vocabulary=260, width=32, ffn=64, context=32, layers=2, heads=2, precision=precision)
+        architecture = LlamaArchitecture(
+            vocabulary=260, width=32, ffn=64, context=32, layers=2, heads=2, precision=precision
+        )
         adamw = optimizer.adamw(config)
-        step = make_train_step(architecture, adamw, jax.random.key(1), 8, batch_sharding(mesh(1, jax.devices()[:1])), True)
+        step = make_train_step(
+            architecture, adamw, jax.random.key(1), 8, batch_sharding(mesh(1, jax.devices()[:1])), True
+        )
         weights = initialize(architecture, 0)[0]
         with monkeypatch.context() as patch:  # the form is chosen while a function is traced
             patch.setattr(bf16_matmul, "ROUNDED_BACKENDS", () if native else ("cpu",))
@@ -189,7 +201,10 @@ def test_bf16_matmuls_as_rounded_f32_operands_match_native_bf16_on_logits_and_tr
     np.testing.assert_allclose(rounded[1], native[1], rtol=1e-6)
     assert relative_rms(rounded[2], native[2]) <= BF16_FORM_TOLERANCE
     # The rounding is applied: bf16 moves logits and weights further from f32 than the two forms from each other.
-    assert relative_rms(rounded[0], f32[0]) > BF16_FORM_TOLERANCE and relative_rms(rounded[2], f32[2]) > BF16_FORM_TOLERANCE
+    assert (
+        relative_rms(rounded[0], f32[0]) > BF16_FORM_TOLERANCE
+        and relative_rms(rounded[2], f32[2]) > BF16_FORM_TOLERANCE
+    )
 
 
 def operand_dtypes_of_products(jaxpr) -> list[tuple[str, ...]]:
@@ -216,7 +231,9 @@ def test_bf16_rounds_the_dense_products_and_keeps_attention_products_f32(monkeyp
 
     def products(precision: str):
         """(forward, gradient) operand dtypes of a 2-layer model's products; the layers scan over one body."""
-        architecture = LlamaArchitecture(vocabulary=260, width=32, ffn=64, context=32, layers=2, heads=2, precision=precision)
+        architecture = LlamaArchitecture(
+            vocabulary=260, width=32, ffn=64, context=32, layers=2, heads=2, precision=precision
+        )
         logits = lambda w: forward(w, architecture, jnp.zeros((2, 8), jnp.int32)).logits
         weights = initialize(architecture, 0)[0]
         return (operand_dtypes_of_products(jax.make_jaxpr(logits)(weights).jaxpr),

@@ -43,6 +43,7 @@ def test_record_integrity_an_edited_id_is_refused(lab_run, tmp_path):
 def test_record_integrity_an_edited_model_binding_is_refused(lab_run, tmp_path):
     def claim_another_model(directory, record):
         record["bindings"]["models"][0]["checkpoint_sha256"] = "f" * 64
+
     with pytest.raises(ApiError) as error:
         replay(_edited(lab_run, tmp_path / "bindings", claim_another_model))
     assert error.value.field == "record.bindings"
@@ -50,6 +51,7 @@ def test_record_integrity_an_edited_model_binding_is_refused(lab_run, tmp_path):
     def claim_everywhere(directory, record):  # binding and recording agree, the computations do not
         for model in (record["bindings"]["models"][0], record["recordings"][0]["model"]):
             model["checkpoint_sha256"] = "f" * 64
+
     with pytest.raises(ApiError) as error:
         replay(_edited(lab_run, tmp_path / "everywhere", claim_everywhere))
     assert error.value.field == "record.recordings[0].model"
@@ -57,8 +59,10 @@ def test_record_integrity_an_edited_model_binding_is_refused(lab_run, tmp_path):
 
 def test_record_integrity_model_identity_is_checked_against_the_artifact(lab_run, tmp_path):
     record = replay(lab_run.directory / "record.json")
-    assert model_bindings(record) == [f"{record['bindings']['models'][0]['model_id']}: checkpoint_sha256 and "
-                                      f"tokenizer_sha256 match {record['bindings']['models'][0]['model_id']}/manifest.json"]
+    assert model_bindings(record) == [
+        f"{record['bindings']['models'][0]['model_id']}: checkpoint_sha256 and "
+        f"tokenizer_sha256 match {record['bindings']['models'][0]['model_id']}/manifest.json"
+    ]
     moved = json.loads(json.dumps(record))
     moved["bindings"]["models"][0]["model_id"] = str(tmp_path / "gone")
     assert model_bindings(moved)[0].endswith("not on this machine; its identity is not checked")
@@ -75,6 +79,7 @@ def test_record_integrity_an_edited_observation_is_refused(lab_run, tmp_path):
         observations = json.loads((directory / entry["path"]).read_text())
         observations["requests"][0]["tokens"][1]["id"] += 1
         rewrite_entry(directory, entry, observations)
+
     with pytest.raises(ApiError) as error:
         replay(_edited(lab_run, tmp_path / "token", change_token))
     assert error.value.field == "record.recordings[0].observations.requests[0].tokens"
@@ -84,6 +89,7 @@ def test_record_integrity_an_edited_observation_is_refused(lab_run, tmp_path):
         observations = json.loads((directory / entry["path"]).read_text())
         observations["requests"][0]["predictions"][0]["next_id"] += 1
         rewrite_entry(directory, entry, observations)
+
     with pytest.raises(ApiError) as error:
         replay(_edited(lab_run, tmp_path / "prediction", change_prediction))
     assert error.value.field == "record.recordings[0].observations.requests[0].predictions"
@@ -91,6 +97,7 @@ def test_record_integrity_an_edited_observation_is_refused(lab_run, tmp_path):
     def change_without_rehash(directory, record):
         path = directory / record["recordings"][0]["observations"]["path"]
         path.write_bytes(path.read_bytes().replace(b'"id": 2', b'"id": 3', 1))
+
     with pytest.raises(ApiError) as error:
         replay(_edited(lab_run, tmp_path / "unhashed", change_without_rehash))
     assert error.value.field == "record.recordings[0].observations"
@@ -100,27 +107,35 @@ def test_record_integrity_edited_provenance_labels_and_walkthrough_are_refused(l
     for name, change, field in [
         ("provenance", lambda d, r: r["provenance"].update(python="0.0"), "record.provenance"),
         ("label", lambda d, r: r["arms"][0].update(label="better"), "record.arms.label"),
-        ("walkthrough", lambda d, r: r["recordings"][0]["walkthrough"]["stages"][0].update(label="x"),
-         "record.recordings[0].walkthrough"),
+        (
+            "walkthrough",
+            lambda d, r: r["recordings"][0]["walkthrough"]["stages"][0].update(label="x"),
+            "record.recordings[0].walkthrough",
+        ),
     ]:
         with pytest.raises(ApiError) as error:
             replay(_edited(lab_run, tmp_path / name, change))
         assert error.value.field == field
-
 
 
 def test_record_integrity_a_file_entry_with_a_key_removed_or_added_is_refused(lab_run, tmp_path):
     """Found by the fuzz test in CI: an arm's cache_run entry without its id was accepted."""
     for name, change, field in [
         ("no-id", lambda d, r: r["arms"][0]["cache_run"].pop("id"), "record.arms[0].cache_run"),
-        ("other-id", lambda d, r: r["arms"][0]["cache_run"].update(id="kv-0123456789abcdef"), "record.arms[0].cache_run"),
+        (
+            "other-id",
+            lambda d, r: r["arms"][0]["cache_run"].update(id="kv-0123456789abcdef"),
+            "record.arms[0].cache_run",
+        ),
         ("extra", lambda d, r: r["recordings"][0]["computations"].update(id="x"), "record.recordings[0].computations"),
     ]:
         with pytest.raises(ApiError) as error:
             replay(_edited(lab_run, tmp_path / name, change))
         assert error.value.field == field
 
+
 # --- hostile records ----------------------------------------------------------------------------------
+
 
 def _canonical(document: bytes) -> bytes:
     """A mutated record as `lab run` would have written it, when it still is finite JSON; else as it is."""
@@ -143,8 +158,11 @@ def test_record_integrity_any_hostile_record_is_refused_naming_a_record_field(la
         accepted = json.loads(mutated)
         assert {k: v for k, v in accepted.items() if k != "lab"} == {k: v for k, v in record.items() if k != "lab"}
         return
-    line = assert_refused(["report", directory / "record.json", "--out", directory.parent / "page.html"],
-                          inputs=list(directory.iterdir()), watch=[directory.parent])
+    line = assert_refused(
+        ["report", directory / "record.json", "--out", directory.parent / "page.html"],
+        inputs=list(directory.iterdir()),
+        watch=[directory.parent],
+    )
     assert "error: record" in line, line
 
 
@@ -196,8 +214,7 @@ def test_record_integrity_file_entries_are_bounded_and_sized_before_reading(lab_
     from experiments.experiment_execution import RECORD_FILE_LIMIT
 
     for name, bytes_ in (("huge", RECORD_FILE_LIMIT + 1), ("short", 10)):
-        path = _edited(lab_run, tmp_path / name,
-                       lambda d, r: r["recordings"][0]["computations"].update(bytes=bytes_))
+        path = _edited(lab_run, tmp_path / name, lambda d, r: r["recordings"][0]["computations"].update(bytes=bytes_))
         with pytest.raises(ApiError) as error:
             replay(path)
         assert error.value.field == "record.recordings[0].computations"

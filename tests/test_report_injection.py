@@ -25,8 +25,10 @@ from experiments.html_report import write_report
 from tests.test_experiments_run import _chromium
 
 MARKED = r"<body[^>]* data-pwned="  # what a payload that ran leaves in the DOM
-PAYLOAD = ('<script>document.body.setAttribute("data-pwned","script")</script>'
-           '"><img src=x onerror="document.body.setAttribute(\'data-pwned\',\'img\')"><!--</script>\u2028')
+PAYLOAD = (
+    '<script>document.body.setAttribute("data-pwned","script")</script>'
+    "\"><img src=x onerror=\"document.body.setAttribute('data-pwned','img')\"><!--</script>\u2028"
+)
 
 
 def _poison(value, skip=("request_id", "run_id")):
@@ -45,7 +47,9 @@ def _rewrite(directory: Path, record: dict) -> Path:
     from experiments.experiment_design import ExperimentDesign
 
     lab = ExperimentDesign.from_json(record["lab"], "lab")
-    record["id"] = _execution_id(lab, record["arms"], record["recordings"], lab.workload or generation_defaults().workload)
+    record["id"] = _execution_id(
+        lab, record["arms"], record["recordings"], lab.workload or generation_defaults().workload
+    )
     (directory / "record.json").write_bytes(_dumps(record))
     return directory / "record.json"
 
@@ -69,7 +73,11 @@ def poisoned(lab_run, tmp_path_factory):
     for source in lab["sources"]:
         source["title"] += PAYLOAD
     recording = record["recordings"][0]  # (its walkthrough is derived from the model: replay refuses an edit)
-    rewrite_entry(directory, recording["observations"], _poison(json.loads((directory / recording["observations"]["path"]).read_text())))
+    rewrite_entry(
+        directory,
+        recording["observations"],
+        _poison(json.loads((directory / recording["observations"]["path"]).read_text())),
+    )
     return _rewrite(directory, record)
 
 
@@ -77,8 +85,10 @@ def test_report_injection_no_payload_runs_in_chromium(poisoned, tmp_path):
     page = write_report(poisoned, tmp_path / "page.html")
     text = page.read_text()
     opening = '<script type="application/json" id="data">'
-    data = text[text.index(opening) + len(opening):].split("</script>")[0]
-    assert "\\u003cscript\\u003edocument.body" in data and "\\u003c!--\\u003c/script\\u003e\\u2028" in data  # the payload is in it,
+    data = text[text.index(opening) + len(opening) :].split("</script>")[0]
+    assert (
+        "\\u003cscript\\u003edocument.body" in data and "\\u003c!--\\u003c/script\\u003e\\u2028" in data
+    )  # the payload is in it,
     assert not any(c in data for c in "<>&\u2028\u2029")  # escaped so that nothing can end or change the element
     assert "'unsafe-inline'" not in re.search(r"script-src[^;\"]*", text).group(0)
     dom = _chromium(tmp_path, "--dump-dom", page.as_uri())
@@ -95,8 +105,10 @@ def test_report_injection_no_payload_runs_in_chromium(poisoned, tmp_path):
 def test_report_injection_the_check_would_see_a_payload_that_ran(tmp_path):
     """Control: the same payload inserted with innerHTML under a permissive policy marks the body."""
     page = tmp_path / "unsafe.html"
-    page.write_text(f"<!DOCTYPE html><html><body><div id=x></div><script>document.getElementById('x').innerHTML = "
-                    f"{json.dumps(PAYLOAD).replace('<', chr(92) + 'u003c')};</script></body></html>")
+    page.write_text(
+        f"<!DOCTYPE html><html><body><div id=x></div><script>document.getElementById('x').innerHTML = "
+        f"{json.dumps(PAYLOAD).replace('<', chr(92) + 'u003c')};</script></body></html>"
+    )
     assert re.search(MARKED, _chromium(tmp_path, "--dump-dom", page.as_uri()))
 
 
@@ -107,7 +119,9 @@ def test_report_injection_refused_fragment_is_shown_as_text(poisoned, tmp_path):
     assert "selection refused: unknown surface &lt;img src=x onerror=alert(1)&gt;" in dom
 
 
-def test_report_of_a_directory_with_a_symlink_loop_and_foreign_files_reads_only_what_the_record_names(lab_run, tmp_path):
+def test_report_of_a_directory_with_a_symlink_loop_and_foreign_files_reads_only_what_the_record_names(
+    lab_run, tmp_path
+):
     directory = tmp_path / "run"
     shutil.copytree(lab_run.directory, directory)
     (directory / "loop").symlink_to(directory)  # copying the directory would recurse without end

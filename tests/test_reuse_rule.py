@@ -94,7 +94,9 @@ def test_recorder_and_kvsim_reuse_the_same_positions(workload):
 def test_the_engine_reuses_what_the_recorder_and_kvsim_reuse(workload):
     execution, requests, document = workload
     served = InferenceEngine(execution, parse_system(SYSTEM)).serve(requests, as_fast_as_possible=True)
-    recorded = {r["request_id"]: (r["computations"][0]["reused_positions"], r["output_ids"]) for r in document["requests"]}
+    recorded = {
+        r["request_id"]: (r["computations"][0]["reused_positions"], r["output_ids"]) for r in document["requests"]
+    }
     assert {s.request.request_id: (s.reused, list(s.output_ids)) for s in served.requests} == recorded
     tiers = {s.request.request_id: s.outcome["reuse_tier"] for s in served.requests}
     assert tiers["fig.0"] is None and tiers["fig.1"] is None and tiers["kiwi.1"] == "device"

@@ -26,7 +26,9 @@ PROMPTS = [[257, 72, 105, 33, 259, 258], [257, 7, 259, 258], list(range(1, 21))]
 
 @pytest.fixture(scope="module")
 def model() -> ModelExecution:
-    return ModelExecution(initialize(ARCHITECTURE, seed=3)[0], ARCHITECTURE, StateIdentity("c" * 64, "t" * 64, "float32"))
+    return ModelExecution(
+        initialize(ARCHITECTURE, seed=3)[0], ARCHITECTURE, StateIdentity("c" * 64, "t" * 64, "float32")
+    )
 
 
 def sample(request_id="s", prompt=PROMPTS[0], budget=12, **policy):
@@ -79,7 +81,9 @@ def test_ten_thousand_draws_follow_the_filtered_distribution():
         top_k=jnp.full(DRAWS, top_k, jnp.int32), top_p=jnp.full(DRAWS, top_p, jnp.float32),
         seed=jnp.arange(DRAWS, dtype=jnp.int32), stream=jnp.zeros(DRAWS, jnp.int32),
     )  # fmt: skip
-    draws = np.asarray(jax.jit(select)(jnp.broadcast_to(jnp.asarray(logits), (DRAWS, 260)), rule, jnp.zeros(DRAWS, jnp.int32)))
+    draws = np.asarray(
+        jax.jit(select)(jnp.broadcast_to(jnp.asarray(logits), (DRAWS, 260)), rule, jnp.zeros(DRAWS, jnp.int32))
+    )
     counts = np.bincount(draws, minlength=260)
     assert counts[expected == 0].sum() == 0  # nothing outside the filter is ever drawn
     support = np.flatnonzero(expected > 0)
@@ -138,14 +142,35 @@ def test_policy_sampling_fields_are_checked_and_read_from_workloads():
     from inference.recorded_computations import read_workload
     from jgpt.tokenizer import Tokenizer
 
-    assert GenerationPolicy(4).to_json() == {"max_new_tokens": 4, "selection": "greedy", "stopping": "turn_end_or_budget"}
+    assert GenerationPolicy(4).to_json() == {
+        "max_new_tokens": 4,
+        "selection": "greedy",
+        "stopping": "turn_end_or_budget",
+    }
     for bad in ({"temperature": 0.5}, {"selection": "sample", "top_p": 0.0}, {"selection": "sample", "top_k": -1},
                 {"selection": "sample", "seed": 2**31}, {"selection": "sample", "temperature": float("inf")},
                 {"selection": "beam"}):  # fmt: skip
         with pytest.raises(ApiError):
             GenerationPolicy(4, **bad)
-    document = {"kind": "requests", "requests": [{"request_id": "a", "arrival_us": 0, "request": {
-        "text": "hi", "generation": {"max_new_tokens": 3, "selection": "sample", "temperature": 0.7, "top_p": 0.9, "seed": 11}}}]}
+    document = {
+        "kind": "requests",
+        "requests": [
+            {
+                "request_id": "a",
+                "arrival_us": 0,
+                "request": {
+                    "text": "hi",
+                    "generation": {
+                        "max_new_tokens": 3,
+                        "selection": "sample",
+                        "temperature": 0.7,
+                        "top_p": 0.9,
+                        "seed": 11,
+                    },
+                },
+            }
+        ],
+    }
     (request,) = read_workload(document, Tokenizer.bytes_only())
     assert request.generation == GenerationPolicy(3, "sample", temperature=0.7, top_p=0.9, seed=11)
     document["requests"][0]["request"]["generation"]["top_p"] = 2

@@ -109,11 +109,13 @@ def test_a_measured_run_and_its_recorded_computations_validate(tmp_path):
 
 def _relative(read, prefix):
     """`read` with its error fields relative to the document (readers name the file or the document)."""
+
     def reader(tmp_path, document):
         try:
             return read(tmp_path, document)
         except ApiError as error:
             raise ApiError(error.field.removeprefix(prefix(document)), error.reason) from None
+
     return reader
 
 

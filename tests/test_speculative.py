@@ -120,7 +120,9 @@ def test_speculative_ids_equal_greedy_with_a_stop_inside_an_accepted_round():
 def test_speculative_ids_equal_greedy_on_a_gpt_architecture_and_at_the_context_limit():
     architecture = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=32, layers=2, heads=4)
     target = execution(5, architecture=architecture)
-    draft = execution(5, draft_identity("g"), ModelArchitecture(vocabulary=260, width=32, ffn=64, context=32, layers=1, heads=4))
+    draft = execution(
+        5, draft_identity("g"), ModelArchitecture(vocabulary=260, width=32, ffn=64, context=32, layers=1, heads=4)
+    )
     run = assert_same_as_greedy(target, draft, requests([40, 8], [list(range(1, 21)), [257, 7, 259, 258]]), 3)
     assert run.responses[0].outcome.stop_reason == "context"
 
@@ -134,9 +136,9 @@ def test_speculative_ids_equal_greedy_on_an_imported_hugging_face_model(tmp_path
     executions = []
     for layers, seed in ((3, 0), (1, 1)):
         torch.manual_seed(seed)
-        GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=300, n_positions=64)).save_pretrained(
-            tmp_path / str(layers)
-        )
+        GPT2LMHeadModel(
+            GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=300, n_positions=64)
+        ).save_pretrained(tmp_path / str(layers))
         architecture, weights, _ = convert(tmp_path / str(layers))
         executions.append(ModelExecution(jax.tree.map(jnp.asarray, weights), architecture,
                                          StateIdentity(str(layers) * 64, "h" * 64, "float32"), -1))  # fmt: skip
@@ -262,8 +264,23 @@ def test_generate_command_refuses_speculate_without_a_draft_and_sampling_fields_
 def test_generate_command_samples_speculatively_with_the_shipped_draft(capsys):
     from inference.commands import main
 
-    argv = ["--model", "chat", "--draft", "chat-draft", "--speculate", "2", "--sample", "--seed", "5", "--temperature",
-            "0.7", "--max-new-tokens", "8", "--json", "reverse fish"]
+    argv = [
+        "--model",
+        "chat",
+        "--draft",
+        "chat-draft",
+        "--speculate",
+        "2",
+        "--sample",
+        "--seed",
+        "5",
+        "--temperature",
+        "0.7",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "reverse fish",
+    ]
     assert main("generate", argv) == 0
     response = json.loads(capsys.readouterr().out)
     assert {s["rule"] for s in response["selections"]} == {"sample"}

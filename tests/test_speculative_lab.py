@@ -47,8 +47,9 @@ def test_the_shipped_lab_sweeps_k_1_to_8_with_the_draft_and_prompt_lookup_agains
     decodings = [{s.control: s.value for s in arm.execution.experiments} for arm in SHIPPED.arms()]
     assert decodings[0] == {"execution.runner": "generate", "decoding.rule": "greedy"}
     for draft in ("chat-draft", "prompt-lookup"):
-        assert sorted(d["decoding.speculation_tokens"] for d in decodings if d.get("decoding.draft_model_id") == draft) \
-            == list(range(1, 9))
+        assert sorted(
+            d["decoding.speculation_tokens"] for d in decodings if d.get("decoding.draft_model_id") == draft
+        ) == list(range(1, 9))
     assert SHIPPED.served and not SHIPPED.planned
 
 
@@ -134,10 +135,17 @@ def test_decoding_controls_on_a_kvsim_arm_and_k_past_the_bound_are_refused(sweep
         ExperimentDesign.from_json(copy.deepcopy(document))
     del document["sweep"]
     document["settings"] = [{"control": "execution.runner", "value": "generate"}] + [
-        {"control": name, "value": value} for name, value in _speculative("prompt-lookup", 17).items()]
+        {"control": name, "value": value} for name, value in _speculative("prompt-lookup", 17).items()
+    ]
     _, _, defaults, recordings = sweep
     with pytest.raises(ApiError) as refused:  # the recording is shared: only the arm runs
-        run_lab(ExperimentDesign.from_json(document), tmp_path / "out", defaults=defaults, recordings=recordings,
-                report=False, plots=False)
+        run_lab(
+            ExperimentDesign.from_json(document),
+            tmp_path / "out",
+            defaults=defaults,
+            recordings=recordings,
+            report=False,
+            plots=False,
+        )
     assert "decoding.speculation_tokens" in refused.value.field and "1..16" in refused.value.reason
     assert not (tmp_path / "out").exists()

@@ -72,12 +72,12 @@ def test_spans_tile_the_normalized_input_and_the_ids(name, turns, open_turn):
     # bytes: no gap, no overlap, raw bytes concatenate to the normalized UTF-8 input
     assert tiles([(span.byte_start, span.byte_end) for span in text_spans], len(source))
     assert b"".join(span.raw_bytes for span in encoding.spans) == source
-    assert all(source[span.byte_start:span.byte_end] == span.raw_bytes for span in text_spans)
+    assert all(source[span.byte_start : span.byte_end] == span.raw_bytes for span in text_spans)
     # every text span holds whole characters
     assert all(span.raw_bytes.decode("utf-8") for span in text_spans)
     # tokens: spans tile the ids too, and carry them
     assert tiles([(span.token_start, span.token_end) for span in encoding.spans], len(encoding.ids))
-    assert all(span.ids == encoding.ids[span.token_start:span.token_end] for span in encoding.spans)
+    assert all(span.ids == encoding.ids[span.token_start : span.token_end] for span in encoding.spans)
     # framing: control spans are single role markers / TURN_END with null byte ranges
     controls = [span for span in encoding.spans if span.kind == "control"]
     expected = [(tokenizer.role_id(turn.role), n) for n, turn in enumerate(turns) for _ in "ab"]
@@ -162,11 +162,13 @@ def reference_bpe(text: str) -> list[int]:
     for word in GPT2_SPLIT.findall(nfc(text)):
         parts = [bytes([b]) for b in word.encode("utf-8")]
         while len(parts) > 1:
-            rank, i = min((RANKS.get((_byte_level(a), _byte_level(b)), len(RANKS)), i)
-                          for i, (a, b) in enumerate(zip(parts, parts[1:])))
+            rank, i = min(
+                (RANKS.get((_byte_level(a), _byte_level(b)), len(RANKS)), i)
+                for i, (a, b) in enumerate(zip(parts, parts[1:]))
+            )
             if rank == len(RANKS):
                 break
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
         ids += [ID_OF_PIECE[part] for part in parts]
     return ids
 
@@ -177,8 +179,9 @@ def _byte_level(piece: bytes) -> str:
 
 # Unicode categories (\p{L}, \s) of rare or new characters differ between the regex
 # module and the Rust library's tables, so this comparison stays within long-assigned scripts.
-common_texts = st.lists(
-    st.sampled_from(FRAGMENTS) | st.text(st.characters(max_codepoint=0x4FF), max_size=3)).map("".join)
+common_texts = st.lists(st.sampled_from(FRAGMENTS) | st.text(st.characters(max_codepoint=0x4FF), max_size=3)).map(
+    "".join
+)
 
 
 @PROPERTY
@@ -207,7 +210,11 @@ def test_vocabulary_layout():
     assert BPE.vocab_size == 420 and BPE.pieces[:256] == BYTES.pieces[:256] == tuple(bytes([b]) for b in range(256))
     assert BYTES.token(65) == BYTES.token(65) and BYTES.token(65).piece == "A"
     assert [BYTES.token(i).group for i in (0x41, 0xA9, 0xC3, 0xFF)] == [
-        "ascii", "utf-8 continuation", "utf-8 lead", "never in utf-8"]
+        "ascii",
+        "utf-8 continuation",
+        "utf-8 lead",
+        "never in utf-8",
+    ]
     assert (BYTES.token(259).kind, BYTES.token(259).piece) == ("control", "<|turn_end|>")
     merges = [BPE.token(i) for i in range(260, BPE.vocab_size)]
     assert {token.kind for token in merges} == {"merge"}
@@ -312,8 +319,16 @@ def test_identity_fields_of_an_encoding():
     assert encoding.manifest_sha256 != BYTES.with_context_limit(100).encode_turns(turns).manifest_sha256
     assert encoding.manifest_sha256 != BPE.encode_turns(turns).manifest_sha256
     document = encoding.to_json()
-    assert list(document) == ["ids", "spans", "input_sha256", "input_kind", "manifest_sha256",
-                              "context_limit", "codec_version", "unicode_version"]
+    assert list(document) == [
+        "ids",
+        "spans",
+        "input_sha256",
+        "input_kind",
+        "manifest_sha256",
+        "context_limit",
+        "codec_version",
+        "unicode_version",
+    ]
     assert json.loads(json.dumps(document))["spans"][2]["raw_bytes"] == [0xC3, 0xA9]
 
 

@@ -29,10 +29,27 @@ def test_json_output_is_the_encoding():
     document = json.loads(result.stdout)
     assert document["ids"] == [257, *"héllo 👋".encode(), 259]
     assert [span["reason"] for span in document["spans"]] == [
-        "turn framing", "byte", "utf-8 sequence", "byte", "byte", "byte", "byte", "utf-8 sequence", "turn framing"]
+        "turn framing",
+        "byte",
+        "utf-8 sequence",
+        "byte",
+        "byte",
+        "byte",
+        "byte",
+        "utf-8 sequence",
+        "turn framing",
+    ]
     assert document["spans"][7] == {
-        "kind": "text", "reason": "utf-8 sequence", "byte_start": 7, "byte_end": 11, "token_start": 8,
-        "token_end": 12, "raw_bytes": list("👋".encode()), "ids": list("👋".encode()), "turn": 0}
+        "kind": "text",
+        "reason": "utf-8 sequence",
+        "byte_start": 7,
+        "byte_end": 11,
+        "token_start": 8,
+        "token_end": 12,
+        "raw_bytes": list("👋".encode()),
+        "ids": list("👋".encode()),
+        "turn": 0,
+    }
 
 
 def test_turns_file_with_open_turn(tmp_path, capsys):
@@ -80,8 +97,9 @@ def test_turns_file_that_is_not_a_list(tmp_path):
 
 
 def test_text_exceeding_the_context_limit():
-    assert_rejected(jgpt("tokenize", "--context-limit", "8", "héllo 👋"),
-                    "context_limit", "13 token ids", "context_limit of 8")
+    assert_rejected(
+        jgpt("tokenize", "--context-limit", "8", "héllo 👋"), "context_limit", "13 token ids", "context_limit of 8"
+    )
 
 
 def test_invalid_utf8_bytes_from_a_file(tmp_path):
@@ -90,8 +108,12 @@ def test_invalid_utf8_bytes_from_a_file(tmp_path):
     assert_rejected(jgpt("tokenize", "--turns", str(chat)), "not valid UTF-8", "0xE9", "at byte 30")
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"fine\n\xff\xfe")
-    assert_rejected(jgpt("tokenize", "--train", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / "t.json")),
-                    "train:", "not valid UTF-8", "0xFF")
+    assert_rejected(
+        jgpt("tokenize", "--train", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / "t.json")),
+        "train:",
+        "not valid UTF-8",
+        "0xFF",
+    )
     assert not (tmp_path / "t.json").exists()
 
 
@@ -99,13 +121,16 @@ def test_invalid_utf8_bytes_on_the_command_line():
     assert_rejected(jgpt("tokenize", b"caf\xe9"), "lone surrogate U+DCE9")
 
 
-@pytest.mark.parametrize("content, phrases", [
-    ('[{"role": "user"}]', ["turns[0].text", "missing"]),
-    ('[{"role": "user", "text": 3}]', ["turns[0].text", "must be a string"]),
-    ('["hi"]', ["turns[0]", "must be an object"]),
-    ('[{"role": "user", "text": "hi", "name": "x"}]', ["turns[0]", "unknown fields ['name']"]),
-    ('[{"role": "user", "text": "hi"},', ["not JSON", "line 1"]),
-])
+@pytest.mark.parametrize(
+    "content, phrases",
+    [
+        ('[{"role": "user"}]', ["turns[0].text", "missing"]),
+        ('[{"role": "user", "text": 3}]', ["turns[0].text", "must be a string"]),
+        ('["hi"]', ["turns[0]", "must be an object"]),
+        ('[{"role": "user", "text": "hi", "name": "x"}]', ["turns[0]", "unknown fields ['name']"]),
+        ('[{"role": "user", "text": "hi"},', ["not JSON", "line 1"]),
+    ],
+)
 def test_malformed_turns_files(tmp_path, capsys, content, phrases):
     chat = tmp_path / "chat.json"
     chat.write_text(content)
@@ -114,14 +139,17 @@ def test_malformed_turns_files(tmp_path, capsys, content, phrases):
     assert all(phrase in stderr for phrase in phrases), stderr
 
 
-@pytest.mark.parametrize("args, phrase", [
-    ([], "exactly one of TEXT or --turns"),
-    (["hi", "--turns", "chat.json"], "exactly one of TEXT or --turns"),
-    (["--train", "corpus.txt"], "--train needs --vocab-size N and --out FILE"),
-    (["--train", "corpus.txt", "--json"], "--json cannot be combined with --train"),
-    (["--tokenizer", "missing.json", "hi"], "tokenizer: cannot read missing.json"),
-    (["--context-limit", "0", "hi"], "context_limit: must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "args, phrase",
+    [
+        ([], "exactly one of TEXT or --turns"),
+        (["hi", "--turns", "chat.json"], "exactly one of TEXT or --turns"),
+        (["--train", "corpus.txt"], "--train needs --vocab-size N and --out FILE"),
+        (["--train", "corpus.txt", "--json"], "--json cannot be combined with --train"),
+        (["--tokenizer", "missing.json", "hi"], "tokenizer: cannot read missing.json"),
+        (["--context-limit", "0", "hi"], "context_limit: must be a positive integer"),
+    ],
+)
 def test_misused_options(tmp_path, capsys, args, phrase):
     assert main(["tokenize", *args]) == 2
     assert phrase in capsys.readouterr().err

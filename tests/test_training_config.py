@@ -35,7 +35,10 @@ def test_settings_read_back_to_the_same_architecture_and_spell_only_what_differs
 
 def test_a_default_written_out_prepares_what_it_left_out_prepares():
     spelled = {**GPT, "position": "learned", "epsilon": 1e-5, "vocabulary": 260}
-    assert from_json({"architecture": spelled}).preparation_run_sha256 == from_json({"architecture": GPT}).preparation_run_sha256
+    assert (
+        from_json({"architecture": spelled}).preparation_run_sha256
+        == from_json({"architecture": GPT}).preparation_run_sha256
+    )
     assert from_json({"architecture": {**GPT, "epsilon": 1e-6}}).preparation_run_sha256 != \
         from_json({"architecture": GPT}).preparation_run_sha256  # fmt: skip
 

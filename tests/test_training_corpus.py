@@ -129,7 +129,13 @@ def test_rows_chunks_visit_every_row_once_with_padding_weighted_zero():
 
 @pytest.mark.parametrize(
     ("content", "reason"),
-    [(None, "file not found"), (b"", "is empty"), (b" \n", "is empty"), (b"\xff\xfeabc" * 50, "not UTF-8"), (b"short", "tokens")],
+    [
+        (None, "file not found"),
+        (b"", "is empty"),
+        (b" \n", "is empty"),
+        (b"\xff\xfeabc" * 50, "not UTF-8"),
+        (b"short", "tokens"),
+    ],
 )
 def test_text_corpus_rejects_bad_files(tmp_path, content, reason):
     path = tmp_path / "data.txt"
@@ -144,7 +150,9 @@ def test_text_corpus_rejects_bad_files(tmp_path, content, reason):
 def test_text_corpus_splits_by_position_and_hashes_the_file(tmp_path):
     path = tmp_path / "data.txt"
     path.write_text("the quick brown fox jumps over the lazy dog. " * 40)
-    prepared = prepare(TrainingConfig(data=str(path), out=str(tmp_path / "run"), context=32, tokenizer="bpe", vocab_size=280))
+    prepared = prepare(
+        TrainingConfig(data=str(path), out=str(tmp_path / "run"), context=32, tokenizer="bpe", vocab_size=280)
+    )
     assert prepared.tokenizer.vocab_size == 280
     train_text = prepared.tokenizer.decode(np.asarray(prepared.train.tokens).tolist()).text
     assert path.read_text().startswith(train_text)

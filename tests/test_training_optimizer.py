@@ -52,7 +52,11 @@ def reference_adamw(params, grads, steps, config, decays):
         g = grads(t)
         norm = math.sqrt(sum(float((x.astype(np.float64) ** 2).sum()) for x in g.values()))
         scale = min(1.0, config.clip_norm / norm)
-        lr = float(schedule(config.learning_rate, config.warmup_steps, config.steps, config.final_learning_rate_fraction)(t - 1))
+        lr = float(
+            schedule(config.learning_rate, config.warmup_steps, config.steps, config.final_learning_rate_fraction)(
+                t - 1
+            )
+        )
         for k in params:
             gk = g[k] * scale
             m[k] = config.beta1 * m[k] + (1 - config.beta1) * gk
@@ -65,7 +69,11 @@ def reference_adamw(params, grads, steps, config, decays):
 
 def test_one_run_of_updates_matches_the_reference():
     rng = np.random.default_rng(0)
-    params = {"ff_up": rng.normal(size=(4, 3)), "ff_up_bias": rng.normal(size=3), "token_embedding": rng.normal(size=(5, 2))}
+    params = {
+        "ff_up": rng.normal(size=(4, 3)),
+        "ff_up_bias": rng.normal(size=3),
+        "token_embedding": rng.normal(size=(5, 2)),
+    }
     params = {k: v.astype(np.float32) for k, v in params.items()}
     grads = lambda t: {k: np.float32(t) * rng_grads[k] for k in params}
     rng_grads = {k: np.random.default_rng(1).normal(size=v.shape).astype(np.float32) for k, v in params.items()}

@@ -128,7 +128,9 @@ def test_provenance_is_complete_and_its_data_hash_reproduces_from_the_generator(
 
 def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(uninterrupted, capsys):
     out, _ = uninterrupted
-    code = jgpt(["eval", "--model", str(out / "model"), "--json", "--conversations", str(TINY["development_conversations"])])
+    code = jgpt(
+        ["eval", "--model", str(out / "model"), "--json", "--conversations", str(TINY["development_conversations"])]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     provenance = load_artifact(out / "model").provenance
@@ -139,7 +141,9 @@ def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(un
         TINY["seed"], "development", TINY["development_conversations"], TINY["architecture"]["context"] + 1
     )
     scored = lambda skill: sum(e.skill == skill for c in held_out for e in c.exchanges)
-    assert {skill: s["exercises"] for skill, s in report["skills"].items()} == {skill: scored(skill) for skill in report["skills"]}
+    assert {skill: s["exercises"] for skill, s in report["skills"].items()} == {
+        skill: scored(skill) for skill in report["skills"]
+    }
     assert all(0 <= s["exact_match"] <= 1 for s in report["skills"].values())
 
 

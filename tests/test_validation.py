@@ -251,7 +251,9 @@ JSON = st.recursive(
 
 @given(JSON, st.integers(-5, 5) | st.none(), st.integers(-5, 5) | st.none())
 def test_integer_takes_exactly_the_ints_in_range_never_a_boolean(value, low, high):
-    ok = type(value) is int and (low is None or value >= low) and (high is None or value <= high) and abs(value) <= LIMIT
+    ok = (
+        type(value) is int and (low is None or value >= low) and (high is None or value <= high) and abs(value) <= LIMIT
+    )
     if ok:
         assert integer(value, "a.b", low, high) == value
     else:
@@ -322,7 +324,9 @@ def test_relative_path_refuses_what_would_leave_its_directory(path):
 def test_the_unsafe_path_pattern_is_the_pure_path_rule(path):
     """UNSAFE_PATH (one regex: the schemas' and jgpt.paths.confined's) against pathlib's reading of the path."""
     pure = PurePosixPath(path)
-    assert bool(re.search(UNSAFE_PATH, path)) == (pure.is_absolute() or ".." in pure.parts or "\\" in path or "\x00" in path)
+    assert bool(re.search(UNSAFE_PATH, path)) == (
+        pure.is_absolute() or ".." in pure.parts or "\\" in path or "\x00" in path
+    )
 
 
 @pytest.mark.parametrize("value", [1.0, 2.5, True, "3", None, 2**53 + 1, -1])
@@ -331,7 +335,9 @@ def test_integer_and_its_schema_refuse_the_same_non_integers(value):
     written by jgpt never holds one; kvsim's counts must be exact)."""
     with pytest.raises(ApiError):
         Integer().read(value, "n")
-    assert jsonschema.Draft202012Validator(Integer().schema()).is_valid(value) == (type(value) is float and value == 1.0)
+    assert jsonschema.Draft202012Validator(Integer().schema()).is_valid(value) == (
+        type(value) is float and value == 1.0
+    )
 
 
 def test_an_empty_field_names_the_top_level_key_alone():

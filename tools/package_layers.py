@@ -35,11 +35,11 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 PACKAGES = tuple(MAY_IMPORT)
 WHY = {
     "jgpt": "the core: architectures, weights, operations, forward pass, KVState, tokenizer, artifacts, "
-            "ontology registry, validation, errors",
+    "ontology registry, validation, errors",
     "kvsim": "the simulator: it reads recorded computation counts, never jax or model code, so of `jgpt` "
-             "only modules that import no jax (checked through their own imports)",
+    "only modules that import no jax (checked through their own imports)",
     "inference": "jitted prefill/decode, evidence, the InferenceEngine; the engine serves the very "
-                 "KVResidencySystemConfig and Workload kvsim simulates, so it reads kvsim's config types",
+    "KVResidencySystemConfig and Workload kvsim simulates, so it reads kvsim's config types",
     "training": "optax training; evaluation generates with inference",
     "experiments": "labs compose the whole flow",
 }
@@ -102,8 +102,9 @@ def violations(root: Path = ROOT) -> list[str]:
     problems = []
 
     def refuse(edge: Import, why: str) -> None:
-        problems.append(f"{found[edge.module].relative_to(root).as_posix()}:{edge.line}: "
-                        f"{edge.module} imports {edge.target}: {why}")
+        problems.append(
+            f"{found[edge.module].relative_to(root).as_posix()}:{edge.line}: {edge.module} imports {edge.target}: {why}"
+        )
 
     for edge in edges:
         source, target = edge.module.split(".")[0], edge.target.split(".")[0]
@@ -191,8 +192,14 @@ def concept_table(root: Path = ROOT) -> str:
         else:
             namings = namings if namings is not None else _namings(root)
             pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
-            named = next(([path for path, text in texts.items() if pattern.search(text)] for texts in namings
-                          if any(pattern.search(text) for text in texts.values())), [])
+            named = next(
+                (
+                    [path for path, text in texts.items() if pattern.search(text)]
+                    for texts in namings
+                    if any(pattern.search(text) for text in texts.values())
+                ),
+                [],
+            )
             where = ("named in " + ", ".join(f"`{path}`" for path in named)) if named else "not in the code yet"
         rows.append(f"| {concept.name} | {concept.description} | {where} |")
     return "\n".join(rows)

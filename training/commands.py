@@ -55,11 +55,18 @@ class _Parser(ArgumentParser):
 
 
 def _train_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description="Train a model; writes checkpoints, metrics.jsonl, loss.png and model/ under --out.")
+    parser = _Parser(
+        prog=prog, description="Train a model; writes checkpoints, metrics.jsonl, loss.png and model/ under --out."
+    )
     import training.config as config  # no jax: `jgpt train --help` stays quick
 
-    defaults = {**{f.name: f.default for f in dataclasses.fields(config.TrainingConfig)}, **config.default_architecture()}
-    parser.add_argument("--config", metavar="FILE.json", help="JSON file of TrainingConfig fields (unknown keys are an error)")
+    defaults = {
+        **{f.name: f.default for f in dataclasses.fields(config.TrainingConfig)},
+        **config.default_architecture(),
+    }
+    parser.add_argument(
+        "--config", metavar="FILE.json", help="JSON file of TrainingConfig fields (unknown keys are an error)"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     for name, kind in [*OVERRIDES.items(), *((name, int) for name in ARCHITECTURE_OVERRIDES)]:
@@ -68,12 +75,21 @@ def _train_parser(prog: str) -> argparse.ArgumentParser:
         if "(default" not in text:
             text += f" (default: {defaults[name]})"
         choices = getattr(config, CHOICES[name]) if name in CHOICES else None
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, dest=name, metavar=metavar, choices=choices, help=text)
-    parser.add_argument("--precision", choices=PRECISION_NAMES,
-                        help="compute precision: bf16 rounds matmul operands; weights and Adam state stay f32 "
-                             "(default: the config's)")
-    parser.add_argument("--model-axis", type=int, default=1, metavar="N",
-                        help="devices that split each weight's heads and hidden units (the rest split the batch)")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=kind, dest=name, metavar=metavar, choices=choices, help=text
+        )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISION_NAMES,
+        help="compute precision: bf16 rounds matmul operands; weights and Adam state stay f32 (default: the config's)",
+    )
+    parser.add_argument(
+        "--model-axis",
+        type=int,
+        default=1,
+        metavar="N",
+        help="devices that split each weight's heads and hidden units (the rest split the batch)",
+    )
     return parser
 
 
@@ -126,12 +142,24 @@ def training_config(args: argparse.Namespace):
 
 def eval_command(prog: str, argv: list[str]) -> int:
     parser = _Parser(prog=prog, description="Development loss and held-out exact match of a model.")
-    parser.add_argument("--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)")
-    parser.add_argument("--data", metavar="FILE.txt",
-                        help="UTF-8 text file: evaluate on its development part instead of the conversations")
-    parser.add_argument("--development-fraction", type=float, default=0.1, metavar="F",
-                        help="the share of --data's text that is its development part (as `jgpt train` split it)")
-    parser.add_argument("--conversations", type=int, default=500, metavar="N", help="held-out conversations to generate")
+    parser.add_argument(
+        "--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)"
+    )
+    parser.add_argument(
+        "--data",
+        metavar="FILE.txt",
+        help="UTF-8 text file: evaluate on its development part instead of the conversations",
+    )
+    parser.add_argument(
+        "--development-fraction",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="the share of --data's text that is its development part (as `jgpt train` split it)",
+    )
+    parser.add_argument(
+        "--conversations", type=int, default=500, metavar="N", help="held-out conversations to generate"
+    )
     parser.add_argument("--seed", type=int, metavar="N", help="conversation seed (default: the model's training seed)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress on the terminal")

@@ -113,12 +113,16 @@ class TrainingConfig:
         architecture = self._read_architecture()
         object.__setattr__(self, "architecture", architecture)
         if parameter_count(architecture) > PARAMETER_LIMIT:
-            raise ApiError("architecture", f"{parameter_count(architecture):,} parameters exceed the limit of "
-                                           f"{PARAMETER_LIMIT:,} (jgpt.limits)")
+            raise ApiError(
+                "architecture",
+                f"{parameter_count(architecture):,} parameters exceed the limit of {PARAMETER_LIMIT:,} (jgpt.limits)",
+            )
         if self.context is not None:
             integer(self.context, "context", minimum=2)
             if self.context > architecture.context:
-                raise ApiError("context", f"{self.context} is longer than the architecture allows ({architecture.context})")
+                raise ApiError(
+                    "context", f"{self.context} is longer than the architecture allows ({architecture.context})"
+                )
 
     @property
     def vocabulary(self) -> int:
@@ -168,7 +172,6 @@ def architecture_settings(architecture: Architecture) -> dict[str, Any]:
     base = architecture_from_json(minimal).to_json()
     stated = set(required) | ({"position"} if written["position"] != "learned" else set())
     return {k: v for k, v in written.items() if k != "vocabulary" and (k in stated or v != base[k])}
-
 
 
 def from_json(document: Any) -> TrainingConfig:

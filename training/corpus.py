@@ -119,7 +119,9 @@ def text(config: TrainingConfig) -> PreparedCorpus:
     if config.tokenizer == "bpe":
         tokenizer = Tokenizer.train([train_text], config.vocab_size)
         if tokenizer.vocab_size != config.vocab_size:
-            raise ApiError("vocab_size", f"{config.data} supports only {tokenizer.vocab_size} tokens, not {config.vocab_size}")
+            raise ApiError(
+                "vocab_size", f"{config.data} supports only {tokenizer.vocab_size} tokens, not {config.vocab_size}"
+            )
     else:
         tokenizer = Tokenizer.bytes_only()
     train_ids = _ids(tokenizer, train_text, config.window, "train", config.data)

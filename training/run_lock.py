@@ -47,8 +47,11 @@ def _exclusive(root: Path) -> Iterator[None]:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise ApiError("out", f"{root} is in use by another jgpt train (process {holder}); "
-                                  f"wait for it to end or choose another --out") from None
+            raise ApiError(
+                "out",
+                f"{root} is in use by another jgpt train (process {holder}); "
+                f"wait for it to end or choose another --out",
+            ) from None
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
         try:

@@ -44,12 +44,19 @@ def initialize_distributed() -> None:
     count, index = os.environ.get(PROCESSES_ENV), os.environ.get(PROCESS_ID_ENV)
     processes = process = None  # None: the process count and id come from the detected cluster
     if count is not None and index is not None:
-        processes, process = _environment_integer(PROCESSES_ENV, count, 1), _environment_integer(PROCESS_ID_ENV, index, 0)
+        processes, process = (
+            _environment_integer(PROCESSES_ENV, count, 1),
+            _environment_integer(PROCESS_ID_ENV, index, 0),
+        )
         if process >= processes:
             raise ApiError(PROCESS_ID_ENV, f"{process} is not below {PROCESSES_ENV}={processes}")
     try:
         jax.distributed.initialize(num_processes=processes, process_id=process)
-    except (ValueError, TypeError, jax.errors.JaxRuntimeError) as error:  # no cluster detected, a bad device list, no coordinator
+    except (
+        ValueError,
+        TypeError,
+        jax.errors.JaxRuntimeError,
+    ) as error:  # no cluster detected, a bad device list, no coordinator
         hint = "" if processes else f" (outside a detected cluster, set {PROCESSES_ENV} and {PROCESS_ID_ENV})"
         raise ApiError(COORDINATOR_ENV, f"cannot join the distributed system at {address}: {error}{hint}") from None
 

@@ -96,13 +96,15 @@ def _check_only_a_run(run: RunDirectory) -> None:
     try:
         from_json(read_json(run.config, "out"))
     except ApiError:
-        raise ApiError("out", f"{run.root} is not empty and holds no earlier run's run.json; "
-                              "choose another directory") from None
+        raise ApiError(
+            "out", f"{run.root} is not empty and holds no earlier run's run.json; choose another directory"
+        ) from None
     stale = {path.name for path in (*run.root.glob(".model.*"), *run.root.glob(".*.tmp"), *run.root.glob("*.tmp.png"))}
     others = sorted(entries - stale - {run.config.name, run.metrics.name, run.loss_curve.name, run.checkpoints.name})
     if others:
-        raise ApiError("out", f"{run.root} holds {others[0]!r}, which a training run does not write; "
-                              "choose another directory")
+        raise ApiError(
+            "out", f"{run.root} holds {others[0]!r}, which a training run does not write; choose another directory"
+        )
 
 
 def _sweep_staging(run: RunDirectory) -> None:
@@ -123,8 +125,9 @@ def _write_json(path: Path, value) -> None:
 
 def _checkpoint_manager(run: RunDirectory) -> ocp.CheckpointManager:
     # cleanup_tmp_directories: a save killed half-way (SIGKILL) leaves orbax's tmp directory; the next run removes it.
-    options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False, create=True,
-                                           cleanup_tmp_directories=True)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=2, enable_async_checkpointing=False, create=True, cleanup_tmp_directories=True
+    )
     return ocp.CheckpointManager(run.checkpoints.absolute(), options=options, item_names=("state", "best"))
 
 
@@ -132,7 +135,9 @@ def _best_record(weights, loss: float, step: int) -> dict:
     return {"weights": sharding.to_host(weights), "development_loss": np.array(loss), "step": np.array(step)}
 
 
-def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True, model_axis: int = 1) -> TrainingResult:
+def train(
+    config: TrainingConfig, *, resume: bool = False, progress: bool = True, model_axis: int = 1
+) -> TrainingResult:
     """`model_axis` devices split each weight's heads and hidden units (`training.sharding`); the rest split the batch."""
     main = sharding.main_process()
     mesh = sharding.mesh(model_axis)
@@ -156,7 +161,12 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
     state_sharding = sharding.state_shardings(state, mesh)
     state = jax.device_put(state, state_sharding)
     train_step = make_train_step(
-        architecture, optimizer_, jax.random.fold_in(key, DATA_STREAM), config.batch_size, batch_sharding, config.unroll,
+        architecture,
+        optimizer_,
+        jax.random.fold_in(key, DATA_STREAM),
+        config.batch_size,
+        batch_sharding,
+        config.unroll,
         state_sharding,
     )
     development_step = make_development_step(architecture, batch_sharding, config.unroll)
@@ -182,7 +192,9 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
         data = jax.device_put(corpus.train, replicated)
 
         def evaluate(weights) -> tuple[float, float]:
-            return development_loss(development_step, weights, corpus.development, corpus.development_bytes, development_batch)
+            return development_loss(
+                development_step, weights, corpus.development, corpus.development_bytes, development_batch
+            )
 
         tokens_per_step = config.batch_size * config.window
         bar = tqdm(total=config.steps, initial=int(state.step), disable=not (progress and main), unit="step",
@@ -213,8 +225,10 @@ def train(config: TrainingConfig, *, resume: bool = False, progress: bool = True
                 metrics.append(run.metrics, record)
             if step % config.checkpoint_every == 0 or step == config.steps:
                 with termination_deferred():  # a checkpoint is written whole: SIGTERM waits for the save
-                    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                               best=ocp.args.StandardSave(best)))
+                    manager.save(
+                        step,
+                        args=ocp.args.Composite(state=ocp.args.StandardSave(state), best=ocp.args.StandardSave(best)),
+                    )
             bar.update(1)
         bar.close()
     finally:

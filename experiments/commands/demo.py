@@ -49,8 +49,10 @@ def main(command: str, argv: list[str]) -> int:
     record = replay(run.directory / "record.json")
     for arm in record["arms"]:
         totals = arm["outcomes"]
-        print(f"  {arm['label']:40} ttft p50 {totals['latency_us']['ttft']['p50']} us, "
-              f"token hit rate {totals['token_hit_rate']}, compute busy {totals['compute_busy_us']} us")
+        print(
+            f"  {arm['label']:40} ttft p50 {totals['latency_us']['ttft']['p50']} us, "
+            f"token hit rate {totals['token_hit_rate']}, compute busy {totals['compute_busy_us']} us"
+        )
     print(f"\nrecord (replays byte for byte): {run.directory / 'record.json'}")
     print(f"report: {(run.directory / 'report.html').resolve()}")
     return 0

@@ -27,17 +27,22 @@ def _lab(command: str, argv: list[str]) -> int:
     show = actions.add_parser("show", help="one lab's question, controls, contract and sources")
     show.add_argument("id", metavar="ID", help="a lab id from `jgpt lab list`")
     show.add_argument("--json", action="store_true", help="print the lab file's validated JSON")
-    run = actions.add_parser("run", help="run a lab end to end and write its record, summary and plots",
-                             description="Run a lab end to end; print each arm's figures (times and sizes in human\n"
-                                         "units; --json and summary.json keep the exact numbers).")
+    run = actions.add_parser(
+        "run",
+        help="run a lab end to end and write its record, summary and plots",
+        description="Run a lab end to end; print each arm's figures (times and sizes in human\n"
+        "units; --json and summary.json keep the exact numbers).",
+    )
     run.add_argument("id", metavar="ID", help="a lab id from `jgpt lab list`")
-    run.add_argument("--out", required=True, type=Path, metavar="DIR",
-                     help="directory for record.json, summary.json and plots")
+    run.add_argument(
+        "--out", required=True, type=Path, metavar="DIR", help="directory for record.json, summary.json and plots"
+    )
     run.add_argument("--no-report", action="store_true", help="skip writing report.html")
     run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     replayed = actions.add_parser(
-        "replay", help="check a record against its files and simulate every arm again", description=REPLAY_PROVES)
+        "replay", help="check a record against its files and simulate every arm again", description=REPLAY_PROVES
+    )
     replayed.add_argument("record", type=Path, metavar="RECORD.json", help="record.json written by `jgpt lab run`")
     replayed.add_argument("--json", action="store_true", help="print what was checked as JSON")
     args = parser.parse_args(argv)
@@ -49,21 +54,39 @@ def _lab(command: str, argv: list[str]) -> int:
         notes = model_bindings(record)
         measured = sum("measured_run" in arm for arm in record["arms"])
         if args.json:
-            print(json.dumps({"id": record["id"], "arms_replayed": len(record["arms"]) - measured,
-                              "measured_runs_checked": measured, "notes": notes}, indent=1))
+            print(
+                json.dumps(
+                    {
+                        "id": record["id"],
+                        "arms_replayed": len(record["arms"]) - measured,
+                        "measured_runs_checked": measured,
+                        "notes": notes,
+                    },
+                    indent=1,
+                )
+            )
             return 0
         simulated = f"{len(record['arms']) - measured} arms replayed byte for byte"
         checked = f", {measured} engine arms' measured runs checked (not re-measured)" if measured else ""
-        print(f"{record['id']}: {simulated}{checked}; id, bindings, provenance and "
-              f"observed sequences derive from the recorded computations")
+        print(
+            f"{record['id']}: {simulated}{checked}; id, bindings, provenance and "
+            f"observed sequences derive from the recorded computations"
+        )
         for note in notes:
             print(note)
         return 0
     catalog = default_catalog()
     if args.action == "list":
         if args.json:
-            labs = [{"id": lab.id, "planned": lab.planned, "arms": 0 if lab.planned else len(lab.arms()),
-                     "question": lab.question} for lab in catalog.experiments]
+            labs = [
+                {
+                    "id": lab.id,
+                    "planned": lab.planned,
+                    "arms": 0 if lab.planned else len(lab.arms()),
+                    "question": lab.question,
+                }
+                for lab in catalog.experiments
+            ]
             print(json.dumps(labs, indent=1))
             return 0
         width = max(len(lab.id) for lab in catalog.experiments)
@@ -98,24 +121,50 @@ def summary_text(figures: dict) -> str:
     if all("decode_tokens_per_s" in arm for arm in figures["arms"]):  # generate arms (experiments/decoding_arms.py)
         columns = ("arm", "accepted", "ids/round", "decode tok/s", "vs greedy", "ids")
         rows = [columns] + [
-            (arm["label"], _rate(arm["acceptance_rate"]), _number(arm["ids_per_round"], ".2f"),
-             _number(arm["decode_tokens_per_s"], ".1f"), _number(arm["vs_greedy"], ".2f", "x"),
-             "same as greedy" if arm["same_ids_as_greedy"] else "DIFFER FROM GREEDY")
+            (
+                arm["label"],
+                _rate(arm["acceptance_rate"]),
+                _number(arm["ids_per_round"], ".2f"),
+                _number(arm["decode_tokens_per_s"], ".1f"),
+                _number(arm["vs_greedy"], ".2f", "x"),
+                "same as greedy" if arm["same_ids_as_greedy"] else "DIFFER FROM GREEDY",
+            )
             for arm in figures["arms"]
         ]
     else:
-        columns = ("arm", "completed", "rejected", "TTFT p50", "TTFT p90", "e2e p50", "per token p50", "queueing p90",
-                   "token hits", "host->device")
+        columns = (
+            "arm",
+            "completed",
+            "rejected",
+            "TTFT p50",
+            "TTFT p90",
+            "e2e p50",
+            "per token p50",
+            "queueing p90",
+            "token hits",
+            "host->device",
+        )
         rows = [columns] + [
-            (arm["label"], str(arm["completed"]), str(arm["rejected"]), duration_us(arm["ttft_p50_us"]),
-             duration_us(arm["ttft_p90_us"]), duration_us(arm["e2e_p50_us"]), duration_us(arm["tpot_p50_us"]),
-             duration_us(arm["queueing_p90_us"]), _rate(arm["token_hit_rate"]), byte_size(arm["bytes_host_to_device"]))
+            (
+                arm["label"],
+                str(arm["completed"]),
+                str(arm["rejected"]),
+                duration_us(arm["ttft_p50_us"]),
+                duration_us(arm["ttft_p90_us"]),
+                duration_us(arm["e2e_p50_us"]),
+                duration_us(arm["tpot_p50_us"]),
+                duration_us(arm["queueing_p90_us"]),
+                _rate(arm["token_hit_rate"]),
+                byte_size(arm["bytes_host_to_device"]),
+            )
             for arm in figures["arms"]
         ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = [f"{figures['lab']} ({figures['record']}): {figures['question']}"]
-    lines += ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-              for row in rows]
+    lines += [
+        "  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     sources = {arm["label"]: arm["source"] for arm in figures["arms"] if "source" in arm}
     if len(sources) > 1 and len(set(sources.values())) == 1:  # one line says it for every arm
         sources = {"every arm": next(iter(sources.values()))}
@@ -175,15 +224,24 @@ def describe(lab: ExperimentDesign) -> str:
         *(["  (none: defaults for every control)"] if not lab.settings.experiments else []),
     ]
     if lab.sweep:
-        lines += ["sweep:", *(f"  {axis.control} in {json.dumps(list(axis.values))}" if axis.control else
-                              f"  one of {json.dumps(list(axis.values))}" for axis in lab.sweep)]
+        lines += [
+            "sweep:",
+            *(
+                f"  {axis.control} in {json.dumps(list(axis.values))}"
+                if axis.control
+                else f"  one of {json.dumps(list(axis.values))}"
+                for axis in lab.sweep
+            ),
+        ]
     if lab.planned:
         lines += ["missing controls (the lab cannot run until they exist):", *(f"  {m}" for m in lab.missing_controls)]
     if lab.workload is not None:
         lines.append(f"workload: {lab.workload.kind}, {len(lab.workload.requests)} requests")
     if lab.calibration_workload is not None:
-        lines.append(f"calibration workload (served on the engine to fit kvsim's service): "
-                     f"{lab.calibration_workload.kind}, {len(lab.calibration_workload.requests)} requests")
+        lines.append(
+            f"calibration workload (served on the engine to fit kvsim's service): "
+            f"{lab.calibration_workload.kind}, {len(lab.calibration_workload.requests)} requests"
+        )
     lines.append("abstraction contract:")
     for name, text in vars(lab.contract).items():
         lines += [f"  {name}:", wrap(text, "    ")]

@@ -21,8 +21,10 @@ examples:
 
 def parser(prog: str) -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog=prog, epilog=EXAMPLES,
-        description="List the models a checkout knows about, or add a verified artifact to the catalog.")
+        prog=prog,
+        epilog=EXAMPLES,
+        description="List the models a checkout knows about, or add a verified artifact to the catalog.",
+    )
     p.add_argument("--catalog", type=Path, default=DEFAULT_CATALOG, metavar="FILE", help="catalog file")
     p.add_argument("--json", action="store_true", help="print the catalog as JSON")
     sub = p.add_subparsers(dest="action")
@@ -42,7 +44,9 @@ def _table(catalog) -> str:
     rows = [("id", "role", "parameters", "architecture", "checkpoint_sha256", "label")]
     for m in catalog.models:
         a = m.architecture
-        shape = f"{a.get('position')}/{a.get('normalization')} L{a.get('layers')} C{a.get('width')} V{a.get('vocabulary')}"
+        shape = (
+            f"{a.get('position')}/{a.get('normalization')} L{a.get('layers')} C{a.get('width')} V{a.get('vocabulary')}"
+        )
         rows.append((m.id, m.role or "", f"{m.parameters:,}", shape, m.weights["sha256"][:12], m.label))
     shown = [[one_line(cell) for cell in row] for row in rows]  # a crafted label must not send escapes to the terminal
     widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]))]
@@ -70,10 +74,19 @@ def main(command: str, argv: list[str]) -> int:
         artifact = load_artifact(args.artifact)
         for stop_id in args.stop_ids:
             if stop_id >= artifact.architecture.vocabulary:
-                raise ApiError("--stop-ids", f"{stop_id} is not a token id of this model "
-                                             f"(0..{artifact.architecture.vocabulary - 1})")
-        model = describe(artifact, catalog, model_id=args.id, label=args.label,
-                         role=args.role, inspection=args.inspection, stop_ids=tuple(args.stop_ids))
+                raise ApiError(
+                    "--stop-ids",
+                    f"{stop_id} is not a token id of this model (0..{artifact.architecture.vocabulary - 1})",
+                )
+        model = describe(
+            artifact,
+            catalog,
+            model_id=args.id,
+            label=args.label,
+            role=args.role,
+            inspection=args.inspection,
+            stop_ids=tuple(args.stop_ids),
+        )
         catalog = add_model(catalog, model)
         write_catalog(catalog)
     print(json.dumps(catalog.to_json(), indent=2) if args.json else _table(catalog))

@@ -9,7 +9,9 @@ from jgpt.devices import describe
 
 
 def main(command: str, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"jgpt {command}", description="Print the JAX backend and every device it sees.")
+    parser = argparse.ArgumentParser(
+        prog=f"jgpt {command}", description="Print the JAX backend and every device it sees."
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     devices = describe()

@@ -16,9 +16,12 @@ example:
 
 def parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Export a jgpt ModelArtifact as a Hugging Face model directory: GPT2LMHeadModel for the "
-                    "GPT baseline, LlamaForCausalLM for the Llama alternative, with its tokenizer.")
+        "GPT baseline, LlamaForCausalLM for the Llama alternative, with its tokenizer.",
+    )
     p.add_argument("model", metavar="ARTIFACT", help="catalog id or artifact directory")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the Hugging Face directory to write")
     p.add_argument("--force", action="store_true", help="replace DIR when it exists and is not empty (default: refuse)")

@@ -17,13 +17,19 @@ example:
 
 def parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Convert a GPT2LMHeadModel or LlamaForCausalLM saved with save_pretrained into a "
-                    "jgpt ModelArtifact with verified identities.")
+        "jgpt ModelArtifact with verified identities.",
+    )
     p.add_argument("directory", type=Path, metavar="DIR", help="holds config.json and model.safetensors")
     p.add_argument("--out", type=Path, required=True, metavar="ARTIFACT_DIR", help="artifact directory to create")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a jgpt artifact at --out (never another directory, a file, or DIR itself)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a jgpt artifact at --out (never another directory, a file, or DIR itself)",
+    )
     return p
 
 
@@ -33,8 +39,10 @@ def main(command: str, argv: list[str]) -> int:
 
     artifact = import_hf(args.directory, args.out, overwrite=args.overwrite)
     a = artifact.architecture
-    print(f"{artifact.path}: {type(a).__name__} L{a.layers} C{a.width} H{a.heads} V{a.vocabulary}, "
-          f"{artifact.parameters:,} parameters")
+    print(
+        f"{artifact.path}: {type(a).__name__} L{a.layers} C{a.width} H{a.heads} V{a.vocabulary}, "
+        f"{artifact.parameters:,} parameters"
+    )
     print(f"checkpoint_sha256 {artifact.checkpoint_sha256}")
     print(f"tokenizer_sha256  {artifact.tokenizer_sha256}")
     print(f"manifest_sha256   {artifact.manifest_sha256}")

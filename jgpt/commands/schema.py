@@ -17,7 +17,11 @@ from jgpt.validation import json_schema
 # name -> (module, description in it, title)
 SCHEMAS: dict[str, tuple[str, str, str]] = {
     "recorded-computations": ("kvsim.recorded", "DOCUMENT", "recorded computation document (jgpt record --out)"),
-    "workload": ("inference.recorded_computations", "WORKLOAD", "Workload of InferenceRequests (jgpt record, jgpt serve)"),
+    "workload": (
+        "inference.recorded_computations",
+        "WORKLOAD",
+        "Workload of InferenceRequests (jgpt record, jgpt serve)",
+    ),
     "kvsim-input": ("kvsim.inputs", "INPUT", "KVExperimentInput (jgpt kvsim run INPUT.json)"),
     "kvsim-system": ("kvsim.system", "SYSTEM", "KVResidencySystemConfig (kvsim input, jgpt serve --system)"),
     "kvsim-record": ("kvsim.cache_run", "RECORD", "CacheRun record (jgpt kvsim run --out)"),

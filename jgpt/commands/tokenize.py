@@ -31,21 +31,25 @@ examples:
 
 def parser(prog: str) -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog=prog, epilog=EXAMPLES,
+        prog=prog,
+        epilog=EXAMPLES,
         description="Encode text (one user turn) or conversation turns with the byte-level tokenizer and "
-                    "print the Encoding: token ids and the spans explaining them. Or train a tokenizer.")
+        "print the Encoding: token ids and the spans explaining them. Or train a tokenizer.",
+    )
     p.add_argument("text", nargs="?", metavar="TEXT", help="text to encode as one user turn")
     p.add_argument("--turns", metavar="FILE.json", help='a JSON list of {"role", "text"} turns to encode')
-    p.add_argument("--open-turn", choices=ROLES,
-                   help="end with this role's marker and no TURN_END (a generation prompt)")
+    p.add_argument(
+        "--open-turn", choices=ROLES, help="end with this role's marker and no TURN_END (a generation prompt)"
+    )
     p.add_argument("--json", action="store_true", help="print the Encoding as JSON")
     p.add_argument("--tokenizer", metavar="FILE", help="a tokenizer.json to use (default: pure bytes, vocabulary 260)")
     p.add_argument("--context-limit", type=int, metavar="N", help="reject inputs that encode to more than N ids")
     training = p.add_argument_group("training a tokenizer")
     training.add_argument("--train", metavar="CORPUS.txt", help="learn BPE merges from this UTF-8 text file")
     training.add_argument("--vocab-size", type=int, metavar="N", help="target vocabulary size (>= 260) for --train")
-    training.add_argument("--min-frequency", type=int, default=2, metavar="N",
-                          help="merge only pairs seen at least N times")
+    training.add_argument(
+        "--min-frequency", type=int, default=2, metavar="N", help="merge only pairs seen at least N times"
+    )
     training.add_argument("--out", metavar="FILE", help="where --train writes the tokenizer.json")
     return p
 
@@ -68,9 +72,18 @@ def main(command: str, argv: list[str]) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
-    misplaced = [flag for flag, value in (("TEXT", args.text), ("--turns", args.turns), ("--json", args.json),
-                                          ("--open-turn", args.open_turn), ("--tokenizer", args.tokenizer),
-                                          ("--context-limit", args.context_limit)) if value]
+    misplaced = [
+        flag
+        for flag, value in (
+            ("TEXT", args.text),
+            ("--turns", args.turns),
+            ("--json", args.json),
+            ("--open-turn", args.open_turn),
+            ("--tokenizer", args.tokenizer),
+            ("--context-limit", args.context_limit),
+        )
+        if value
+    ]
     if misplaced:
         raise ApiError("train", f"{', '.join(misplaced)} cannot be combined with --train")
     if args.vocab_size is None or args.out is None:
@@ -81,8 +94,10 @@ def train(args: argparse.Namespace) -> int:
     corpus = read_text(args.train, "train")
     tokenizer = Tokenizer.train(corpus.splitlines(keepends=True), args.vocab_size, min_frequency=args.min_frequency)
     tokenizer.save(args.out)
-    print(f"wrote {args.out}: vocabulary {tokenizer.vocab_size} ({tokenizer.merge_count} merges), "
-          f"tokenizer_sha256 {tokenizer.tokenizer_sha256}")
+    print(
+        f"wrote {args.out}: vocabulary {tokenizer.vocab_size} ({tokenizer.merge_count} merges), "
+        f"tokenizer_sha256 {tokenizer.tokenizer_sha256}"
+    )
     return 0
 
 
@@ -92,17 +107,18 @@ def read_text(path: str, field: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        bad = " ".join(f"0x{b:02X}" for b in data[error.start:error.end])
+        bad = " ".join(f"0x{b:02X}" for b in data[error.start : error.end])
         raise ApiError(field, f"{path} is not valid UTF-8: {error.reason} ({bad}) at byte {error.start}") from None
 
 
 def encoding_json(encoding: Encoding) -> str:
     """The Encoding as indented JSON with one span per line."""
     document = encoding.to_json()
+
     def member(key, value):
         if key != "spans":
             return f'  "{key}": {json.dumps(value, ensure_ascii=False)}'
         lines = ",\n".join(f"    {json.dumps(span, ensure_ascii=False)}" for span in value)
         return f'  "spans": [\n{lines}\n  ]'
-    return "{\n" + ",\n".join(member(key, value) for key, value in document.items()) + "\n}"
 
+    return "{\n" + ",\n".join(member(key, value) for key, value in document.items()) + "\n}"
