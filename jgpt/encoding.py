@@ -113,7 +113,22 @@ def text_spans(
     byte_ends = token_ends[span_ends - 1]
     byte_starts = np.concatenate([[0], byte_ends[:-1]])
     reasons = np.where(merged, BPE_MERGE, np.where(span_ends - span_starts == 1, BYTE, UTF8_SEQUENCE))
-    id_list = ids.tolist()
+    bounds = (span_starts, span_ends, byte_starts, byte_ends)
+    return bounded_text_spans(ids.tolist(), source, bounds, reasons, token_offset, byte_offset, turn)
+
+
+def bounded_text_spans(
+    ids: list[int],
+    source: bytes,
+    bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    reasons: np.ndarray,
+    token_offset: int,
+    byte_offset: int,
+    turn: int,
+) -> list[Span]:
+    """One text Span per run of tokens: bounds are [s] token starts, token ends, byte starts and byte ends
+    within the turn (ids and source), reasons [s] each span's reason."""
+    columns = (*(column.tolist() for column in bounds), reasons)
     return [
         Span(
             "text",
@@ -123,10 +138,8 @@ def text_spans(
             token_offset + t0,
             token_offset + t1,
             source[b0:b1],
-            tuple(id_list[t0:t1]),
+            tuple(ids[t0:t1]),
             turn,
         )
-        for t0, t1, b0, b1, reason in zip(
-            span_starts.tolist(), span_ends.tolist(), byte_starts.tolist(), byte_ends.tolist(), reasons
-        )
+        for t0, t1, b0, b1, reason in zip(*columns)
     ]

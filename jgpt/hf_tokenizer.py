@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from jgpt.encoding import BPE_MERGE, BYTE, UTF8_SEQUENCE, Encoding, Span, control_span
+from jgpt.encoding import BPE_MERGE, BYTE, UTF8_SEQUENCE, Encoding, Span, bounded_text_spans, control_span
 from jgpt.errors import ApiError, library_failure
 from jgpt.identity import write_atomically
 from jgpt.json_input import parse_json
@@ -256,22 +256,8 @@ class HFTokenizer(Tokenizer):
         reasons = np.where(
             ~(bytewise & spelled), BPE_MERGE, np.where(span_ends - span_starts == 1, BYTE, UTF8_SEQUENCE)
         )
-        return [
-            Span(
-                "text",
-                str(reason),
-                byte_offset + b0,
-                byte_offset + b1,
-                token_offset + t0,
-                token_offset + t1,
-                source[b0:b1],
-                tuple(ids[t0:t1]),
-                turn,
-            )
-            for t0, t1, b0, b1, reason in zip(
-                span_starts.tolist(), span_ends.tolist(), byte_starts.tolist(), byte_ends.tolist(), reasons
-            )
-        ]
+        bounds = (span_starts, span_ends, byte_starts, byte_ends)
+        return bounded_text_spans(ids, source, bounds, reasons, token_offset, byte_offset, turn)
 
     # ---- decoding ---------------------------------------------------------------------
 
