@@ -15,7 +15,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from contextvars import ContextVar
 from typing import TextIO, TypeVar
 
@@ -56,7 +56,7 @@ def tracked(items: Iterable[T], description: str, total: int | None = None, unit
         return items
     from tqdm import tqdm
 
-    if total is None and hasattr(items, "__len__"):
+    if total is None and isinstance(items, Sized):
         total = len(items)
     # A terminal that reports no size (a pty nobody sized) would get no bar at all.
     sized = min(_size(stream)) > 0
@@ -73,7 +73,8 @@ def tracked(items: Iterable[T], description: str, total: int | None = None, unit
 
 def _size(stream: TextIO) -> tuple[int, int]:
     try:
-        return tuple(os.get_terminal_size(stream.fileno()))
+        columns, lines = os.get_terminal_size(stream.fileno())
+        return columns, lines
     except (AttributeError, OSError, ValueError):  # a stand-in stream without a descriptor
         return 0, 0
 

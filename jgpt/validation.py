@@ -23,6 +23,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -35,7 +36,7 @@ SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # -- readers --------------------------------------------------------------------------------------------------
 
 
-def mapping(value: Any, field: str, required: set[str], optional: set[str] = frozenset()) -> dict:
+def mapping(value: Any, field: str, required: AbstractSet[str], optional: AbstractSet[str] = frozenset()) -> dict:
     """A JSON object with exactly the required keys and any of the optional ones."""
     if not isinstance(value, dict):
         raise ApiError(field, f"expected an object, got {kind(value)}")
@@ -48,7 +49,7 @@ def mapping(value: Any, field: str, required: set[str], optional: set[str] = fro
     return value
 
 
-def loose_mapping(value: Any, field: str, required: set[str]) -> dict:
+def loose_mapping(value: Any, field: str, required: AbstractSet[str]) -> dict:
     """A JSON object that may carry extra fields (documents other packages may extend)."""
     if not isinstance(value, dict):
         raise ApiError(field, f"expected an object, got {kind(value)}")
