@@ -64,7 +64,7 @@ class StateIdentity:
 
 
 @struct.dataclass
-class KVState:
+class KVState(struct.Replaceable):
     keys: jax.Array  # [layers, B, kv_heads, S, head_dim]
     values: jax.Array  # [layers, B, kv_heads, S, head_dim]
     token_ids: jax.Array  # int32 [B, S]; row b is meaningful in [0, lengths[b])

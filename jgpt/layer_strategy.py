@@ -126,7 +126,7 @@ def per_layer_view(weights: ModelWeights) -> tuple[LayerWeights, ...]:
     layers = next(iter(block.values())).shape[0]
     views = {name: [_layer_view(tensor, index) for index in range(layers)] for name, tensor in block.items()}
     return tuple(
-        LayerWeights({name: views[name][index] for name in block if views[name][index] is not None},
+        LayerWeights({name: view for name in block if (view := views[name][index]) is not None},
                      {name: tensor for name, tensor in block.items() if views[name][index] is None}, index)
         for index in range(layers)
     )  # fmt: skip

@@ -154,8 +154,11 @@ def embed(
 ) -> tuple[jax.Array, jax.Array | None]:
     """The residual stream's start: token vectors [B, T, C] (plus learned position vectors, also returned)."""
     with jax.named_scope("embed"):
-        learned = architecture.position == "learned"
-        position_vectors = learned_positions(weights.position_embedding, positions) if learned else None
+        if architecture.position != "learned":
+            return embedding(weights.token_embedding, token_ids, None), None
+        if weights.position_embedding is None:
+            raise ApiError("weights.position_embedding", "learned positions need the position embedding")
+        position_vectors = learned_positions(weights.position_embedding, positions)
         return embedding(weights.token_embedding, token_ids, position_vectors), position_vectors
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -63,12 +64,16 @@ class ModelWeights:
         return {name: present[name] for name in sorted(present) if present[name] is not None}
 
     @classmethod
-    def from_dict(cls, tensors: Mapping[str, jax.Array]) -> ModelWeights:
+    def from_dict(cls, tensors: Mapping[str, Any]) -> ModelWeights:
+        """Weights from tensors by name (absent names are None): jax or numpy arrays as read or made, or
+        `jax.ShapeDtypeStruct`s for a skeleton (`abstract_weights`); the leaves are whatever was given."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(tensors) - names)
         if unknown:
             raise ApiError(unknown[0], "is not a ModelWeights name")
-        return cls(**{name: tensors.get(name) for name in names})
+        # None for every absent name, required or not: check_weights names a missing required tensor.
+        fields: dict[str, Any] = {name: tensors.get(name) for name in names}
+        return cls(**fields)
 
     def block(self) -> dict[str, jax.Array]:
         """The layer-indexed tensors, ready to be scanned over their leading axis."""
