@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from jgpt.errors import ApiError
 from jgpt.validation import Number, integer, string
@@ -39,6 +39,19 @@ class _Dimensions:
     context: int
     layers: int
     heads: int
+
+    if TYPE_CHECKING:
+        # Declared by each alternative, with its defaults, after the fields above (so in the same order
+        # for the checker as at run time); the checks below read them.
+        epsilon: float
+        position: str
+        normalization: str
+        activation: str
+        precision: str
+
+        # A field of LlamaArchitecture (None until __post_init__ sets it), a property of ModelArchitecture.
+        @property
+        def kv_heads(self) -> int | None: ...
 
     POSITIONS: ClassVar[tuple[str, ...]] = ()
     NORMALIZATIONS: ClassVar[tuple[str, ...]] = ()
@@ -64,7 +77,9 @@ class _Dimensions:
     @property
     def kv_width(self) -> int:
         """Channels of one position's keys (and of its values) in one layer."""
-        return self.kv_heads * self.head_dim
+        kv_heads = self.kv_heads
+        assert kv_heads is not None, "LlamaArchitecture.__post_init__ sets kv_heads"
+        return kv_heads * self.head_dim
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,8 +125,8 @@ class LlamaArchitecture(_Dimensions):
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         super().__post_init__()
-        integer(self.kv_heads, "kv_heads", minimum=1)
-        if self.heads % self.kv_heads:
+        kv_heads = integer(self.kv_heads, "kv_heads", minimum=1)
+        if self.heads % kv_heads:
             raise ApiError("kv_heads", f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.head_dim % 2:
             raise ApiError("heads", f"rotary positions need an even head width, got {self.head_dim}")
@@ -120,7 +135,10 @@ class LlamaArchitecture(_Dimensions):
 
 Architecture = Union[ModelArchitecture, LlamaArchitecture]
 
-_BY_POSITION: dict[str, type[_Dimensions]] = {"learned": ModelArchitecture, "rope": LlamaArchitecture}
+_BY_POSITION: dict[str, type[ModelArchitecture] | type[LlamaArchitecture]] = {
+    "learned": ModelArchitecture,
+    "rope": LlamaArchitecture,
+}
 
 
 def architecture_from_json(document: Mapping[str, Any]) -> Architecture:

@@ -31,6 +31,8 @@ they are widened for the products.
 
 from __future__ import annotations
 
+from typing import Any, Protocol, TypeVar
+
 import jax
 import jax.numpy as jnp
 
@@ -50,7 +52,19 @@ def attention_dtype(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, F32)
 
 
-def operand(x: jax.Array, dtype) -> jax.Array:
+class Held(Protocol):
+    """A matrix as held (a jax.Array, OutputMajor or BlasMatrix): what forming an operand reads."""
+
+    @property
+    def dtype(self) -> Any: ...
+
+    def astype(self: H, dtype: Any) -> H: ...
+
+
+H = TypeVar("H", bound=Held)
+
+
+def operand(x: H, dtype) -> H:
     """`x` as a matmul operand of compute dtype `dtype`: rounded to it and, on a backend without native
     units for it, widened back to float32 (exactly: every bf16 value is a float32 value)."""
     x = x.astype(dtype)

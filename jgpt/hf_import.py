@@ -234,7 +234,17 @@ def _llama_shapes(a: LlamaArchitecture) -> Iterator[tuple[str, tuple[int, ...]]]
 
 
 # Hugging Face class -> (architecture reader, tensor shapes, weight converter, module prefix in the safetensors file)
-_FAMILIES = {
+# Each family's readers take that family's architecture alone (the pairing is by row, so typed Any here):
+# (read_architecture, shapes, read_weights, module prefix).
+_FAMILIES: dict[
+    str,
+    tuple[
+        Callable[[Mapping[str, Any]], Architecture],
+        Callable[[Any], Iterator[tuple[str, tuple[int, ...]]]],
+        Callable[[Any, _Tensors], dict[str, np.ndarray]],
+        str,
+    ],
+] = {
     "GPT2LMHeadModel": (_gpt2_architecture, _gpt2_shapes, _gpt2_weights, "transformer."),
     "LlamaForCausalLM": (_llama_architecture, _llama_shapes, _llama_weights, "model."),
 }
@@ -319,7 +329,7 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
             f"describes {parameter_count(architecture):,} parameters, more than jgpt's limit of {PARAMETER_LIMIT:,}",
         )
     _check_shapes(weight_files, prefix, architecture, shapes)
-    tensors = {}
+    tensors: dict[str, np.ndarray] = {}
     for path in weight_files:
         try:
             tensors |= load_file(path)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jgpt.architecture import Architecture
+from jgpt.architecture import Architecture, LlamaArchitecture
 from jgpt.bf16_matmul import attention_dtype, operand
 from jgpt.blas_matmul import BlasMatrix
 from jgpt.output_major import OutputMajor
@@ -110,7 +110,7 @@ def query_key_value(
     q = dense(x, w["query"], w.get("query_bias"), dtype).reshape(B, T, H, D)
     k = dense(x, w["key"], w.get("key_bias"), dtype).reshape(B, T, K, D)
     v = dense(x, w["value"], w.get("value_bias"), dtype).reshape(B, T, K, D)
-    if a.position == "rope":
+    if isinstance(a, LlamaArchitecture):  # the alternative whose position is "rope"
         q = rotary_positions(q, positions, a.rope_theta)
         k = rotary_positions(k, positions, a.rope_theta)
     head_major = lambda t: t.transpose(0, 2, 1, 3)
@@ -148,6 +148,7 @@ def attention(
     a = architecture
     B, T, H, D = q.shape
     K, S = a.kv_heads, keys.shape[2]
+    assert K is not None, "LlamaArchitecture.__post_init__ sets kv_heads"
     G = H // K
     over = attention_dtype(dtype)
     keys, values = operand(keys, over), operand(values, over)

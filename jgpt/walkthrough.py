@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jgpt.architecture import Architecture
+from jgpt.architecture import Architecture, ModelArchitecture
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +137,7 @@ def walkthrough(architecture: Architecture) -> ArchitectureWalkthrough:
         "mixed = weights v",
         "out = mixed @ attention_output",
     )
-    if a.position == "learned":
+    if isinstance(a, ModelArchitecture):  # the alternative whose position is "learned"
         stages = [
             _stage(
                 "PositionEncoding",
