@@ -66,6 +66,8 @@ _TURN_MARK = re.compile("\x00jgpt-turn-(\\d+)\x00")  # stands for a turn's text 
 class HFTokenizer(Tokenizer):
     """A Hugging Face tokenizer.json used as is; build with `Tokenizer.load`."""
 
+    # Never None here (the base class's None is the byte-level tokenizer's): declared again, in its place.
+    _library: tokenizers.Tokenizer = field(compare=False)
     companions: tuple[tuple[str, bytes], ...]  # (file name, exact bytes): part of what the tokenizer is
     eos_id: int = field(compare=False)
     specials: Mapping[int, str] = field(compare=False)  # special added tokens: id -> content
@@ -183,7 +185,7 @@ class HFTokenizer(Tokenizer):
                 )
             ids, spans = self._plain(texts[0])
         else:
-            ids, spans = self._templated(turns, texts, open_turn is not None)
+            ids, spans = self._templated(self.chat_template, turns, texts, open_turn is not None)
         return self._encoding(ids, spans, turns, texts, open_turn)
 
     def _plain(self, text: str) -> tuple[list[int], list[Span]]:
@@ -201,15 +203,17 @@ class HFTokenizer(Tokenizer):
         return ids, spans
 
     def _templated(
-        self, turns: Sequence[Turn], texts: list[str], generation_prompt: bool
+        self, template: str, turns: Sequence[Turn], texts: list[str], generation_prompt: bool
     ) -> tuple[list[int], list[Span]]:
         """Template text is encoded with special tokens recognized (it is the framing); each turn's
         text separately with them split, so no typed text can become framing."""
+        eos = self._library.id_to_token(self.eos_id)
+        assert eos is not None, "HFTokenizer.of read eos_id from the vocabulary"
         rendered = _render(
-            self.chat_template,
+            template,
             [{"role": turn.role, "content": f"\x00jgpt-turn-{n}\x00"} for n, turn in enumerate(turns)],
             generation_prompt,
-            self._library.id_to_token(self.eos_id),
+            eos,
             self.bos_token,
         )
         parts = _TURN_MARK.split(rendered)  # template text, turn index, template text, ...
@@ -266,17 +270,17 @@ class HFTokenizer(Tokenizer):
         in the bytes the ids spell. With final=False (generation still running), the tokens whose
         text a later id could still change are held back, their bytes as `pending`: those past the
         last whole character, or with byte fallback the trailing run of <0xNN> pieces."""
-        ids = self._id_array(ids)
-        data = self.table.bytes_of(ids)
+        checked = self._id_array(ids)
+        data = self.table.bytes_of(checked)
         _, problem, pending = _utf8_with_markers(data, not final)
-        ends = np.cumsum(self.table.lengths[ids])  # [n] byte offset after each token
+        ends = np.cumsum(self.table.lengths[checked])  # [n] byte offset after each token
         if final:
-            kept = ids.size
+            kept = checked.size
         elif self.fallback.any():  # ByteFallback decodes each run of <0xNN> pieces as one group: hold the last run
-            kept = int(np.flatnonzero(np.concatenate([[True], ~self.fallback[ids]]))[-1])
+            kept = int(np.flatnonzero(np.concatenate([[True], ~self.fallback[checked]]))[-1])
         else:  # ByteLevel decodes all bytes at once: hold the tokens past the last whole character
             kept = int(np.searchsorted(ends, len(data) - len(pending), side="right"))
-        text = self._library.decode(ids[:kept].tolist(), skip_special_tokens=False)
+        text = self._library.decode(checked[:kept].tolist(), skip_special_tokens=False)
         note = None
         if problem:
             reason, byte = problem

@@ -32,7 +32,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import tokenizers
@@ -50,7 +50,7 @@ TURN_END_ID = BYTE_COUNT + len(ROLES)
 FIRST_MERGE_ID = TURN_END_ID + 1
 CONTROL_MARKERS = {**{ROLE_IDS[role]: f"<|{role}|>" for role in ROLES}, TURN_END_ID: "<|turn_end|>"}
 
-NORMALIZATION = "NFC"
+NORMALIZATION: Final = "NFC"
 CODEC_VERSION = "jgpt-byte-bpe/1"
 # The largest tokenizer file read: Llama 3's tokenizer.json is 9 MB; memory follows this bound.
 FILE_LIMIT = 64 << 20
@@ -344,20 +344,20 @@ class Tokenizer:
         With final=False (generation still running) a valid but unfinished UTF-8
         sequence at the very end is no error: it is returned as `pending`.
         """
-        ids = self._id_array(ids)
+        checked = self._id_array(ids)
         # Runs of text tokens between control tokens decode independently: a control
         # token cuts any character still open before it.
-        controls = np.flatnonzero((ids >= BYTE_COUNT) & (ids < FIRST_MERGE_ID)).tolist()
+        controls = np.flatnonzero((checked >= BYTE_COUNT) & (checked < FIRST_MERGE_ID)).tolist()
         parts: list[str] = []
         notes: list[str] = []
         pending = b""
-        for start, stop in zip([0, *(c + 1 for c in controls)], [*controls, ids.size]):
-            run = ids[start:stop]
-            hold = not final and stop == ids.size
+        for start, stop in zip([0, *(c + 1 for c in controls)], [*controls, checked.size]):
+            run = checked[start:stop]
+            hold = not final and stop == checked.size
             text, problem, pending = _utf8_with_markers(self.table.bytes_of(run), hold)
             parts.append(text)
-            if stop < ids.size:
-                parts.append(CONTROL_MARKERS[int(ids[stop])])
+            if stop < checked.size:
+                parts.append(CONTROL_MARKERS[int(checked[stop])])
             if problem:
                 reason, byte = problem
                 position = start + int(np.searchsorted(np.cumsum(self.table.lengths[run]), byte, side="right"))
@@ -366,15 +366,15 @@ class Tokenizer:
 
     def _id_array(self, ids: Sequence[int]) -> np.ndarray:
         """ids as int64 [n], each checked to be in the vocabulary."""
-        ids = np.asarray(ids)
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise ApiError("ids", f"must be a flat sequence of integers, got shape {ids.shape} of {ids.dtype}")
-        ids = ids.astype(np.int64, copy=False)  # also types an empty sequence
-        out_of_range = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
+        array = np.asarray(ids)
+        if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+            raise ApiError("ids", f"must be a flat sequence of integers, got shape {array.shape} of {array.dtype}")
+        array = array.astype(np.int64, copy=False)  # also types an empty sequence
+        out_of_range = np.flatnonzero((array < 0) | (array >= self.vocab_size))
         if out_of_range.size:
             n = int(out_of_range[0])
-            raise ApiError("ids", f"id {int(ids[n])} at position {n} is not in the vocabulary of {self.vocab_size}")
-        return ids
+            raise ApiError("ids", f"id {int(array[n])} at position {n} is not in the vocabulary of {self.vocab_size}")
+        return array
 
 
 def describe_piece(token_id: int, piece: bytes, *, merge: bool) -> Token:
