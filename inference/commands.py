@@ -100,8 +100,12 @@ def _generate(argv: list[str]) -> int:
             "observe", f"step {args.observe} is outside 0..{args.max_new_tokens - 1}, the steps the budget allows"
         )
     execution, tokenizer = _load(args.model, args.precision)
-    text = " ".join(args.prompt) if args.prompt else None
-    prompt_ids = given_ids or tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
+    text: str | None = None
+    if given_ids is None:  # the arguments give exactly one of the two (checked above)
+        text = " ".join(args.prompt)
+        prompt_ids = tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
+    else:
+        prompt_ids = given_ids
     request = InferenceRequest("cli", prompt_ids, policy, text=text)
     stream = None if args.json else _TextStream(tokenizer, execution.turn_end_id)
     if args.draft is not None:
@@ -110,10 +114,9 @@ def _generate(argv: list[str]) -> int:
         draft = PromptLookup() if args.draft == PROMPT_LOOKUP else _load(args.draft, args.precision)[0]
         k = 4 if args.speculate is None else args.speculate
         (response,) = generate_speculative(execution, draft, [request], k).responses
-        for token in (
-            [] if stream is None else response.output_ids
-        ):  # the loop is one program: the text comes at its end
-            stream.select(0, token)
+        if stream is not None:  # the loop is one program: the text comes at its end
+            for token in response.output_ids:
+                stream.select(0, token)
     elif stream is None and args.observe is None:
         (response,) = generate(execution, [request], reference=True).responses
     else:  # streaming and observing take the steps one call at a time
@@ -216,7 +219,8 @@ def _load(model: str | None, precision: str | None = None):
     artifact = load_model(read_catalog().default_id() if model is None else model)
     tokenizer = artifact.tokenizer()
     execution = ModelExecution.from_artifact(artifact, tokenizer)
-    return at_precision(execution, PRECISION_NAMES.get(precision, execution.architecture.precision)), tokenizer
+    own = execution.architecture.precision
+    return at_precision(execution, own if precision is None else PRECISION_NAMES.get(precision, own)), tokenizer
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:

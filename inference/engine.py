@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from inference.execution import ModelExecution, bucket
-from inference.generation import STOP_REASONS, stop_codes
+from inference.generation import stop_codes, stop_reason
 from inference.policy import STOP_TURN_END, InferenceRequest, check_prompt
 from inference.recorded_computations import read_workload
 from inference.slot_execution import EnginePlan, SlotExecution, batch_bucket
@@ -127,6 +127,11 @@ class _Request:
         self.seconds: list[float] = []
         self.stop_reason: str | None = None
         self.outcome: dict | None = None
+
+
+# A work as recorded, before its start and end: kind, requests, executed rows, window, processed and reused
+# positions, matmul flops, logical memory bytes, bytes moved.
+_Work = tuple[str, list[_Request], int, int, int, int, int, int, int]
 
 
 class _Serving:
@@ -276,6 +281,7 @@ class _Serving:
                 pool.take(state)
             pool.reserved += request.reservation
             if request.reuse_tier == HOST:
+                assert state is not None, "a reuse tier is set only where a state was taken"
                 self.enqueue_transfer(HOST_TO_DEVICE, state, request)
             else:
                 request.held = None if state is None else state.device
@@ -364,9 +370,9 @@ class _Serving:
         self.record_work(*work, started=started, ended=ended)
         self.schedule(ended, _COMPUTE_END, (batch, chosen, ended - started))
 
-    def prefill(self, request: _Request) -> tuple[list[int], tuple]:
+    def prefill(self, request: _Request) -> tuple[list[int], _Work]:
         e, prompt, reused = self.execution, request.spec.prompt_ids, request.reused
-        start = self.empty_start if request.held is None else self.start_state(request)
+        start = self.empty_start if request.held is None else self.start_state(request, request.held)
         count = len(prompt) - reused
         window = np.zeros((1, bucket(count, e.architecture.context)), np.int32)
         window[0, :count] = prompt[reused:]
@@ -380,24 +386,25 @@ class _Serving:
                 costs.memory_bytes(reused, len(prompt)), 0)  # fmt: skip
         return [int(np.asarray(chosen)[0])], work
 
-    def start_state(self, request: _Request) -> KVState:
+    def start_state(self, request: _Request, held: tuple) -> KVState:
         """The reused prefix in a batch-of-one state of C slots, assembled on the host (no per-length compile)."""
         n, template = request.reused, self.empty_start
         keys, values = (np.zeros(template.keys.shape, template.keys.dtype) for _ in range(2))
-        keys[:, 0, :, :n], values[:, 0, :, :n] = (np.asarray(x) for x in request.held)
+        keys[:, 0, :, :n], values[:, 0, :, :n] = (np.asarray(x) for x in held)
         token_ids = np.zeros((1, self.plan.slot_capacity), np.int32)
         token_ids[0, :n] = request.spec.prompt_ids[:n]
         lengths = np.asarray([n], np.int32)
         return template.replace(**jax.device_put(dict(keys=keys, values=values, token_ids=token_ids, lengths=lengths)))
 
-    def decode(self, batch: list[_Request]) -> tuple[list[int], tuple]:
+    def decode(self, batch: list[_Request]) -> tuple[list[int], _Work]:
         costs = self.execution.costs
         positions = [len(r.spec.prompt_ids) + r.step - 1 for r in batch]
         if self.batching:
             rows = batch_bucket(len(self.rows))
             ids, counts, steps = np.zeros(rows, np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32)
-            specs = [None] * rows
+            specs: list[InferenceRequest | None] = [None] * rows
             for request in batch:
+                assert request.row is not None, "a request decodes in the row its prefill gave it"
                 ids[request.row], counts[request.row], steps[request.row] = request.output[-1], 1, request.step
                 specs[request.row] = request.spec
             rule = self.programs.rule(specs)
@@ -409,6 +416,7 @@ class _Serving:
         else:
             (request,) = batch
             rows = 1
+            assert request.row is not None, "a request decodes in the row its prefill gave it"
             rule = self.programs.rule([request.spec])
             chosen, self.slots = self.programs.decode_row(
                 self.slots, request.row, request.output[-1], rule, request.step
@@ -435,7 +443,7 @@ class _Serving:
             budget, prompt = spec.generation.max_new_tokens, len(spec.prompt_ids)
             code = stop_codes(_Scalars, selected, request.step, budget, prompt, context, turn_end)
             if code:
-                request.stop_reason = STOP_REASONS[code]
+                request.stop_reason = stop_reason(code)
                 self.finish(
                     request, "complete" if request.stop_reason == STOP_TURN_END else "stop", request.stop_reason
                 )
@@ -461,11 +469,12 @@ class _Serving:
         if self.retain_states and computed > 0:
             key = token_key((*spec.prompt_ids, *request.output)[:computed])
             if not pool.has(key):
-                pool.retain(
-                    key,
-                    spec.request_id,
-                    request.held if request.row is None else self.row_arrays(request.row, computed),
-                )
+                if request.row is None:  # not prefilled: what it computed is the reused prefix it holds
+                    assert request.held is not None, "an admitted request with reused positions holds them"
+                    arrays = request.held
+                else:
+                    arrays = self.row_arrays(request.row, computed)
+                pool.retain(key, spec.request_id, arrays)
         request.held = None
         if request.row is not None:
             self.release_row(request)
@@ -474,12 +483,14 @@ class _Serving:
     def row_arrays(self, row: int, positions: int) -> tuple[jax.Array, jax.Array]:
         """A row's first `positions` slots as exact-length device arrays [layers, kv_heads, positions, head_dim]."""
         one = self.programs.extract_row(self.slots, row)
-        return to_device(tuple(np.asarray(x)[:, 0, :, :positions] for x in (one.keys, one.values)))
+        keys, values = (np.asarray(x)[:, 0, :, :positions] for x in (one.keys, one.values))
+        return to_device((keys, values))
 
     def release_row(self, request: _Request) -> None:
         """Keep the active rows compacted: the last active row moves into the freed one."""
         last = self.rows.pop()
         if last is not request:
+            assert last.row is not None and request.row is not None, "both are active rows"
             self.slots = self.programs.move_row(self.slots, last.row, request.row)
             last.row = request.row
             self.rows[request.row] = last
@@ -496,6 +507,10 @@ class _Serving:
     def outcome(self, request: _Request, status: str, reason: str) -> dict:
         spec, now = request.spec, self.now
         selected, first = request.step, request.first_token_us
+        tpot = None
+        if selected >= 2:
+            assert first is not None, "the first selected id set first_token_us"
+            tpot = round((now - first) / (selected - 1), 3)
         return {
             "status": status,
             "stop_reason": reason,
@@ -505,7 +520,7 @@ class _Serving:
             "end_us": now,
             "queueing_us": None if request.admitted_us is None else request.admitted_us - request.arrival,
             "ttft_us": None if first is None else first - request.arrival,
-            "tpot_us": None if selected < 2 else round((now - first) / (selected - 1), 3),
+            "tpot_us": tpot,
             "e2e_us": now - request.arrival,
             "prompt_positions": len(spec.prompt_ids),
             "reuse_positions": request.reused,
@@ -542,23 +557,32 @@ class InferenceEngine:
         serving = _Serving(self.execution, self.system, plan, observe)
         serving.slots, compiled, compile_wall_us = serving.programs.compile(serving.slots)
         ordered = [_Request(r, 0 if as_fast_as_possible else r.arrival_us) for r in requests]
-        compiles = []
-        listener = lambda event, duration, **_: compiles.append(event) if event == COMPILE_EVENT else None  # noqa: E731
+        compiles: list[str] = []
+
+        def listener(event: str, duration_secs: float, **kwargs: str | int) -> None:
+            if event == COMPILE_EVENT:
+                compiles.append(event)
+
         jax.monitoring.register_event_duration_secs_listener(listener)
         try:
             with collector_paused():
                 serving.run(ordered, list(interaction.actions) if interaction else [])
         finally:
             jax.monitoring.unregister_event_duration_listener(listener)
-        served = tuple(
-            ServedRequest(r.spec, r.outcome, tuple(r.output), r.reused, tuple(r.seconds), r.stop_reason)
-            for r in ordered
-        )
+        served = tuple(_served(r) for r in ordered)
         end_us = max([serving.now, *(w["end_us"] for w in serving.works)])
         return ServedRun(
             plan, compiled, compile_wall_us, len(compiles), as_fast_as_possible, served, tuple(serving.works),
             serving.busy_us, end_us, dict(serving.moved), dict(serving.counts),
         )  # fmt: skip
+
+
+def _served(request: _Request) -> ServedRequest:
+    outcome = request.outcome
+    assert outcome is not None, "a run ends once every request has ended, each with its outcome"
+    return ServedRequest(
+        request.spec, outcome, tuple(request.output), request.reused, tuple(request.seconds), request.stop_reason
+    )
 
 
 @contextlib.contextmanager

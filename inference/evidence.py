@@ -150,14 +150,16 @@ def tensor_observations(observations, row: int, count: int, *, run_id: str, requ
     prefix = f"{run_id}/{request_id}/step{step}/"
     name = lambda stage, layer: prefix + (stage if layer is None else f"layer{layer}/{stage}")
     positions = tuple(int(p) for p in np.asarray(observations.positions)[row, :count])
-    stream = None  # the id of the residual stream entering the next block
-    result = []
+    stream: str | None = None  # the id of the residual stream entering the next block
+    result: list[TensorObservation] = []
     for record in observations.records:
         stage, layer = record.stage, record.layer
         if layer is not None:
+            assert stream is not None, "forward records the embedding before any block"
             earlier = _BLOCK_INPUTS.get(stage, ("previous",))
             inputs = [stream if s == "input" else result[-1].id if s == "previous" else name(s, layer) for s in earlier]
         elif stage in ("ln_final", "logits"):  # the last block's output, then ln_final's
+            assert stream is not None, "forward records the embedding before ln_final"
             inputs = [stream]
         elif stage == "embedding":
             inputs = [result[-1].id] if result else []  # the position embedding, where there is one

@@ -152,7 +152,9 @@ class ModelExecution:
 
     def empty_state(self, batch: int, capacity: int) -> KVState:
         a = self.architecture
-        return KVState.empty(self.identity, a.layers, batch, capacity, a.kv_heads, a.head_dim)
+        kv_heads = a.kv_heads
+        assert kv_heads is not None, "LlamaArchitecture.__post_init__ sets kv_heads"
+        return KVState.empty(self.identity, a.layers, batch, capacity, kv_heads, a.head_dim)
 
     def check_state(self, state: KVState) -> None:
         if not isinstance(state, KVState):
@@ -201,7 +203,7 @@ class ModelExecution:
             self.weights, self.architecture, state, window_ids, counts, self.scan_unroll, self.layer_weights
         )
 
-    def decode(self, state: KVState, token_ids: Sequence[int]) -> tuple[jax.Array, KVState]:
+    def decode(self, state: KVState, token_ids: Sequence[int | np.integer]) -> tuple[jax.Array, KVState]:
         """Process one id per row after the row's prefix: logits [B, V] and the continued state."""
         self.check_state(state)
         a = self.architecture

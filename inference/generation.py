@@ -47,6 +47,13 @@ LOOP_BOUNDARY = "host: dispatch of the compiled decode loop to its results ready
 STEP_BOUNDARY = "host: dispatch of one compiled work (over the whole batch) to its logits ready"
 
 
+def stop_reason(code) -> str:
+    """The stop reason of a row's final stop code (a loop ends only once every row has one)."""
+    reason = STOP_REASONS[code]
+    assert reason is not None, "a finished row has a nonzero stop code"
+    return reason
+
+
 def stop_codes(xp, selected_id, selected, budget, prefix_length, context, turn_end_id):
     """Per row, why selection stops after `selected` ids (0: it continues); numpy or jax arrays.
 
@@ -196,8 +203,9 @@ def _generation(execution, requests, plan: _Plan, ran: _Run, decode_boundary: st
     responses = []
     for b, request in enumerate(requests):
         n = len(outputs[b])
-        errors = [None] * n
+        errors: list[float | None] = [None] * n
         if references is not None:
+            assert logits is not None, "a run compared to its reference keeps its logits"
             last_prompt = len(prompts[b]) - 1
             errors = [float(np.max(np.abs(references[b, last_prompt + k] - logits[b][k]))) for k in range(n)]
         computations = work_computations(execution, request, outputs[b], plan.reused[b], ran.seconds[b], errors,
@@ -268,7 +276,7 @@ def _run_loop(execution: ModelExecution, plan: _Plan) -> _Run:
     rows = range(len(budgets))
     return _Run(
         output_ids=[[int(t) for t in outputs[b, : selected[b]]] for b in rows],
-        stop_reasons=[STOP_REASONS[c] for c in stop],
+        stop_reasons=[stop_reason(c) for c in stop],
         logits=None if logits is None else [logits[b, : selected[b]] for b in rows],
         seconds=[[prefill_seconds] + [per_step] * (int(selected[b]) - 1) for b in rows],
         state=state,
@@ -282,7 +290,10 @@ def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on
     B = len(plan.budgets)
     state, window, active = plan.state, plan.window_ids, plan.counts
     prefix_length = np.asarray(state.lengths) + active
-    ids, logits, seconds, seen = ([[] for _ in range(B)] for _ in range(4))
+    ids: list[list[int]] = [[] for _ in range(B)]
+    logits: list[list[np.ndarray]] = [[] for _ in range(B)]
+    seconds: list[list[float]] = [[] for _ in range(B)]
+    seen: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(B)]  # per row, each step's candidates
     stop = np.zeros(B, np.int64)
     observations, compiled = {}, set()
     for step in itertools.count():
@@ -292,14 +303,14 @@ def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on
             jax.block_until_ready(execution.advance(state, window, active))
             compiled.add(window.shape)
         started = time.perf_counter()
-        step_logits, state = execution.advance(state, window, active)
+        device_logits, state = execution.advance(state, window, active)
         if plan.rule is None:
-            step_logits = np.asarray(step_logits)
+            step_logits = np.asarray(device_logits)
             chosen = np.argmax(step_logits, axis=-1).astype(np.int32)
         else:  # the loop's own draw, keyed by each row's selection index
-            chosen = np.asarray(select_jit(step_logits, plan.rule, jnp.asarray([len(r) for r in ids], jnp.int32)))
-            top = jax.device_get(candidates_jit(step_logits, plan.rule))
-            step_logits = np.asarray(step_logits)
+            chosen = np.asarray(select_jit(device_logits, plan.rule, jnp.asarray([len(r) for r in ids], jnp.int32)))
+            top = jax.device_get(candidates_jit(device_logits, plan.rule))
+            step_logits = np.asarray(device_logits)
         elapsed = time.perf_counter() - started
         for b in np.flatnonzero(active):
             ids[b].append(int(chosen[b]))
@@ -317,10 +328,11 @@ def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on
             break
         active = (stop == 0).astype(np.int32)
         window = np.asarray([r[-1] for r in ids], np.int32)[:, None]
-    if plan.rule is not None:
-        seen = tuple([np.asarray([c[part] for c in row]) for row in seen] for part in (0, 1))
+    candidates = (
+        None if plan.rule is None else tuple([np.asarray([c[part] for c in row]) for row in seen] for part in (0, 1))
+    )
     kept = logits if plan.keep_logits else None
-    return _Run(ids, [STOP_REASONS[c] for c in stop], kept, seconds, state, observations, seen if plan.rule else None)
+    return _Run(ids, [stop_reason(c) for c in stop], kept, seconds, state, observations, candidates)
 
 
 _observed_forward = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"))

@@ -53,7 +53,7 @@ from inference.evidence import (
     SpeculationRound,
 )
 from inference.execution import ModelExecution, advance, bucket
-from inference.generation import STOP_REASONS, Generation, stop_codes
+from inference.generation import Generation, stop_codes, stop_reason
 from inference.policy import SAMPLE, InferenceRequest
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from inference.sampling import SelectionRule, filtered_logits, request_stream, select, step_key
@@ -386,7 +386,7 @@ def generate_speculative(
         _speculative_loop, target.weights, target.layer_weights, model and model.weights, model and model.layer_weights,
         target_architecture=target.architecture, draft_architecture=model and model.architecture, k=k,
         steps=bucket(int(budgets.max()), 1 << 30), turn_end_id=target.turn_end_id, target_unroll=target.scan_unroll,
-        draft_unroll=model and model.scan_unroll, ngram=draft.ngram if model is None else 0,
+        draft_unroll=model and model.scan_unroll, ngram=draft.ngram if isinstance(draft, PromptLookup) else 0,
     )  # fmt: skip
 
     def draft_prefill():
@@ -414,7 +414,7 @@ def generate_speculative(
             InferenceResponse(
                 request_id=request.request_id, prompt_ids=tuple(request.prompt_ids), output_ids=output_ids,
                 published_ids=tuple(t for t in output_ids if t != target.turn_end_id),
-                outcome=RunOutcome.of(output_ids, int(budgets[b]), STOP_REASONS[stop[b]], target.turn_end_id),
+                outcome=RunOutcome.of(output_ids, int(budgets[b]), stop_reason(stop[b]), target.turn_end_id),
                 selections=tuple(_selection(request, step, t) for step, t in enumerate(output_ids)),
                 computations=computations, work=GenerationWork.total(computations), speculation=speculation,
             )

@@ -60,7 +60,8 @@ def nbytes(arrays: tuple | None) -> int:
 
 def to_host(arrays: tuple[jax.Array, jax.Array]) -> tuple[np.ndarray, np.ndarray]:
     """A real copy in host memory (on CPU `device_get` may return a view of the device buffer)."""
-    return tuple(np.array(jax.device_get(x), copy=True) for x in arrays)
+    keys, values = (np.array(jax.device_get(x), copy=True) for x in arrays)
+    return keys, values
 
 
 def to_device(arrays: tuple[np.ndarray, np.ndarray]) -> tuple[jax.Array, jax.Array]:
@@ -173,6 +174,7 @@ class StateManager:
         self.host_retained -= state.size
         state.host = None
         del self.states[state.state_id]
+        assert state.device is not None, "the reload put the host arrays on the device before it ended"
         return state.device
 
     def drop_from_device(self, state: RetainedState) -> None:

@@ -26,7 +26,8 @@ from jgpt.mesh import DATA_AXIS, MODEL_AXIS, replicated, tree_shardings
 
 @dataclasses.dataclass(frozen=True)
 class TensorParallelExecution(ModelExecution):
-    mesh: Mesh | None = None
+    # Required: keyword-only, so it may follow ModelExecution's defaulted fields.
+    mesh: Mesh = dataclasses.field(kw_only=True)
 
     @classmethod
     def over(cls, execution: ModelExecution, mesh: Mesh) -> TensorParallelExecution:
