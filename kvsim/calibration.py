@@ -214,8 +214,11 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
     then behaves as a fragment written before they existed."""
     windows = tuple(sorted({b for run in runs for b in run.prefill_window_buckets}))
     batches = tuple(sorted({b for run in runs for b in run.decode_batch_buckets}))
-    fits, notes = [], []
-    compute, spread = {"model": CALIBRATED}, {"seed": 0}
+    fits: list[KindFit] = []
+    notes: list[str] = []
+    # The fragment is JSON: each key holds its own kind of value (a model name, terms, bucket lists).
+    compute: dict[str, Any] = {"model": CALIBRATED}
+    spread: dict[str, Any] = {"seed": 0}
     compute_works = {kind: [(w, run.slot_capacity, idle) for run in runs
                             for w, idle in zip(run.works, idle_us(run), strict=True) if w["kind"] == kind]
                      for kind in (PREFILL, DECODE)}  # fmt: skip
@@ -247,8 +250,8 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
         compute[FINISH] = finish
     if SPREAD in optional:
         compute[SPREAD] = spread
-    fragment = {"compute_service": compute}
-    transfer = {}
+    fragment: dict[str, Any] = {"compute_service": compute}
+    transfer: dict[str, dict[str, float]] = {}
     for kind, direction in DIRECTIONS.items():
         # A transfer's time includes the host time before it, as the serving thread spent it, less the host
         # time after a finish that kvsim charges before it.
@@ -495,7 +498,7 @@ def host_fit(runs: list[MeasuredRun]) -> KindFit:
         raise ApiError("MEASURED", "no compute work follows another: nothing to fit the host time to")
     columns = [[1] * len(samples), [n for n, _, _ in samples], [b for _, b, _ in samples]]
     works = [{"wall_us": gap} for _, _, gap in samples]
-    shapes = [(f"finishes {n}" if n < 3 else "finishes 3+",) for n, _, _ in samples]
+    shapes: list[tuple[str, ...]] = [(f"finishes {n}" if n < 3 else "finishes 3+",) for n, _, _ in samples]
     return _fit_kind(HOST, ("step_overhead_us", "finish.fixed_us", "finish.per_byte_us"), columns, works, shapes)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from kvsim.compute_service import (
     PREFILL,
     SPREAD_REPEATS,
     CalibratedComputeService,
+    CalibratedTransfer,
 )
 from kvsim.recorded import parse_document
 from kvsim.system import parse_system
@@ -151,7 +153,13 @@ def noise_band(values: Sequence[float], repeats: int | None = None, draws: int =
 def replay(run: MeasuredRun) -> dict:
     """The outcomes' totals of kvsim with every work and transfer taking the engine's measured time for it."""
     durations = _MeasuredDurations(run)
-    system = replace(parse_system(run.document["system"], "system"), compute_service=durations, transfer=durations)
+    # kvsim's engine only calls work_us, finish_us and transfer_us (and reads blocks_compute), which the
+    # replay's durations answer in place of a calibrated service and transfer; the config's types name those.
+    system = replace(
+        parse_system(run.document["system"], "system"),
+        compute_service=cast(CalibratedComputeService, durations),
+        transfer=cast(CalibratedTransfer, durations),
+    )
     computations, workload, interaction = _served(run)
     workload = resolve_workload(computations, workload, interaction)
     return _outcomes(engine.run(system, computations, workload, interaction), computations, workload)["totals"]
