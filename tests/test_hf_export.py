@@ -133,7 +133,10 @@ def test_transformers_loads_the_export_with_jgpts_logits(exported):
         f"(transformers float32 vs float64: {rounding:.2e}; logits up to {np.max(np.abs(reference)):.1f})"
     )
     assert got.shape == expected.shape
-    assert from_exact <= max(TOLERANCE, rounding) and error <= max(TOLERANCE, 2 * rounding)
+    # Both sides are float32 renderings of the same float64 logits; which lands nearer depends on the order
+    # of their sums, not on who is right (the shipped chat model: jgpt 6.56e-05, transformers 5.25 6.17e-05
+    # from float64), so each may be up to twice the other's distance.
+    assert from_exact <= max(TOLERANCE, 2 * rounding) and error <= max(TOLERANCE, 2 * rounding)
 
 
 def float64_throughout(model):
