@@ -80,12 +80,12 @@ def why_batch() -> None:
         )
 
 
-def streamed_one(size: int, policy: str, record_dir: str | None) -> None:
+def streamed_one(size: int, policy: str, record_dir: str | None, keep: bool) -> None:
     """One streamed run in this process: prints its figures as JSON for `streamed` to tabulate."""
     start, cpu = time.perf_counter(), time.process_time()
     computations = analytic_stream(MODEL, lambda: arriving(size, seed=0), "bench")
     with tempfile.TemporaryDirectory(dir=record_dir) as directory:
-        path = Path(directory) / "record.jsonl"
+        path = (Path(record_dir) if keep and record_dir else Path(directory)) / f"record-{size}.jsonl"
         done = []
         write_atomically(
             path, pulled(lambda write: done.append(write_lines(write, parse_system(system(policy)), computations)))
@@ -99,7 +99,7 @@ def streamed_one(size: int, policy: str, record_dir: str | None) -> None:
     }))  # fmt: skip
 
 
-def streamed(sizes: list[int], policy: str, record_dir: str | None) -> None:
+def streamed(sizes: list[int], policy: str, record_dir: str | None, keep: bool) -> None:
     print(
         f"\nstreamed record (JSON Lines) of a streamed document, one process per size; targets "
         f"{STREAMED_TARGET_S:.0f} s and {STREAMED_TARGET_BYTES / 2**30:.0f} GiB at 1,000,000 requests"
@@ -108,6 +108,7 @@ def streamed(sizes: list[int], policy: str, record_dir: str | None) -> None:
     for size in sizes:
         command = [sys.executable, __file__, "--streamed-one", str(size), "--policy", policy]
         command += ["--record-dir", record_dir] if record_dir else []
+        command += ["--keep"] if keep else []
         figures = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
         met = figures["wall_s"] < STREAMED_TARGET_S and figures["peak_rss_bytes"] < STREAMED_TARGET_BYTES
         print(f"{size:>9} {figures['events']:>11} {figures['wall_s']:>8.1f} {figures['cpu_s']:>8.1f} "
@@ -132,17 +133,22 @@ def main() -> None:
         help="where the streamed records are written, then removed (default: the "
         "system's temporary directory; 1,000,000 requests take some 7.8 GB)",
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each streamed record, as DIR/record-N.jsonl (for `kvsim replay`)"
+    )
     parser.add_argument("--policy", default="serialized", choices=["serialized", "continuous_batching"])
     parser.add_argument("--why-batch", action="store_true", help="instead: both policies on a saturating workload")
     args = parser.parse_args()
     if args.why_batch:
         return why_batch()
     if args.streamed_one:
-        return streamed_one(args.streamed_one, args.policy, args.record_dir)
+        return streamed_one(args.streamed_one, args.policy, args.record_dir, args.keep)
     if args.sizes:
         in_memory(args.sizes, args.policy)
     if args.streamed:
-        streamed(args.streamed, args.policy, args.record_dir)
+        if args.keep and not args.record_dir:
+            parser.error("--keep needs --record-dir")
+        streamed(args.streamed, args.policy, args.record_dir, args.keep)
 
 
 def in_memory(sizes: list[int], policy: str) -> None:

@@ -76,10 +76,10 @@ DECLARATION = Object(
     about="KVRunBinding plus the optional customer interaction and resource graph: what a replay simulates again.",
 )  # fmt: skip
 MEASUREMENT = Object({"event_id": String(), "kind": String(), "elapsed_us": Integer(), "bytes": Integer()})
+CHECKPOINT = Object({"kv_bytes_per_position": Integer(1)}, open=True)
+PROVENANCE = Object({"backend": _OPEN}, open=True)
 RECORD = Object(
-    {"id": String(), "declaration": DECLARATION,
-     "checkpoint": Object({"kv_bytes_per_position": Integer(1)}, open=True),
-     "provenance": Object({"backend": _OPEN}, open=True), "events": ListOf(EVENT), "computations": ListOf(REQUEST),
+    {"id": String(), "declaration": DECLARATION, "checkpoint": CHECKPOINT, "provenance": PROVENANCE, "events": ListOf(EVENT), "computations": ListOf(REQUEST),
      "measurements": ListOf(MEASUREMENT), "outcomes": Object({"requests": MapOf(OUTCOME), "totals": TOTALS}),
      "states": _OPEN, "evidence": String()},
     open=True,
@@ -163,7 +163,7 @@ class Tally:
     def __init__(self) -> None:
         self.events = 0
         self.moved = {engine.DEVICE_TO_HOST: 0, engine.HOST_TO_DEVICE: 0}
-        self.counts = {EventKind.OFFLOAD: 0, EventKind.RELOAD: 0, EventKind.DROP: 0}
+        self.counts: dict[str, int] = {EventKind.OFFLOAD: 0, EventKind.RELOAD: 0, EventKind.DROP: 0}
         self.consumes: list[tuple] = []  # a customer's consume actions (few: one per action)
 
     def add(self, events: list[tuple]) -> None:
@@ -369,8 +369,8 @@ def rerun(record: dict) -> CacheRun:
 def rerun_inputs(record: dict) -> dict:
     """`simulate`'s arguments from a record's declaration, checkpoint, provenance and computations."""
     declaration = DECLARATION.keys(record["declaration"], "record.declaration")
-    checkpoint = dict(RECORD.required["checkpoint"].keys(record["checkpoint"], "record.checkpoint"))
-    provenance = RECORD.required["provenance"].keys(record["provenance"], "record.provenance")
+    checkpoint = dict(CHECKPOINT.keys(record["checkpoint"], "record.checkpoint"))
+    provenance = PROVENANCE.keys(record["provenance"], "record.provenance")
     document = {
         "format": "jgpt-recorded-computations",
         "version": 1,

@@ -256,7 +256,8 @@ def parse_transfer(value: Any, field: str) -> StateTransferConfig | CalibratedTr
     blocks = top.get("blocks_compute", False)
     if not isinstance(blocks, bool):
         raise ApiError(f"{field}.blocks_compute", f"expected true or false, got {blocks!r}")
-    return CalibratedTransfer(*(_link_terms(top[d], f"{field}.{d}") for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)), blocks)
+    device_to_host, host_to_device = (_link_terms(top[d], f"{field}.{d}") for d in (DEVICE_TO_HOST, HOST_TO_DEVICE))
+    return CalibratedTransfer(device_to_host, host_to_device, blocks)
 
 
 def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService) -> dict:
@@ -324,8 +325,13 @@ def term_names(phase: str) -> tuple[str, ...]:
 def _work_terms(value: Any, field: str, phase: str) -> WorkTerms:
     names = term_names(phase)
     terms = validation.mapping(value, field, set(names))
-    parse = {name: validation.number for name in names} | {SIZE_TERMS[DECODE]: _batch_times}
-    return WorkTerms(*(parse[name](terms[name], f"{field}.{name}") for name in names))
+
+    def read(name: str) -> Fraction:
+        return validation.number(terms[name], f"{field}.{name}")
+
+    fixed, size, slot, flop, byte, idle = names
+    per_size = _batch_times(terms[size], f"{field}.{size}") if phase == DECODE else read(size)
+    return WorkTerms(read(fixed), per_size, read(slot), read(flop), read(byte), read(idle))
 
 
 def _work_terms_json(terms: WorkTerms, phase: str) -> dict:

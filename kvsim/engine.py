@@ -183,23 +183,23 @@ class _Engine:
                 else:
                     self.on_transfer_end(payload)
             else:
-                self.now = declared
                 if arrival is not None and arrival[0] == declared:
+                    self.now = arrival[0]
                     self.on_arrival(arrival)
                     arrival = next(arrivals, None)
-                else:
-                    self.on_action(pending.popleft())
+                else:  # the declared time is the next action's
+                    action = pending.popleft()
+                    self.now = action.at_us
+                    self.on_action(action)
                 declared = _first(arrival, pending)
             if self.hand_over is not None and len(self.events) >= HAND_OVER_EVENTS:
-                self.pass_on()
+                self.pass_on(self.hand_over)
         if self.hand_over is not None:
-            self.pass_on()
+            self.pass_on(self.hand_over)
 
-    def pass_on(self) -> None:
+    def pass_on(self, hand_over: HandOver) -> None:
         outcomes = [(request_id, outcome) for _, request_id, outcome in self.ended]
-        self.hand_over(
-            Batch(Rows(CacheEvent, self.events), Rows(Measurement, self.measurements), outcomes, self.settled)
-        )
+        hand_over(Batch(Rows(CacheEvent, self.events), Rows(Measurement, self.measurements), outcomes, self.settled))
         self.events, self.measurements, self.ended, self.settled = [], [], [], []
 
     def on_arrival(self, arrival: Arrival) -> None:
@@ -282,7 +282,7 @@ class _Engine:
                 self.fate(state.state_id, f"reused by {spec.request_id}")
             cache.reserved += request.reservation
             reserved = self.emit(spec.request_id, RESERVE, (admitted,), size=request.reservation)
-            if request.reuse_tier == HOST:
+            if state is not None and request.reuse_tier == HOST:  # only a hit has a reuse tier
                 request.boundary = -1
                 reload = self.emit(
                     spec.request_id, RELOAD, (hit,), state.state_id, state.size, direction=HOST_TO_DEVICE
@@ -507,7 +507,7 @@ class _Engine:
             end_us=now,
             queueing_us=None if request.admitted_us is None else request.admitted_us - request.arrival,
             ttft_us=None if first is None else first - request.arrival,
-            tpot_us=None if selected < 2 else round((now - first) / (selected - 1), 3),
+            tpot_us=None if first is None or selected < 2 else round((now - first) / (selected - 1), 3),
             e2e_us=now - request.arrival,
             prompt_positions=len(spec.prompt_ids),
             reuse_positions=request.reused,

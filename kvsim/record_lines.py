@@ -27,7 +27,7 @@ from __future__ import annotations
 import queue
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -40,10 +40,11 @@ from jgpt.validation import LIMIT, Const, Object, String
 from kvsim import engine
 from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, Phase, TransferDirection
 from kvsim.cache_run import (
+    CHECKPOINT,
     DECLARATION,
     EVIDENCE,
     MODEL_VERSION,
-    RECORD,
+    PROVENANCE,
     Array,
     InputDigest,
     Lazy,
@@ -59,7 +60,14 @@ from kvsim.cache_run import (
 )
 from kvsim.outcomes import TOTALS, OutcomeTally, RequestOutcome
 from kvsim.record_view import OUTCOME
-from kvsim.recorded import RecordedComputations, RecordedRequest, StreamedComputations, request_json
+from kvsim.recorded import (
+    REQUEST,
+    RecordedComputations,
+    RecordedRequest,
+    StreamedComputations,
+    parse_request,
+    request_json,
+)
 from kvsim.resource_graph import ResourceGraph
 from kvsim.system import KVResidencySystemConfig
 from kvsim.workload import CustomerInteraction, Workload
@@ -67,7 +75,7 @@ from kvsim.workload import CustomerInteraction, Workload
 FORMAT, VERSION = "jgpt-kvsim-record-lines", 2
 HEAD = Object(
     {"format": Const(FORMAT), "version": Const(VERSION), "declaration": DECLARATION,
-     "checkpoint": RECORD.required["checkpoint"], "provenance": RECORD.required["provenance"],
+     "checkpoint": CHECKPOINT, "provenance": PROVENANCE,
      "evidence": String(), "fields": Object({}, open=True)},
     about="The first line of a streamed CacheRun record (docs/kvsim.md).",
 )  # fmt: skip
@@ -252,7 +260,7 @@ def is_streamed(path: Path, field: str) -> bool:
 _OPENING = b'{"format":"' + FORMAT.encode() + b'"'
 
 
-def read_lines(path: Path, field: str = "RECORD") -> Iterator[tuple[int, str, Any]]:
+def read_lines(path: Path, field: str = "RECORD") -> Generator[tuple[int, str, Any]]:
     """(line number, section, value) for every line of a streamed record, each checked before it is yielded:
     the head first (section "head"), the sections in order, every event and measurement typed, and the end
     line last. Anything else is an ApiError naming the line."""
@@ -394,21 +402,29 @@ class Replay:
 
 def replay_lines(path: Path, field: str = "RECORD") -> Replay:
     """Simulate a streamed record's declaration again, comparing each produced chunk with the file as it
-    goes (neither is ever held whole); the first differing line is named."""
-    record: dict[str, Any] = {"computations": []}
-    for _, section, value in read_lines(path, field):
-        if section == "head":
-            record |= value
-        elif section == "computation":
-            record["computations"].append(value)
-        else:
-            break
+    goes (neither is ever held whole); the first differing line is named. A record whose requests arrive
+    when its computations say (a recorded workload, no customer interaction) is replayed as a
+    StreamedComputations that reads its computation lines from the file again each time: its requests are
+    never held (a million of them took ~10 GB held)."""
+    heads = read_lines(path, field)
+    record: dict[str, Any] = dict(next(heads)[2])
+    heads.close()
     if not str(record["evidence"]).startswith(f"{MODEL_VERSION}:"):
         raise ApiError("record line 1.evidence", f"not a {MODEL_VERSION} record")
+    turn_end = _streamable(path, field, record["declaration"])
+    if turn_end is not _HELD:
+        record["declaration"] = {**record["declaration"], "workload": {"kind": "recorded", "requests": []}}
+    record["computations"] = [] if turn_end is not _HELD else [value for _, value in _computation_values(path, field)]
     try:
         inputs = rerun_inputs(record)
     except ApiError as error:
         raise _on_its_line(error) from None
+    del record
+    if turn_end is not _HELD:
+        held = inputs.pop("computations")
+        requests = lambda: _recorded_requests(path, field, turn_end)  # noqa: E731
+        inputs |= {"workload": None, "interaction": None, "computations": StreamedComputations(
+            held.model, held.kv_bytes_per_position, held.execution, requests)}  # fmt: skip
     with open(path, "rb") as file:
         comparison = _Comparison(file)
         try:
@@ -422,8 +438,63 @@ def replay_lines(path: Path, field: str = "RECORD") -> Replay:
     return Replay(run.id, comparison.difference is None, comparison.lines, comparison.offset, comparison.difference)
 
 
+_HELD = object()  # `_streamable`'s answer for a record whose requests a replay holds
+
+
+def _computation_values(path: Path, field: str) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each computation line, read from the file one at a time."""
+    for number, section, value in read_lines(path, field):
+        if section == "computation":
+            yield number, value
+        elif section != "head":
+            return
+
+
+def _streamable(path: Path, field: str, declared: dict) -> Any:
+    """Whether a streamed document gives this record (its workload is the arrivals its computation lines
+    declare, in arrival order, and no customer acts): then the turn end its complete requests end with
+    (None if none is complete), else _HELD. One pass over the computation lines, holding none of them."""
+    workload = declared.get("workload")
+    if declared.get("customer_interaction") is not None or not isinstance(workload, dict):
+        return _HELD
+    arrivals = workload.get("requests")
+    if workload.get("kind") != "recorded" or not isinstance(arrivals, list):
+        return _HELD
+    turn_end, last, count = None, 0, 0
+    for count, (_, value) in enumerate(_computation_values(path, field), 1):
+        arrival = {"request_id": value.get("request_id"), "arrival_us": value.get("arrival_us")}
+        if count > len(arrivals) or arrivals[count - 1] != arrival or type(arrival["arrival_us"]) is not int:
+            return _HELD
+        if arrival["arrival_us"] < last:
+            return _HELD
+        last = arrival["arrival_us"]
+        outcome, output = value.get("outcome"), value.get("output_ids")
+        if turn_end is None and isinstance(outcome, dict) and outcome.get("complete") is True and output:
+            turn_end = output[-1]
+    return turn_end if count == len(arrivals) else _HELD
+
+
+def _recorded_requests(path: Path, field: str, turn_end: int | None) -> Iterator[RecordedRequest]:
+    """The record's requests, parsed from its computation lines one at a time, with the checks
+    `parse_document` makes of each (and of the turn end; request ids are not checked for duplicates,
+    which would hold them all, as a streamed document's are not)."""
+    for number, value in _computation_values(path, field):
+        at = f"record line {number}.computation"
+        request = parse_request(REQUEST.read(value, at), at)
+        if request.outcome["complete"] and request.output_ids[-1] != turn_end:
+            raise ApiError(f"{at}.output_ids", f"a complete request ends with the turn end {turn_end}, "
+                                               f"got {request.output_ids[-1]}")  # fmt: skip
+        published = request.output_ids[: request.outcome["published_tokens"]]
+        if turn_end in published:
+            raise ApiError(f"{at}.output_ids[{published.index(turn_end)}]",
+                           f"is the turn end {turn_end} complete requests end with; generation stops at the first")  # fmt: skip
+        yield request
+
+
 def _on_its_line(error: ApiError) -> ApiError:
     """An error `rerun_inputs` names in the whole record's terms, named by the streamed record's line."""
+    if error.field.startswith("record line "):  # a streamed replay's requests name their own lines
+        return error
     request = re.match(r"record\.computations\.requests\[(\d+)\](.*)", error.field)
     if request:  # request i is on line i + 2, after the head
         return ApiError(f"record line {int(request[1]) + 2}.computation{request[2]}", error.reason)

@@ -144,7 +144,7 @@ class StreamedComputations:
 
 def parse_document(value: Any, field: str = "computations") -> RecordedComputations:
     top = DOCUMENT.read(value, field)
-    requests = tuple(_parse_request(item, f"{field}.requests[{index}]") for index, item in enumerate(top["requests"]))
+    requests = tuple(parse_request(item, f"{field}.requests[{index}]") for index, item in enumerate(top["requests"]))
     seen: set[str] = set()
     for index, request in enumerate(requests):
         if request.request_id in seen:
@@ -183,7 +183,7 @@ def _check_turn_end(requests: tuple[RecordedRequest, ...], field: str) -> None:
             )
 
 
-def _parse_request(item: dict, field: str) -> RecordedRequest:
+def parse_request(item: dict, field: str) -> RecordedRequest:
     """One request that REQUEST has read: its counts checked against each other."""
     prompt, budget, output = item["prompt_ids"], item["max_new_tokens"], item["output_ids"]
     if not prompt:

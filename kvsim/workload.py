@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from jgpt.errors import ApiError
-from jgpt.validation import Integer, ListOf, Object, String, Tagged
+from jgpt.validation import Description, Integer, ListOf, Object, String, Tagged
 from kvsim.recorded import RecordedComputations
 
 CLOCK = "virtual_us"
@@ -29,7 +29,7 @@ ACTION_KINDS = tuple(ActionKind)
 
 ARRIVAL = Object({"request_id": String(), "arrival_us": Integer()})
 WORKLOAD = Object({"kind": String(), "requests": ListOf(ARRIVAL)}, about="Workload: ordered RequestArrivals.")
-_ACTION = {"kind": String(ACTION_KINDS), "at_us": Integer(), "request_id": String()}
+_ACTION: dict[str, Description] = {"kind": String(ACTION_KINDS), "at_us": Integer(), "request_id": String()}
 ACTION = Tagged("kind", {kind: Object(_ACTION | ({"output_bytes": Integer()} if kind == "consume" else {}))
                          for kind in ACTION_KINDS})  # fmt: skip
 INTERACTION = Object(

@@ -271,3 +271,46 @@ def test_the_collector_is_paused_in_a_run_and_left_as_it_was(enabled):
         assert gc.isenabled() == enabled
     finally:
         gc.enable()
+
+
+def test_replay_of_a_streamed_document_reads_its_requests_without_holding_them(monkeypatch, tmp_path):
+    """Peak traced memory of replaying a record of 4N requests against N: what grows is the head's arrivals
+    and a few numbers a request (about 330 bytes a request measured), not the requests (holding the computation
+    lines and their requests took about 22 KB a request in this scenario); bound 1,000 bytes a request."""
+    monkeypatch.setattr(engine, "HAND_OVER_EVENTS", 1024)
+    system = parse_system({**SYSTEM, "max_requests": 10_000, "kv_cache": {"device_kv_bytes": 400_000, "host_kv_bytes": 1_600_000},
+                           "compute_service": {"compute_flops_per_us": 1e7, "memory_bytes_per_us": 1e6}})  # fmt: skip
+
+    def peak(requests: int) -> int:
+        path = tmp_path / f"{requests}.jsonl"
+        with open(path, "wb") as file:
+            write_lines(file.write, system, analytic_stream(MODEL, lambda: arriving(requests, seed=4), "replay"))
+        gc.collect()
+        tracemalloc.start()
+        try:
+            replay = replay_lines(path)
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        assert replay.identical and replay.bytes == path.stat().st_size
+        return peak
+
+    n = 300
+    small, large = peak(n), peak(4 * n)
+    assert (large - small) / (3 * n) < 1_000, (small, large)
+
+
+def test_a_tampered_computation_line_of_a_streamed_document_is_named(tmp_path):
+    source = analytic_stream(MODEL, lambda: arriving(40, seed=3), "tampered")
+    lines = _written(source)[0].split(b"\n")
+    number = 7  # request 5's computation line
+    assert lines[number - 1].startswith(b'{"computation":')
+    path = tmp_path / "record.jsonl"
+    costlier = lines[number - 1].replace(b'"fixed_matmul_flops":', b'"fixed_matmul_flops":9', 1)
+    path.write_bytes(b"\n".join([*lines[: number - 1], costlier, *lines[number:]]))
+    replay = replay_lines(path)  # replayed as read: its own line agrees, the run it simulates does not
+    assert not replay.identical and int(replay.difference.split(":")[0].removeprefix("first differing line ")) > number
+    broken = lines[number - 1].replace(b'"selected_tokens":', b'"selected_tokens":9', 1)
+    path.write_bytes(b"\n".join([*lines[: number - 1], broken, *lines[number:]]))
+    with pytest.raises(ApiError, match=rf"record line {number}\.computation\.outcome\.selected_tokens"):
+        replay_lines(path)
