@@ -65,6 +65,8 @@ from kvsim.recorded import (
     RecordedComputations,
     RecordedRequest,
     StreamedComputations,
+    check_complete_end,
+    check_stops_at_turn_end,
     parse_request,
     request_json,
 )
@@ -469,9 +471,14 @@ def _streamable(path: Path, field: str, declared: dict) -> Any:
             return _HELD
         last = arrival["arrival_us"]
         outcome, output = value.get("outcome"), value.get("output_ids")
-        if turn_end is None and isinstance(outcome, dict) and outcome.get("complete") is True and output:
+        # Only from a well-formed line: a malformed one is refused, naming its line, when it is read as a request.
+        if turn_end is None and isinstance(outcome, dict) and outcome.get("complete") is True and _ends_with_id(output):
             turn_end = output[-1]
     return turn_end if count == len(arrivals) else _HELD
+
+
+def _ends_with_id(output: Any) -> bool:
+    return isinstance(output, list) and bool(output) and type(output[-1]) is int
 
 
 def _recorded_requests(path: Path, field: str, turn_end: int | None) -> Iterator[RecordedRequest]:
@@ -481,13 +488,8 @@ def _recorded_requests(path: Path, field: str, turn_end: int | None) -> Iterator
     for number, value in _computation_values(path, field):
         at = f"record line {number}.computation"
         request = parse_request(REQUEST.read(value, at), at)
-        if request.outcome["complete"] and request.output_ids[-1] != turn_end:
-            raise ApiError(f"{at}.output_ids", f"a complete request ends with the turn end {turn_end}, "
-                                               f"got {request.output_ids[-1]}")  # fmt: skip
-        published = request.output_ids[: request.outcome["published_tokens"]]
-        if turn_end in published:
-            raise ApiError(f"{at}.output_ids[{published.index(turn_end)}]",
-                           f"is the turn end {turn_end} complete requests end with; generation stops at the first")  # fmt: skip
+        check_complete_end(request, turn_end, at)
+        check_stops_at_turn_end(request, turn_end, at)
         yield request
 
 

@@ -168,19 +168,28 @@ def _check_turn_end(requests: tuple[RecordedRequest, ...], field: str) -> None:
         return
     first, turn_end = complete[0][0], complete[0][1].output_ids[-1]
     for index, request in complete:
-        if request.output_ids[-1] != turn_end:
-            raise ApiError(
-                f"{field}.requests[{index}].output_ids",
-                f"a complete request ends with the turn end "
-                f"{turn_end} (as requests[{first}] does), got {request.output_ids[-1]}",
-            )
+        check_complete_end(request, turn_end, f"{field}.requests[{index}]", f" (as requests[{first}] does)")
     for index, request in enumerate(requests):
-        published = request.output_ids[: request.outcome["published_tokens"]]
-        if turn_end in published:
-            raise ApiError(
-                f"{field}.requests[{index}].output_ids[{published.index(turn_end)}]",
-                f"is the turn end {turn_end} complete requests end with; generation stops at the first",
-            )
+        check_stops_at_turn_end(request, turn_end, f"{field}.requests[{index}]")
+
+
+def check_complete_end(request: RecordedRequest, turn_end: int | None, field: str, source: str = "") -> None:
+    """A complete request ends with the document's turn end (`source` says where that was read)."""
+    if request.outcome["complete"] and request.output_ids[-1] != turn_end:
+        raise ApiError(
+            f"{field}.output_ids",
+            f"a complete request ends with the turn end {turn_end}{source}, got {request.output_ids[-1]}",
+        )
+
+
+def check_stops_at_turn_end(request: RecordedRequest, turn_end: int | None, field: str) -> None:
+    """No published id is the turn end: generation stops at the first."""
+    published = request.output_ids[: request.outcome["published_tokens"]]
+    if turn_end in published:
+        raise ApiError(
+            f"{field}.output_ids[{published.index(turn_end)}]",
+            f"is the turn end {turn_end} complete requests end with; generation stops at the first",
+        )
 
 
 def parse_request(item: dict, field: str) -> RecordedRequest:

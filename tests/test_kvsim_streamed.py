@@ -314,3 +314,19 @@ def test_a_tampered_computation_line_of_a_streamed_document_is_named(tmp_path):
     path.write_bytes(b"\n".join([*lines[: number - 1], broken, *lines[number:]]))
     with pytest.raises(ApiError, match=rf"record line {number}\.computation\.outcome\.selected_tokens"):
         replay_lines(path)
+
+
+@pytest.mark.parametrize("output_ids", [5, {"a": 1}, "xy", [], ["x"], [1.5], None])
+def test_a_complete_request_with_malformed_output_ids_is_refused_naming_its_line(tmp_path, output_ids):
+    """The streamed replay finds the turn end in the first complete request: a malformed one is refused as
+    a request, naming its line, never read as a list of ids (an int here was a TypeError)."""
+    source = analytic_stream(MODEL, lambda: arriving(40, seed=3), "malformed")
+    lines = _written(source)[0].split(b"\n")
+    number = 2  # the first computation line
+    line = json.loads(lines[number - 1])
+    line["computation"]["outcome"]["complete"] = True
+    line["computation"]["output_ids"] = output_ids
+    path = tmp_path / "record.jsonl"
+    path.write_bytes(b"\n".join([*lines[: number - 1], json.dumps(line).encode(), *lines[number:]]))
+    with pytest.raises(ApiError, match=rf"record line {number}\.computation\.output"):
+        replay_lines(path)
