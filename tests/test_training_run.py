@@ -107,6 +107,28 @@ def test_four_devices_follow_the_one_device_loss_curve(tmp_path, config, uninter
     np.testing.assert_allclose(four, one, rtol=1e-5, atol=0)
 
 
+def test_products_are_xlas_unless_blas_is_asked_for(tmp_path, config, uninterrupted):
+    """The default is the pure-JAX reference: --products xla is the default run bit for bit. BLAS rounds
+    differently (so its curve is not bitwise the same) but computes the same products: within 1e-3 relative
+    over the first 30 steps, before the rounding differences compound."""
+    one = losses(uninterrupted[0])
+    xla, blas = tmp_path / "xla", tmp_path / "blas"
+    run(xla, config, "--products", "xla")
+    run(blas, config, "--products", "blas")
+    assert np.array_equal(losses(xla), one)
+    assert not np.array_equal(losses(blas), one)
+    np.testing.assert_allclose(losses(blas)[:30], one[:30], rtol=1e-3, atol=0)
+    assert json.loads((blas / "run.json").read_text())["products"] == "blas"
+
+
+def test_blas_products_on_several_devices_are_refused(tmp_path, config):
+    done = subprocess.run(train_command(tmp_path / "run", config, "--products", "blas"), cwd=REPO,
+                          env=environment(2), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "products: blas needs one CPU device" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_provenance_is_complete_and_its_data_hash_reproduces_from_the_generator(uninterrupted):
     out, summary = uninterrupted
     provenance = load_artifact(out / "model").provenance
@@ -182,10 +204,13 @@ def bad_input_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "empty data file": (["--data", str(empty)], "is empty"),
         "unknown config key": (["--config", str(unknown)], "unknown keys: learning_rat"),
         "context too long": (["--context", "101"], "context: 101 is longer than the architecture allows (100)"),
+        "unknown products": (["--products", "mkl"], "argument --products: invalid choice: 'mkl'"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing data file", "empty data file", "unknown config key", "context too long"])
+@pytest.mark.parametrize(
+    "case", ["missing data file", "empty data file", "unknown config key", "context too long", "unknown products"]
+)
 def test_bad_input_is_one_clear_error_and_leaves_nothing_to_resume(tmp_path, config, case, capsys):
     arguments, message = bad_input_cases(tmp_path)[case]
     out = tmp_path / "run"

@@ -25,6 +25,8 @@ from jgpt.validation import Number, integer, is_integer, number, string
 
 SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
+# The train step's dense products: XLA's dot (the pure-JAX reference) or numpy's OpenBLAS (jgpt.blas_matmul).
+PRODUCTS = ("xla", "blas")
 BYTE_VOCABULARY = 260
 # Sequences per step: each is a window of ids and its activations (the shipped model uses 32).
 BATCH_LIMIT = 1 << 16
@@ -76,6 +78,9 @@ class TrainingConfig:
     selection: str = "best_development_loss"
     # Scan unroll over the layer axis: True unrolls fully (faster on XLA CPU).
     unroll: bool | int = True
+    # Part of the recipe, not only of its speed: the two round differently, and this recipe's late drop in
+    # development loss lands at a different step (or not by the last) when the rounding moves.
+    products: str = "xla"
 
     def __post_init__(self) -> None:
         if not isinstance(self.out, str) or not self.out:
@@ -106,6 +111,7 @@ class TrainingConfig:
             raise ApiError("development_fraction", f"must be in (0, 1), got {self.development_fraction!r}")
         string(self.tokenizer, "tokenizer", TOKENIZERS)
         string(self.selection, "selection", SELECTIONS)
+        string(self.products, "products", PRODUCTS)
         if not (isinstance(self.unroll, bool) or is_integer(self.unroll) and self.unroll > 0):  # True: fully
             raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
         from jgpt.weights import parameter_count  # jax: `jgpt train --help` reads this module's defaults

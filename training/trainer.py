@@ -34,7 +34,7 @@ from training.config import TrainingConfig, from_json
 from training.evaluation import DEVELOPMENT_BATCH, development_loss
 from training.provenance import TrainingProvenance, source_sha256
 from training.run_lock import LOCK
-from training.step import make_development_step, make_train_step, start
+from training.step import make_development_step, make_train_step, start, uses_blas
 
 # Mixed into the run seed so the data stream and the initialization draw independent keys.
 DATA_STREAM = 1
@@ -142,6 +142,9 @@ def train(
     main = sharding.main_process()
     mesh = sharding.mesh(model_axis)
     sharding.check_batch_size(config.batch_size, mesh)
+    blas_products = config.products == "blas"
+    if blas_products and not uses_blas(sharding.batch_sharding(mesh)):
+        raise ApiError("products", "blas needs one CPU device where jgpt.blas_matmul builds; use xla")
     architecture = config.architecture
     corpus = corpora.prepare(config)
     run = RunDirectory(Path(config.out))
@@ -168,6 +171,7 @@ def train(
         batch_sharding,
         config.unroll,
         state_sharding,
+        blas_products,
     )
     development_step = make_development_step(architecture, batch_sharding, config.unroll)
     development_batch = DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
