@@ -9,8 +9,8 @@ calibration workloads' runs of this bench run only; kvsim then predicts each
 other workload's runs from their systems, arrivals and recorded computations
 (`kvsim.fidelity.simulated_totals`), with the calibrated service (its spread:
 the median over simulated repeats of every measured repeat), with the same service fitted without its
-spread (every work its mean time), without finish either (the model before
-both), and with the hypothetical default rates of docs/experiments.md. Printed per workload, policy
+spread (every work its mean time), without its finish term, without its
+after_other term, and with the hypothetical default rates of docs/experiments.md. Printed per workload, policy
 and field: the measured median over repeats with the repeats' minimum and
 maximum and its noise band (`kvsim.fidelity.noise_band`: how far a median of
 that many runs strays by their own noise), each prediction and its error; then
@@ -63,7 +63,16 @@ from inference.execution import ModelExecution  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from jgpt.catalog import load_model, read_catalog  # noqa: E402
 from jgpt.identity import write_atomically  # noqa: E402
-from kvsim.calibration import FINISH, OPTIONAL_TERMS, fit, fit_table, load_measured_run, read_measured_run  # noqa: E402
+from kvsim.calibration import (
+    AFTER_OTHER,
+    FINISH,
+    OPTIONAL_TERMS,
+    SPREAD,
+    fit,
+    fit_table,
+    load_measured_run,
+    read_measured_run,
+)  # noqa: E402
 from kvsim.fidelity import (  # noqa: E402
     NOISE_LEVEL,
     SPREAD_REPEATS,
@@ -86,9 +95,14 @@ CALIBRATION = "calibration"  # workloads whose names start with it are fitted, t
 DOCS, PLOT = _ROOT / "docs" / "kvsim.md", _ROOT / "docs" / "kvsim-fidelity.png"
 BEGIN, END = "<!-- fidelity-bench:begin (bench/fidelity.py --write-docs) -->", "<!-- fidelity-bench:end -->"
 # The models compared: the calibrated service as `jgpt kvsim calibrate` fits it (with its spread: the median
-# over simulated repeats), without the spread (every work its mean time), and without finish either (the
-# model before both).
-MODELS = {"calibrated": OPTIONAL_TERMS, "deterministic": (FINISH,), "without finish": ()}
+# over simulated repeats), and fitted without one of its optional terms each: the spread (every work its mean
+# time), the finish, after_other (the model of 2026-12-05 before it).
+MODELS = {
+    "calibrated": OPTIONAL_TERMS,
+    "deterministic": (FINISH, AFTER_OTHER),
+    "without finish": (SPREAD, AFTER_OTHER),
+    "without after_other": (FINISH, SPREAD),
+}
 SHOWN = (*MODELS, "hypothetical")  # the predictions each row shows
 
 

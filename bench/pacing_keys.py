@@ -1,33 +1,39 @@
 """Would a history term let a calibrated service price the engine's works? (kvsim fidelity, issue 12)
 
-Reads the measured runs an earlier `bench/fidelity.py` left in DIR and serves
-nothing. Every prefill and decode work gets a shape (kind, rows, window and the
-power-of-two capacity its positions fill) and a key that says what the engine
-did just before it. The reference time of a (shape, key) is the median over the
-calibration workloads' works only. Then, per predicted workload, it prints
-the total measured compute time over the total reference time: by shape alone,
-and by shape and key. 1.00 means the key leaves no bias; a workload beyond
+Reads the measured runs earlier `bench/fidelity.py` runs left in DIR [DIR ...]
+and serves nothing. Every prefill and decode work gets a shape (kind, rows,
+window, the power-of-two capacity its positions fill and the engine's slot
+capacity: the same shape is the same compiled program on the same data sizes)
+and a key that says what the engine did just before it. The reference time of a
+(shape, key) is the median over the calibration workloads' works of the same
+bench run only. Then, per predicted workload, it prints the total measured
+compute time over the total reference time: by shape alone, and by shape and
+key, one column per DIR. 1.00 means the key leaves no bias; a workload beyond
 0.90-1.10 cannot be predicted within 10% by any service that prices a work by
-its shape and that key.
+its shape and that key, and one that moves by more than 0.2 from one bench run
+to another cannot be predicted within 10% in both by any such service.
 
 The keys:
 - warmth, tau T: an exponentially decaying busy state, which rises toward 1
   while a work or transfer runs and falls toward 0 while the engine idles,
   with time constant T, in 5 bins;
 - same shape: whether the work before it had the same shape (so the same
-  executable), and whether it followed that work within G microseconds.
+  executable), and whether it followed that work within G microseconds;
+- previous: what the serving thread ran just before it (prefill, decode or a
+  transfer: the calibrated service's after_other_us) and whether the engine
+  idled at least 1 ms since (its after_idle_us).
 
-    .venv/bin/python bench/pacing_keys.py runs/fidelity
+    .venv/bin/python bench/pacing_keys.py runs/fidelity [runs/fidelity-2 ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import random
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # Run as a script, this file's folder comes first on sys.path and `kvsim` would name bench/kvsim.py.
@@ -41,43 +47,61 @@ TAUS_US = (2_000, 10_000, 50_000, 200_000, 1_000_000)
 GAPS_US = (300, 1_000, 3_000)
 BINS = 5
 
+IDLE_US = 1_000
+DRAWS = 100  # bootstrap draws of a ratio's band
 Shape = tuple
 Work = tuple[Shape, tuple, int]  # (shape, key, measured wall us)
+Run = tuple[int, list[dict]]  # (the engine's slot capacity, its works in the serving thread's order)
 
 
-def shape(work: dict) -> Shape:
+def shape(work: dict, slots: int) -> Shape:
     positions = max(16, work["reused_positions"] + work["processed_positions"])
-    return work["kind"], work["rows"], work["window"], 1 << (positions - 1).bit_length()
+    return work["kind"], work["rows"], work["window"], 1 << (positions - 1).bit_length(), slots
 
 
-def warmth_keys(works: Sequence[dict], tau_us: int) -> list[Work]:
+def warmth_keys(run: Run, tau_us: int) -> list[Work]:
+    slots, works = run
     out, warm, last = [], 0.0, None
     for work in works:
         start, end = work["start_us"], work["end_us"]
         if last is not None:
             warm *= math.exp(-max(0, start - last) / tau_us)
         if work["kind"] in ("prefill", "decode"):
-            out.append((shape(work), (min(int(warm * BINS), BINS - 1),), work["wall_us"]))
+            out.append((shape(work, slots), (min(int(warm * BINS), BINS - 1),), work["wall_us"]))
         busy = end - start if last is None else max(0, end - max(start, last))
         warm = 1 - (1 - warm) * math.exp(-busy / tau_us)
         last = end if last is None else max(last, end)
     return out
 
 
-def same_shape_keys(works: Sequence[dict], gap_us: int) -> list[Work]:
+def same_shape_keys(run: Run, gap_us: int) -> list[Work]:
+    slots, works = run
     out, previous, last = [], None, None
     for work in works:
         if work["kind"] in ("prefill", "decode"):
             near = last is not None and work["start_us"] - last < gap_us
-            out.append((shape(work), (shape(work) == previous, near), work["wall_us"]))
-            previous = shape(work)
+            out.append((shape(work, slots), (shape(work, slots) == previous, near), work["wall_us"]))
+            previous = shape(work, slots)
         last = work["end_us"] if last is None else max(last, work["end_us"])
     return out
 
 
-def biases(runs: dict[str, list[list[dict]]], keyed: Callable[[Sequence[dict]], list[Work]]) -> dict[str, tuple]:
+def previous_keys(run: Run) -> list[Work]:
+    slots, works = run
+    out, previous, last = [], None, None
+    for work in works:
+        kind = work["kind"] if work["kind"] in ("prefill", "decode") else "transfer"
+        if kind != "transfer":
+            idle = last is not None and work["start_us"] - last >= IDLE_US
+            out.append((shape(work, slots), (previous, idle), work["wall_us"]))
+        previous = kind
+        last = work["end_us"] if last is None else max(last, work["end_us"])
+    return out
+
+
+def biases(keyed: dict[str, list[list[Work]]]) -> dict[str, tuple]:
     """Per predicted workload: measured over reference compute time, by shape and by shape and key."""
-    works = {name: [w for run in group for w in keyed(run)] for name, group in runs.items()}
+    works = {name: [w for run in group for w in run] for name, group in keyed.items()}
     by_shape, by_key = defaultdict(list), defaultdict(list)
     for name, group in works.items():
         if name.startswith(CALIBRATION):
@@ -99,23 +123,58 @@ def biases(runs: dict[str, list[list[dict]]], keyed: Callable[[Sequence[dict]], 
     return result
 
 
+def band(keyed: dict[str, list[list[Work]]], draws: int = DRAWS) -> dict[str, tuple[float, float]]:
+    """Per predicted workload: the 5th and 95th percentiles of its by-key ratio over bench runs made of as many
+    repeats, drawn with replacement from each workload's repeats (a bootstrap): how far the ratio moves by
+    the repeats' own noise."""
+    rng = random.Random(0)
+    ratios = defaultdict(list)
+    for _ in range(draws):
+        drawn = {name: [rng.choice(group) for _ in group] for name, group in keyed.items()}
+        for name, (_, with_key) in biases(drawn).items():
+            ratios[name].append(with_key)
+    return {name: (percentile(values, 0.05), percentile(values, 0.95)) for name, values in ratios.items()}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def read_runs(directory: Path) -> dict[str, list[Run]]:
+    runs: dict[str, list[Run]] = defaultdict(list)
+    for path in sorted(directory.glob("*-[0-9]*.json")):
+        run = load_measured_run(path, str(path))
+        runs[path.stem.rsplit("-", 1)[0]].append((run.slot_capacity, sorted(run.works, key=lambda w: w["start_us"])))
+    if not any(n.startswith(CALIBRATION) for n in runs) or all(n.startswith(CALIBRATION) for n in runs):
+        raise SystemExit(f"{directory}: expected measured runs of the calibration and the predicted workloads")
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", type=Path, help="measured runs of bench/fidelity.py (WORKLOAD-POLICY-N.json)")
+    parser.add_argument(
+        "directories", type=Path, nargs="+", help="measured runs of bench/fidelity.py (WORKLOAD-POLICY-N.json)"
+    )
     args = parser.parse_args()
-    runs: dict[str, list[list[dict]]] = defaultdict(list)
-    for path in sorted(args.directory.glob("*-[0-9]*.json")):
-        run = load_measured_run(path, str(path))
-        runs[path.stem.rsplit("-", 1)[0]].append(sorted(run.works, key=lambda w: w["start_us"]))
-    if not any(n.startswith(CALIBRATION) for n in runs) or all(n.startswith(CALIBRATION) for n in runs):
-        raise SystemExit(f"{args.directory}: expected measured runs of the calibration and the predicted workloads")
+    benches = [read_runs(directory) for directory in args.directories]
     keys = [(f"warmth, tau {t / 1000:g} ms", lambda r, t=t: warmth_keys(r, t)) for t in TAUS_US]
     keys += [(f"same shape, within {g} us", lambda r, g=g: same_shape_keys(r, g)) for g in GAPS_US]
-    print("measured / reference compute time per predicted workload: by shape | by shape and key")
-    for label, keyed in keys:
+    keys += [(f"previous on the thread, idle {IDLE_US} us or more", previous_keys)]
+    print("measured / reference compute time per predicted workload: by shape | by shape and key; per directory:")
+    for index, directory in enumerate(args.directories):
+        print(f"  {index + 1}: {directory}")
+    for label, key in keys:
         print(f"  {label}")
-        for name, (alone, with_key) in biases(runs, keyed).items():
-            print(f"    {name:45s} {alone:6.3f} | {with_key:6.3f}")
+        results = [biases({name: [key(run) for run in group] for name, group in runs.items()}) for runs in benches]
+        for name in results[0]:
+            cells = "".join(f"   {r[name][0]:6.3f} | {r[name][1]:6.3f}" if name in r else "   -" for r in results)
+            print(f"    {name:45s}{cells}")
+    print(f"\n90% band of the ratio by shape and previous work ({DRAWS} bench runs of each directory's repeats, "
+          "drawn with replacement):")  # fmt: skip
+    bands = [band({name: [previous_keys(run) for run in group] for name, group in runs.items()}) for runs in benches]
+    for name in bands[0]:
+        print(f"    {name:45s}" + "".join(f"   {b[name][0]:6.3f}-{b[name][1]:6.3f}" for b in bands if name in b))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from jgpt.errors import ApiError
 from jgpt.identity import read_bytes
 from kvsim.cache_run import load_json
 from kvsim.compute_service import (
+    AFTER_OTHER_US,
     CALIBRATED,
     DECODE,
     DEVICE_TO_HOST,
@@ -41,9 +42,10 @@ VERSION = 1
 WORK_KINDS = (PREFILL, DECODE, "offload", "reload")
 DIRECTIONS = {"offload": DEVICE_TO_HOST, "reload": HOST_TO_DEVICE}
 HOST = "host"  # the fit of the host time before compute works (step overhead) and after a finish
-FINISH, SPREAD = "finish", "spread"
+FINISH, SPREAD, AFTER_OTHER = "finish", "spread", "after_other"
+FINISH_TERMS = ("fixed_us", "per_byte_us", "per_slot_us")  # a finish's terms, as the fragment writes them
 # The terms a fit may leave out (bench/fidelity.py compares the model with and without each).
-OPTIONAL_TERMS = (FINISH, SPREAD)
+OPTIONAL_TERMS = (FINISH, SPREAD, AFTER_OTHER)
 # A spread's quantiles: at this many evenly spaced probabilities from SPREAD_TAIL to 1 - SPREAD_TAIL (the
 # most extreme works, single stalls, are left out; the distribution's mean is then scaled back to 1).
 SPREAD_POINTS, SPREAD_TAIL = 41, 0.005
@@ -210,7 +212,7 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> tuple[dict, list[KindFit], list[str]]:
     """The system fragment fitted to every work of the runs, the fit's error per kind, and notes.
 
-    `optional` names the optional terms to fit (`finish`); the others are left out of the fragment, which
+    `optional` names the optional terms to fit (OPTIONAL_TERMS); the others are left out of the fragment, which
     then behaves as a fragment written before they existed."""
     windows = tuple(sorted({b for run in runs for b in run.prefill_window_buckets}))
     batches = tuple(sorted({b for run in runs for b in run.decode_batch_buckets}))
@@ -219,28 +221,30 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
     # The fragment is JSON: each key holds its own kind of value (a model name, terms, bucket lists).
     compute: dict[str, Any] = {"model": CALIBRATED}
     spread: dict[str, Any] = {"seed": 0}
-    compute_works = {kind: [(w, run.slot_capacity, idle) for run in runs
-                            for w, idle in zip(run.works, idle_us(run), strict=True) if w["kind"] == kind]
+    compute_works = {kind: [(w, run.slot_capacity, idle, other) for run in runs
+                            for w, idle, other in zip(run.works, idle_us(run), after_other(run), strict=True)
+                            if w["kind"] == kind]
                      for kind in (PREFILL, DECODE)}  # fmt: skip
+    with_other = AFTER_OTHER in optional
     shapes = {kind: [_shapes(w) + _engine_shapes(run) for run in runs for w in run.works if w["kind"] == kind]
               for kind in (PREFILL, DECODE)}  # fmt: skip
     if missing := [kind for kind, kind_works in compute_works.items() if not kind_works]:
         raise ApiError("MEASURED", f"no {missing[0]} works to fit")
     # With one slot capacity the per-slot terms cannot be told from the fixed ones: they are fit as 0.
     vary = len({run.slot_capacity for run in runs}) > 1
-    minimum = idle_minimum(compute_works, vary)
+    minimum = idle_minimum(compute_works, vary, with_other)
     for kind, kind_works in compute_works.items():
-        columns = _columns(kind, kind_works, vary, minimum)
-        works = [w for w, _, _ in kind_works]
-        kind_fit = _fit_kind(kind, _column_names(kind, kind_works), columns, works, shapes[kind])
+        columns = _columns(kind, kind_works, vary, minimum, with_other)
+        works = [w for w, _, _, _ in kind_works]
+        kind_fit = _fit_kind(kind, _column_names(kind, kind_works, with_other), columns, works, shapes[kind])
         fits.append(kind_fit)
         compute[kind] = _nested(kind, kind_fit.terms)
         spread[kind] = list(kind_fit.spread)
     finish = host = None
     if FINISH in optional:
-        host = host_fit(runs)
+        host = host_fit(runs, vary)
         compute["step_overhead_us"] = host.terms["step_overhead_us"]
-        finish = {"fixed_us": host.terms["finish.fixed_us"], "per_byte_us": host.terms["finish.per_byte_us"]}
+        finish = {name: host.terms[f"finish.{name}"] for name in FINISH_TERMS if f"finish.{name}" in host.terms}
     else:
         compute["step_overhead_us"] = _round(step_overhead_us(runs))
     compute["after_idle_min_us"] = minimum
@@ -298,7 +302,11 @@ def fitted_terms(fragment: Any) -> tuple[str, ...]:
     """The optional terms a fragment holds: fitting the same runs with them gives the fragment back, so a
     replay of a record calibrated before a term existed refits without it (`fit(runs, ())` is the fit of then)."""
     compute = fragment.get("compute_service") if isinstance(fragment, dict) else None
-    return tuple(term for term in OPTIONAL_TERMS if isinstance(compute, dict) and term in compute)
+    if not isinstance(compute, dict):
+        return ()
+    prefill = compute.get(PREFILL)
+    held = {*compute} | ({AFTER_OTHER} if isinstance(prefill, dict) and AFTER_OTHER_US in prefill else set())
+    return tuple(term for term in OPTIONAL_TERMS if term in held)
 
 
 def _shapes(work: dict) -> tuple[str, ...]:
@@ -316,7 +324,7 @@ def _engine_shapes(run: MeasuredRun) -> tuple[str, ...]:
     return (f"capacity {run.slot_capacity}",) + (() if run.slot_rows is None else (f"slot rows {run.slot_rows}",))
 
 
-def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int]]], vary: bool) -> int:
+def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int, int]]], vary: bool, other: bool) -> int:
     """The least idle time after which a work runs cold: of 0 (any idle time) and every idle time measured
     before a work, the one with which least squares fits both kinds of work best (the earliest on a tie)."""
 
@@ -324,10 +332,10 @@ def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int]]], vary: bo
     # (conditioning, as in nnls; the last column's scale is 1), which keeps a fit of many runs fast.
     fixed = {}
     for kind, works in compute_works.items():
-        a = np.asarray(_columns(kind, works, vary, 0)[:-1], dtype=np.float64).T
+        a = np.asarray(_columns(kind, works, vary, 0, other)[:-1], dtype=np.float64).T
         a /= np.where(np.abs(a).max(axis=0) > 0, np.abs(a).max(axis=0), 1.0)
-        idle = np.asarray([idle for _, _, idle in works], dtype=np.float64)
-        fixed[kind] = (a, idle, np.asarray([w["wall_us"] for w, _, _ in works], dtype=np.float64))
+        idle = np.asarray([idle for _, _, idle, _ in works], dtype=np.float64)
+        fixed[kind] = (a, idle, np.asarray([w["wall_us"] for w, _, _, _ in works], dtype=np.float64))
 
     def residual(minimum: int) -> float:
         total = 0.0
@@ -337,44 +345,48 @@ def idle_minimum(compute_works: dict[str, list[tuple[dict, int, int]]], vary: bo
             total += float(np.sum((columns @ np.linalg.lstsq(columns, wall, rcond=None)[0] - wall) ** 2))
         return total
 
-    return min(sorted({0, *(idle for works in compute_works.values() for _, _, idle in works)}), key=residual)
+    return min(sorted({0, *(idle for works in compute_works.values() for _, _, idle, _ in works)}), key=residual)
 
 
-def _batch_sizes(works: list[tuple[dict, int, int]]) -> list[int]:
+def _batch_sizes(works: list[tuple[dict, int, int, int]]) -> list[int]:
     """The decode batch sizes above one row that the works executed (each gets its own time)."""
-    return sorted({w["executed_rows"] for w, _, _ in works} - {1})
+    return sorted({w["executed_rows"] for w, _, _, _ in works} - {1})
 
 
-def _columns(kind: str, works: list[tuple[dict, int, int]], vary: bool, idle_minimum: int) -> list[list[int]]:
-    """The fit's columns in term order; a work counts as waking the engine when idle >= `idle_minimum`."""
+def _columns(
+    kind: str, works: list[tuple[dict, int, int, int]], vary: bool, idle_minimum: int, other: bool
+) -> list[list[int]]:
+    """The fit's columns in `_column_names` order (waking the engine last); a work counts as waking the engine
+    when idle >= `idle_minimum`; with `other`, a column for the works that followed another kind of work."""
     if kind == PREFILL:
-        sizes = [[w["window"] for w, _, _ in works]]
+        sizes = [[w["window"] for w, _, _, _ in works]]
     else:  # one column per executed batch size: what it adds to a one-row step
-        sizes = [[int(w["executed_rows"] == rows) for w, _, _ in works] for rows in _batch_sizes(works)]
+        sizes = [[int(w["executed_rows"] == rows) for w, _, _, _ in works] for rows in _batch_sizes(works)]
     return [
         [1] * len(works),
         *sizes,
-        [slots if vary else 0 for _, slots, _ in works],
-        [w["matmul_flops"] for w, _, _ in works],
-        [w["logical_memory_bytes"] for w, _, _ in works],
-        [int(idle > 0 and idle >= idle_minimum) for _, _, idle in works],
+        [slots if vary else 0 for _, slots, _, _ in works],
+        [w["matmul_flops"] for w, _, _, _ in works],
+        [w["logical_memory_bytes"] for w, _, _, _ in works],
+        *([[after for _, _, _, after in works]] if other else []),
+        [int(idle > 0 and idle >= idle_minimum) for _, _, idle, _ in works],
     ]
 
 
-def _column_names(kind: str, works: list[tuple[dict, int, int]]) -> list[str]:
+def _column_names(kind: str, works: list[tuple[dict, int, int, int]], other: bool) -> list[str]:
     """The names of `_columns`, a decode step's batch sizes as "per_batch_us.ROWS"."""
-    first, size, *rest = term_names(kind)
+    first, size, *rest, idle = term_names(kind)
     sizes = [size] if kind == PREFILL else [f"{size}.{rows}" for rows in _batch_sizes(works)]
-    return [first, *sizes, *rest]
+    return [first, *sizes, *rest, *([AFTER_OTHER_US] if other else []), idle]
 
 
 def _nested(kind: str, terms: dict) -> dict:
-    """The fitted terms as the service JSON has them: a decode step's batch sizes gathered in one object."""
-    if kind == PREFILL:
-        return terms
-    size = SIZE_TERMS[DECODE]
+    """The fitted terms as the service JSON has them (the required terms in order, then the optional one); a
+    decode step's batch sizes gathered in one object."""
+    size = SIZE_TERMS[kind]
     times = {name.split(".")[1]: value for name, value in terms.items() if name.startswith(f"{size}.")}
-    return {name: times if name == size else terms[name] for name in term_names(kind)}
+    names = (*term_names(kind), *([AFTER_OTHER_US] if AFTER_OTHER_US in terms else []))
+    return {name: times if kind == DECODE and name == size else terms[name] for name in names}
 
 
 def _fit_kind(
@@ -441,6 +453,13 @@ def host_gaps(run: MeasuredRun) -> list[int]:
     return gaps
 
 
+def after_other(run: MeasuredRun) -> list[int]:
+    """Per work, in the serving thread's order: 1 if the thread ran another kind of work or a transfer just
+    before it, else 0 (the first work, or one after a work of its own kind)."""
+    kinds = [w["kind"] for w in run.works]
+    return [int(index > 0 and kinds[index - 1] != kind) for index, kind in enumerate(kinds)]
+
+
 def idle_us(run: MeasuredRun) -> list[int]:
     """Per work, in the serving thread's order: how long the engine had been idle when it started, from the
     end of everything the thread ran before it to the arrival of its last request (0: it was busy)."""
@@ -490,16 +509,22 @@ def _finish_samples(run: MeasuredRun) -> list[tuple[int, int, int]]:
     return samples
 
 
-def host_fit(runs: list[MeasuredRun]) -> KindFit:
-    """The host time before a compute work: step_overhead_us, plus finish.fixed_us + finish.per_byte_us *
-    retained bytes for each request that ended with the work before (non-negative least squares)."""
-    samples = [s for run in runs for s in _finish_samples(run)]
+def host_fit(runs: list[MeasuredRun], vary: bool = False) -> KindFit:
+    """The host time before a compute work: step_overhead_us, plus, for each request that ended with the work
+    before, finish.fixed_us + finish.per_byte_us * its retained bytes and, when the runs have more than one slot
+    capacity (`vary`), finish.per_slot_us * the capacity (the engine copies the request's whole slot row out).
+    Non-negative least squares."""
+    samples = [(n, b, gap, run.slot_capacity if vary else 0) for run in runs for n, b, gap in _finish_samples(run)]
     if not samples:
         raise ApiError("MEASURED", "no compute work follows another: nothing to fit the host time to")
-    columns = [[1] * len(samples), [n for n, _, _ in samples], [b for _, b, _ in samples]]
-    works = [{"wall_us": gap} for _, _, gap in samples]
-    shapes: list[tuple[str, ...]] = [(f"finishes {n}" if n < 3 else "finishes 3+",) for n, _, _ in samples]
-    return _fit_kind(HOST, ("step_overhead_us", "finish.fixed_us", "finish.per_byte_us"), columns, works, shapes)
+    columns = [[1] * len(samples), [n for n, _, _, _ in samples], [b for _, b, _, _ in samples]]
+    names = ["step_overhead_us", "finish.fixed_us", "finish.per_byte_us"]
+    if vary:
+        columns.append([n * slots for n, _, _, slots in samples])
+        names.append("finish.per_slot_us")
+    works = [{"wall_us": gap} for _, _, gap, _ in samples]
+    shapes: list[tuple[str, ...]] = [(f"finishes {n}" if n < 3 else "finishes 3+",) for n, _, _, _ in samples]
+    return _fit_kind(HOST, names, columns, works, shapes)
 
 
 def transfer_gaps(run: MeasuredRun, finish: dict | None) -> list[int]:
@@ -509,8 +534,9 @@ def transfer_gaps(run: MeasuredRun, finish: dict | None) -> list[int]:
     if finish is None:
         return gaps
     ended = finishes(run)
+    each = finish["fixed_us"] + finish.get("per_slot_us", 0) * run.slot_capacity  # one finish's time beside its bytes
     return [
-        max(0, round(gap - ended[index - 1][0] * finish["fixed_us"] - ended[index - 1][1] * finish["per_byte_us"]))
+        max(0, round(gap - ended[index - 1][0] * each - ended[index - 1][1] * finish["per_byte_us"]))
         if index > 0 and work["kind"] in DIRECTIONS else gap
         for index, (work, gap) in enumerate(zip(run.works, gaps, strict=True))
     ]  # fmt: skip

@@ -7,14 +7,16 @@ The calibrated model (`CalibratedComputeService`, `CalibratedTransfer`) is what
 per work, a term per executed position (prefill) or a time per executed batch
 size (decode), per slot of the engine's KV slot capacity, per FLOP and per byte,
 a penalty for a work that starts after the engine was idle at least a fitted
-time, a host step overhead before every work, optionally host time after a
-request ends (`finish`), and per-direction transfer latency plus time per byte
+time, optionally one for a work that follows a work or transfer of another kind
+on the serving thread (`after_other_us`), a host step overhead before every
+work, optionally host time after a request ends (`finish`), and per-direction
+transfer latency plus time per byte
 (docs/kvsim.md, "Calibrated service"). Optionally (`spread`) each work's time
 is that mean time times a multiplier drawn per work from the calibration's
 own distribution of measured / fitted times, so simulated runs have the
 engine's per-work spread (and its tails); the draw is a hash of a seed and the
-work, so a record still replays byte for byte. A fragment without `finish` or
-`spread` behaves, and is written, exactly as before they existed.
+work, so a record still replays byte for byte. A fragment without `finish`,
+`spread` or `after_other_us` behaves, and is written, exactly as before they existed.
 Every parameter is the exact rational of its JSON lexeme and every duration is
 rounded up to a whole microsecond, so records stay deterministic.
 """
@@ -31,6 +33,7 @@ from jgpt.errors import ApiError
 
 ROOFLINE, CALIBRATED = "roofline", "calibrated"
 PREFILL, DECODE = "prefill", "decode"
+TRANSFER = "transfer"  # what ran before a work on the serving thread, when it was not a work
 DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
 # Each kind of work's size term: per executed (bucketed) prefill position; per executed decode batch size.
 SIZE_TERMS = {PREFILL: "per_position_us", DECODE: "per_batch_us"}
@@ -58,7 +61,15 @@ class ComputeServiceConfig:
         return max(flops_us, bytes_us)
 
     def work_us(
-        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, idle_us: int, work: int = 0
+        self,
+        phase: str,
+        positions: int,
+        rows: int,
+        matmul_flops: int,
+        memory_bytes: int,
+        idle_us: int,
+        work: int = 0,
+        previous: str | None = None,
     ) -> tuple[int, int]:
         """(time before the work, the work's time): the roofline has no step overhead and ignores shapes."""
         return 0, self.duration_us(matmul_flops, memory_bytes)
@@ -85,7 +96,8 @@ class StateTransferConfig:
 @dataclass(frozen=True)
 class WorkTerms:
     """t = fixed_us + size time + per_slot_us * slot capacity + per_flop_us * matmul_flops
-    + per_byte_us * memory bytes + after_idle_us if the work woke an idle engine.
+    + per_byte_us * memory bytes + after_idle_us if the work woke an idle engine
+    + after_other_us if what ran before it on the serving thread was another kind of work or a transfer.
 
     A prefill's size time is size_us per executed position. A decode step's is what its executed rows
     add to a one-row step, measured per batch size: size_us holds (rows, time) pairs, ascending, and a
@@ -99,8 +111,13 @@ class WorkTerms:
     per_flop_us: Fraction
     per_byte_us: Fraction
     after_idle_us: Fraction  # a work that wakes an idle engine runs slower (caches and thread gone cold)
+    # A work after another program ran on the thread runs slower (measured: a one-row decode step right after a
+    # prefill or a transfer took 1.2-1.5 times one right after a decode step). None: a fragment without it.
+    after_other_us: Fraction | None = None
 
-    def time(self, size: int, slots: int, matmul_flops: int, memory_bytes: int, after_idle: bool) -> Fraction:
+    def time(
+        self, size: int, slots: int, matmul_flops: int, memory_bytes: int, after_idle: bool, after_other: bool = False
+    ) -> Fraction:
         return (
             self.fixed_us
             + self.size_time(size)
@@ -108,6 +125,7 @@ class WorkTerms:
             + self.per_flop_us * matmul_flops
             + self.per_byte_us * memory_bytes
             + (self.after_idle_us if after_idle else 0)
+            + (self.after_other_us if after_other and self.after_other_us is not None else 0)
         )
 
     def size_time(self, size: int) -> Fraction:
@@ -119,12 +137,14 @@ class WorkTerms:
 @dataclass(frozen=True)
 class FinishTerms:
     """Host time on the serving thread when a request that ran ends: fixed_us + per_byte_us * the bytes of
-    the state it retains (0 when nothing is retained). The engine then copies the request's row out of the
-    slot state, compacts the active rows and admits the next request: the time delays whatever the thread
-    runs next and busies no compute (measured: 0.7-1.0 ms per finish against 25-45 us before other works)."""
+    the state it retains (0 when nothing is retained) + per_slot_us * the slot capacity. The engine then copies
+    the request's whole slot row out of the slot state, compacts the active rows and admits the next request:
+    the time delays whatever the thread runs next and busies no compute (measured: 0.7-1.0 ms per finish
+    against 25-45 us before other works)."""
 
     fixed_us: Fraction
     per_byte_us: Fraction
+    per_slot_us: Fraction | None = None  # None: a fragment without it (fitted only over two slot capacities)
 
 
 @dataclass(frozen=True)
@@ -162,7 +182,15 @@ class CalibratedComputeService:
     spread: Spread | None = None  # None: every work takes its mean time
 
     def work_us(
-        self, phase: str, positions: int, rows: int, matmul_flops: int, memory_bytes: int, idle_us: int, work: int = 0
+        self,
+        phase: str,
+        positions: int,
+        rows: int,
+        matmul_flops: int,
+        memory_bytes: int,
+        idle_us: int,
+        work: int = 0,
+        previous: str | None = None,
     ) -> tuple[int, int]:
         """(step overhead, the work's time), each rounded up to a whole microsecond.
 
@@ -170,14 +198,16 @@ class CalibratedComputeService:
         smallest window bucket that holds them, a decode step of `rows` requests the
         smallest batch bucket; beyond the largest bucket the size itself. `idle_us` is how
         long the engine had been idle when the work started (0: it was busy); `work` names
-        the work, uniquely in the run (what a spread draws its multiplier from).
+        the work, uniquely in the run (what a spread draws its multiplier from); `previous` is
+        what the serving thread started last before it (PREFILL, DECODE or TRANSFER; None: nothing).
         """
         after_idle = idle_us > 0 and idle_us >= self.after_idle_min_us
+        after_other = previous is not None and previous != phase
         if phase == PREFILL:
             size, terms = executed(self.prefill_window_buckets, positions), self.prefill
         else:
             size, terms = executed(self.decode_batch_buckets, rows), self.decode
-        time = terms.time(size, self.slot_capacity, matmul_flops, memory_bytes, after_idle)
+        time = terms.time(size, self.slot_capacity, matmul_flops, memory_bytes, after_idle, after_other)
         if self.spread is not None:
             time *= self.spread.multiplier(phase, work)
         return ceil_us(self.step_overhead_us), ceil_us(time)
@@ -186,7 +216,9 @@ class CalibratedComputeService:
         """Host time after a request that ran ends, rounded up to a whole microsecond."""
         if self.finish is None:
             return 0
-        return ceil_us(self.finish.fixed_us + self.finish.per_byte_us * retained_bytes)
+        finish = self.finish
+        per_slot = finish.per_slot_us * self.slot_capacity if finish.per_slot_us is not None else 0
+        return ceil_us(finish.fixed_us + finish.per_byte_us * retained_bytes + per_slot)
 
 
 @dataclass(frozen=True)
@@ -279,10 +311,13 @@ def compute_service_json(config: ComputeServiceConfig | CalibratedComputeService
     }
     if config.finish is not None:  # written only when given, so an older fragment's records keep their bytes
         finish = config.finish
-        written["finish"] = {
+        finish_terms = {
             "fixed_us": validation.json_number(finish.fixed_us),
             "per_byte_us": validation.json_number(finish.per_byte_us),
         }
+        if finish.per_slot_us is not None:  # likewise
+            finish_terms["per_slot_us"] = validation.json_number(finish.per_slot_us)
+        written["finish"] = finish_terms
     if config.spread is not None:  # likewise
         spread = config.spread
         written["spread"] = {"seed": spread.seed} | {
@@ -317,21 +352,25 @@ def _model(value: Any, field: str) -> str:
     return validation.string(value.get("model", ROOFLINE), f"{field}.model", (ROOFLINE, CALIBRATED))
 
 
+AFTER_OTHER_US = "after_other_us"  # a kind of work's optional term (a fragment may leave it out)
+
+
 def term_names(phase: str) -> tuple[str, ...]:
-    """The JSON names of a kind of work's terms, in WorkTerms order."""
+    """The JSON names of a kind of work's required terms, in WorkTerms order."""
     return ("fixed_us", SIZE_TERMS[phase], "per_slot_us", "per_flop_us", "per_byte_us", "after_idle_us")
 
 
 def _work_terms(value: Any, field: str, phase: str) -> WorkTerms:
     names = term_names(phase)
-    terms = validation.mapping(value, field, set(names))
+    terms = validation.mapping(value, field, set(names), {AFTER_OTHER_US})
 
     def read(name: str) -> Fraction:
         return validation.number(terms[name], f"{field}.{name}")
 
     fixed, size, slot, flop, byte, idle = names
     per_size = _batch_times(terms[size], f"{field}.{size}") if phase == DECODE else read(size)
-    return WorkTerms(read(fixed), per_size, read(slot), read(flop), read(byte), read(idle))
+    other = read(AFTER_OTHER_US) if AFTER_OTHER_US in terms else None
+    return WorkTerms(read(fixed), per_size, read(slot), read(flop), read(byte), read(idle), other)
 
 
 def _work_terms_json(terms: WorkTerms, phase: str) -> dict:
@@ -343,17 +382,22 @@ def _work_terms_json(terms: WorkTerms, phase: str) -> dict:
         terms.per_byte_us,
         terms.after_idle_us,
     )
-    return {
+    written = {
         name: {str(rows): validation.json_number(t) for rows, t in v}
         if isinstance(v, tuple)
         else validation.json_number(v)
         for name, v in zip(term_names(phase), values, strict=True)
     }
+    if terms.after_other_us is not None:  # written only when given, so an older fragment's records keep their bytes
+        written[AFTER_OTHER_US] = validation.json_number(terms.after_other_us)
+    return written
 
 
 def _finish_terms(value: Any, field: str) -> FinishTerms:
-    terms = validation.mapping(value, field, {"fixed_us", "per_byte_us"})
-    return FinishTerms(*(validation.number(terms[name], f"{field}.{name}") for name in ("fixed_us", "per_byte_us")))
+    terms = validation.mapping(value, field, {"fixed_us", "per_byte_us"}, {"per_slot_us"})
+    fixed, per_byte = (validation.number(terms[name], f"{field}.{name}") for name in ("fixed_us", "per_byte_us"))
+    per_slot = validation.number(terms["per_slot_us"], f"{field}.per_slot_us") if "per_slot_us" in terms else None
+    return FinishTerms(fixed, per_byte, per_slot)
 
 
 def _spread(value: Any, field: str) -> Spread:

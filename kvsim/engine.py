@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, Phase, Rows, TransferDirection
+from kvsim.compute_service import TRANSFER
 from kvsim.kv_cache import DEVICE, HOST, Residency, RetainedState
 from kvsim.outcomes import RequestOutcome, Status
 from kvsim.recorded import RecordedComputations, RecordedRequest, token_key
@@ -148,6 +149,7 @@ class _Engine:
         self.one_thread = system.transfer.blocks_compute
         self.thread_free = 0
         self.last_end = -1  # when the last work or transfer started so far ends: later, the engine is idle
+        self.last_started: str | None = None  # what was started last: PREFILL, DECODE or TRANSFER (None: nothing)
         self.saved_flops = 0
         self.state_fate: dict[str, dict] = {}  # retained states whose fate may still change
 
@@ -326,6 +328,7 @@ class _Engine:
         causes = (decision,) if self.link_free_event < 0 else (decision, self.link_free_event)
         start = self.emit(request_id, TRANSFER_START, causes, state.state_id, state.size, direction=direction)
         self.link_busy = True
+        self.last_started = TRANSFER
         duration = self.transfer.transfer_us(direction, state.size)
         self.schedule(self.occupy(duration, True), _TRANSFER_END, (*transfer, start, self.now))
 
@@ -376,8 +379,16 @@ class _Engine:
         # The step overhead (host time before the work) delays the work but does not busy the compute.
         phase, idle_us = (PREFILL if head.step == 0 else DECODE), max(0, self.now - self.last_end)
         overhead, busy = self.compute.work_us(  # the work named by its first compute_start's id (a spread's draw)
-            phase, len(head.spec.prompt_ids) - head.reused, len(batch), flops, memory, idle_us, self.next_event
+            phase,
+            len(head.spec.prompt_ids) - head.reused,
+            len(batch),
+            flops,
+            memory,
+            idle_us,
+            self.next_event,
+            self.last_started,
         )
+        self.last_started = phase
         duration = overhead + busy
         starts, free, detail = [], self.compute_free_event, f"batch={len(batch)}" if self.batching else ""
         for request in batch:

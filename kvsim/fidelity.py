@@ -186,7 +186,15 @@ class _MeasuredDurations:
             times.reverse()
 
     def work_us(
-        self, phase: str, positions: int, rows: int, flops: int, memory: int, idle_us: int, work: int = 0
+        self,
+        phase: str,
+        positions: int,
+        rows: int,
+        flops: int,
+        memory: int,
+        idle_us: int,
+        work: int = 0,
+        previous: str | None = None,
     ) -> tuple[int, int]:
         return self.works.pop() if self.works else (0, 0)  # more works than the engine ran: the outcomes will say
 

@@ -452,7 +452,7 @@ def test_calibration_recovers_the_finish_term(document, policy):
     before, _, _ = fit([measured, smaller], optional=())
     assert "finish" not in before["compute_service"]
     # A replay refits with the terms the recorded fragment holds, and gets it back.
-    assert fitted_terms(fragment) == ("finish", "spread") and fitted_terms(before) == ()
+    assert fitted_terms(fragment) == ("finish", "spread", "after_other") and fitted_terms(before) == ()
     assert fit([measured, smaller], fitted_terms(before))[0] == before
     worse = compare(measured.document["totals"], predict(measured, before).outcomes["totals"])
     assert max(abs(r.error) for r in worse if r.error is not None) > max(
@@ -463,6 +463,55 @@ def test_calibration_recovers_the_finish_term(document, policy):
 # A per-work spread with a known distribution: each work's mean time times a multiplier uniform on [0.8, 1.2].
 SPREAD = {"seed": 7, "prefill": [0.8, 1.2], "decode": [0.8, 1.2]}
 WITH_SPREAD = TRUTH | {"compute_service": TRUTH["compute_service"] | {"spread": SPREAD}}
+
+
+AFTER_OTHER_TRUTH = WITH_FINISH | {
+    "compute_service": WITH_FINISH["compute_service"]
+    | {"prefill": WITH_FINISH["compute_service"]["prefill"] | {"after_other_us": 60},
+       "decode": WITH_FINISH["compute_service"]["decode"] | {"after_other_us": 90},
+       "finish": {"fixed_us": 500, "per_byte_us": 0.0005, "per_slot_us": 1.5}}
+}  # fmt: skip
+
+
+def test_a_work_after_another_kind_of_work_and_a_finish_per_slot_are_charged_exactly():
+    """after_other_us is added when the serving thread last started another kind of work or a transfer; a
+    finish's per-slot term is charged for the engine's slot capacity; both are written only when given."""
+    compute = parse_system(merge_service(EXAMPLE["system"], AFTER_OTHER_TRUTH)).compute_service
+    alone = compute.work_us("decode", 1, 1, 0, 0, 0)[1]
+    assert alone == 150 + 128  # nothing started before it (the first work of a run)
+    assert compute.work_us("decode", 1, 1, 0, 0, 0, 0, "decode")[1] == alone
+    assert compute.work_us("decode", 1, 1, 0, 0, 0, 0, "prefill")[1] == alone + 90
+    assert compute.work_us("decode", 1, 1, 0, 0, 0, 0, "transfer")[1] == alone + 90
+    assert compute.work_us("prefill", 17, 1, 1_000_001, 5, 0, 0, "decode")[1] == 1555 + 60
+    assert compute.work_us("prefill", 17, 1, 1_000_001, 5, 1, 0, "transfer")[1] == 1555 + 250 + 60  # both apply
+    assert compute.finish_us(1001) == 500 + 1 + 384  # 500 + 0.5005 + 1.5 * 256, rounded up
+    written = compute_service_json(compute)
+    assert written["decode"]["after_other_us"] == 90 and written["finish"]["per_slot_us"] == 1.5
+    assert parse_system(merge_service(EXAMPLE["system"], {"compute_service": written})).compute_service == compute
+    before = compute_service_json(parse_system(merge_service(EXAMPLE["system"], WITH_FINISH)).compute_service)
+    assert "after_other_us" not in before["decode"] and "per_slot_us" not in before["finish"]
+
+
+@pytest.mark.parametrize("policy", ["serialized", "continuous_batching"])
+def test_calibration_recovers_the_work_after_another_and_the_finish_per_slot(document, policy):
+    """Works made by a service with both terms, at two slot capacities: the fit recovers them and predicts
+    the runs' latencies within 1%; fitted without them, the fragment predicts worse."""
+    runs = [read_measured_run(measured_run(conversation_system(policy), document, AFTER_OTHER_TRUTH, slots), sha)
+            for slots, sha in ((256, "0" * 64), (160, "1" * 64))]  # fmt: skip
+    fragment, _, _ = fit(runs)
+    compute = fragment["compute_service"]
+    assert compute["decode"]["after_other_us"] == pytest.approx(90, abs=3)
+    assert compute["prefill"]["after_other_us"] == pytest.approx(60, abs=5)
+    assert compute["finish"]["per_slot_us"] == pytest.approx(1.5, abs=0.05)
+    assert compute["finish"]["fixed_us"] == pytest.approx(500, abs=10)
+    rows = compare(runs[0].document["totals"], predict(runs[0], fragment).outcomes["totals"])
+    assert all(row.measured == row.predicted if row.exact else abs(row.error) < 0.01 for row in rows), rows
+    before, _, _ = fit(runs, ("finish", "spread"))
+    assert "after_other_us" not in before["compute_service"]["decode"]
+    worse = compare(runs[0].document["totals"], predict(runs[0], before).outcomes["totals"])
+    assert max(abs(r.error) for r in worse if r.error is not None) > max(
+        abs(r.error) for r in rows if r.error is not None
+    )
 
 
 def test_a_spread_draws_each_work_from_its_quantiles_and_replays_byte_for_byte(document):
