@@ -133,6 +133,14 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "--out", type=Path, required=True, metavar="SERVICE.json", help="where to write the system fragment (JSON)"
     )
     calibrate.add_argument("--json", action="store_true", help="print the fragment as JSON instead of the fit table")
+    calibrate.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        choices=("finish", "spread", "after_other"),
+        help="leave an optional term out of the fit (repeatable): the host time after a request ends, the "
+        "per-work spread, the cost of a work after another kind of work (docs/kvsim.md, Calibrated service)",
+    )
     forecast = sub.add_parser("predict", help="simulate a measured engine run and compare with it field by field")
     forecast.add_argument(
         "measured", type=Path, metavar="MEASURED.json", help="a measured-run document (jgpt serve --out)"
@@ -301,12 +309,13 @@ def _view(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _fidelity(args: argparse.Namespace) -> int:
     """calibrate and predict (numpy fits the parameters, so it is imported only here)."""
-    from kvsim.calibration import fit, fit_table, load_measured_run, read_service
+    from kvsim.calibration import OPTIONAL_TERMS, fit, fit_table, load_measured_run, read_service
     from kvsim.fidelity import compare, comparison_table, predicted_inputs, predicted_totals, spread_seeds
 
     if args.action == "calibrate":
         output_file(args.out, "--out", args.measured)
-        fragment, fits, notes = fit([load_measured_run(path, f"MEASURED[{i}]") for i, path in enumerate(args.measured)])
+        measured = [load_measured_run(path, f"MEASURED[{i}]") for i, path in enumerate(args.measured)]
+        fragment, fits, notes = fit(measured, tuple(term for term in OPTIONAL_TERMS if term not in args.without))
         write_atomically(args.out, (json.dumps(fragment, indent=1) + "\n").encode())
         if args.json:
             print(json.dumps(fragment, indent=1))

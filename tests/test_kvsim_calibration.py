@@ -682,6 +682,15 @@ def test_calibrate_and_predict_commands(document, tmp_path, capsys):
     fragment = json.loads(service.read_text())
     assert set(fragment) == {"compute_service", "transfer", "calibration"}
     assert fragment["calibration"]["machine"] == MACHINE and fragment["calibration"]["works"] > 100
+    assert {"finish", "spread"} <= set(fragment["compute_service"]) and "after_other_us" in fragment["compute_service"][
+        "decode"
+    ]
+    # --without leaves a term out: the fit of the model without it.
+    lean = tmp_path / "lean.json"
+    code, _, _ = run_cli(capsys, "calibrate", str(calibration_run), "--out", str(lean), "--without", "finish",
+                         "--without", "after_other")  # fmt: skip
+    compute = json.loads(lean.read_text())["compute_service"]
+    assert code == 0 and "finish" not in compute and "spread" in compute and "after_other_us" not in compute["decode"]
     code, out, _ = run_cli(capsys, "predict", str(other), "--service", str(service), "--json")
     rows = {row["field"]: row for row in json.loads(out)}
     assert (
