@@ -4,7 +4,8 @@ Every workload is served for real (`inference.engine.InferenceEngine`, wall
 clock, the shipped chat model, Python's garbage collector paused while the
 clock runs) under serialized service and under continuous batching,
 `--repeats` times each, the workloads interleaved (ABCABC...: a change in the
-machine's speed hits them all alike). `jgpt kvsim calibrate`'s fit runs on the
+machine's speed hits them all alike), each repeat starting one workload later
+than the one before (ABC, BCA, CAB: no workload always runs first or last). `jgpt kvsim calibrate`'s fit runs on the
 calibration workloads' runs of this bench run only; kvsim then predicts each
 other workload's runs from their systems, arrivals and recorded computations
 (`kvsim.fidelity.simulated_totals`), with the calibrated service (its spread:
@@ -90,6 +91,10 @@ GOAL = 0.10
 # misses GOAL on a field about once in a thousand (noise_table says how many repeats each field needs).
 QUIET_BAND = GOAL / 2
 NOISE_REPEATS = (1, 3, 5, 9, 15, 25, 45)  # the repeats noise_table shows the band of the median for
+# The predicted workloads last this many times as long as their first versions (12 chats over 2 s, one burst
+# of 32, 16 chats' later turns over 1.5 s): the machine's speed drifts by 15-30% from one second to the next
+# (bench/speed_drift.py), and a workload run of a tenth of a second to two seconds met too few of them.
+SCALE = 4
 STALL = 2.5  # a work over this many times its shape's median time is counted as stalled (stall_table)
 CALIBRATION = "calibration"  # workloads whose names start with it are fitted, the others predicted
 DOCS, PLOT = _ROOT / "docs" / "kvsim.md", _ROOT / "docs" / "kvsim-fidelity.png"
@@ -106,8 +111,9 @@ MODELS = {
 SHOWN = (*MODELS, "hypothetical")  # the predictions each row shows
 
 
-def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
-    """name -> (Workload document, system for a policy)."""
+def workloads(kv_bytes: int, scale: int = SCALE) -> dict[str, tuple[dict, object]]:
+    """name -> (Workload document, system for a policy). The predicted workloads last `scale` times as long at
+    the same rate (more chats; more bursts, 1.5 s apart), so a run meets more of the machine's seconds."""
     ample = 1 << 40  # bytes: nothing is ever evicted
     calibration = chat_workload(conversations=12, turns=4, spread_us=600_000, seed=11)
     return {
@@ -119,15 +125,20 @@ def workloads(kv_bytes: int) -> dict[str, tuple[dict, object]]:
         # offloads and reloads), as their first turns only arriving fifty times as fast (a queue, half the
         # slot capacity), and four times slower (idle stretches of tens of milliseconds).
         "calibration": (calibration, lambda p: system(p, 8, 512 * kv_bytes, 4096 * kv_bytes)),
+        # The same at 4 slots: the engine the chat and long-prompt workloads run on, with a host tier.
+        "calibration, 4 slots": (calibration, lambda p: system(p, 4, 512 * kv_bytes, 4096 * kv_bytes)),
         "calibration, first turns": (_first_turns(calibration, 50), lambda p: system(p, 8, ample, 0)),
         "calibration, spread out": (_stretched(calibration, 4), lambda p: system(p, 8, ample, 0)),
         "multi-turn chat": (
-            chat_workload(conversations=12, turns=4, spread_us=2_000_000, seed=0),
+            chat_workload(conversations=12 * scale, turns=4, spread_us=2_000_000 * scale, seed=0),
             lambda p: system(p, 4, ample, 0),
         ),
-        "burst": (burst_workload(requests=32, seed=1), lambda p: system(p, 8, ample, 0)),
+        "burst": (
+            burst_workload(requests=32, seed=1, bursts=scale, every_us=1_500_000),
+            lambda p: system(p, 8, ample, 0),
+        ),
         "long prompts, host tier": (
-            _longest_turns(chat_workload(conversations=16, turns=4, spread_us=1_500_000, seed=5)),
+            _longest_turns(chat_workload(conversations=16 * scale, turns=4, spread_us=1_500_000 * scale, seed=5)),
             lambda p: system(p, 4, 512 * kv_bytes, 4096 * kv_bytes),
         ),
     }
@@ -194,6 +205,9 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {DOCS.name} and {PLOT.name}")
     parser.add_argument("--gc-compare", action="store_true", help="also serve the predicted workloads with the GC on")
     parser.add_argument("--from-dir", type=Path, help="refit and predict the runs saved there; serve nothing")
+    parser.add_argument(
+        "--scale", type=int, default=SCALE, help=f"predicted workloads this many times as long (default {SCALE})"
+    )
     args = parser.parse_args()
     if args.from_dir is not None:
         if args.write_docs or args.gc_compare:
@@ -211,8 +225,10 @@ def main() -> None:
     machine: dict[tuple[str, str], list] = {}  # per run: what the machine did meanwhile (machine_counters)
     collected: dict[tuple[str, str], list] = {}  # with the collector left on (--gc-compare)
     collections: dict[tuple[str, str], list] = {}  # the seconds of each collection in those runs, per run
-    for repeat in range(args.repeats):  # interleaved: every workload once per repeat
-        for name, (document, make_system) in workloads(execution.costs.kv_bytes_per_position).items():
+    served = list(workloads(execution.costs.kv_bytes_per_position, args.scale).items())
+    for repeat in range(args.repeats):  # interleaved: every workload once per repeat, each repeat starting one later
+        start = repeat % len(served)
+        for name, (document, make_system) in served[start:] + served[:start]:
             for policy in POLICIES:
                 before = machine_counters()
                 runs.setdefault((name, policy), []).append(_served(args.out_dir, name, policy, repeat, execution,
@@ -239,7 +255,7 @@ def main() -> None:
     (args.out_dir / "fidelity.md").write_text(markdown(table))
     if args.write_docs:
         calibration = sum(len(measured) for (name, _), measured in runs.items() if name.startswith(CALIBRATION))
-        header = (f"Generated by `python bench/fidelity.py --repeats {args.repeats} --write-docs` at "
+        header = (f"Generated by `python bench/fidelity.py --repeats {args.repeats} --scale {args.scale} --write-docs` at "
                   f"{time.strftime('%H:%M UTC %Y-%m-%d', time.gmtime())} ({os.cpu_count()} CPUs, load average "
                   f"{load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end; the bench took {took:.0f} s). "
                   f"Fitted on the {calibration} calibration runs:")  # fmt: skip

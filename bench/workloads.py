@@ -54,10 +54,13 @@ def chat_workload(conversations: int = 16, turns: int = 4, spread_us: int = 5_00
     return _document("multi_turn_chat", arrivals, max_new_tokens)
 
 
-def burst_workload(requests: int = 32, max_new_tokens: int = 24, seed: int = 1) -> dict:
-    """`requests` single-turn prompts (each chat's first turn), all arriving at once."""
-    first_turns = [chat[0] for chat in _chats(requests, 1, seed)]
-    return _document("burst", [(0, f"b{i}", turns) for i, turns in enumerate(first_turns)], max_new_tokens)
+def burst_workload(requests: int = 32, max_new_tokens: int = 24, seed: int = 1, bursts: int = 1,
+                   every_us: int = 0) -> dict:  # fmt: skip
+    """`requests` single-turn prompts (each chat's first turn), all arriving at once; with `bursts`, that many
+    such bursts of other prompts, `every_us` apart."""
+    first_turns = [chat[0] for chat in _chats(requests * bursts, 1, seed)]
+    arrivals = [(i // requests * every_us, f"b{i}", turns) for i, turns in enumerate(first_turns)]
+    return _document("burst", arrivals, max_new_tokens)
 
 
 def sweep_workload(groups: tuple[int, ...] = (1, 2, 4, 8), turns: int = 4, max_new_tokens: int = 24, seed: int = 11,
