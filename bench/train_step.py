@@ -3,11 +3,14 @@
 Both sides run the same GPT (learned positions, LayerNorm, exact GELU, biases,
 untied head), the same AdamW (weight decay off for biases, norms and
 embeddings) with global-norm clipping, on the same batch shape of random byte
-tokens. jgpt runs as `jgpt train` does on this machine (on a CPU its dense
-products by BLAS, `jgpt.blas_matmul`), and also with XLA's own dot (`jgpt xla`,
-the pure-JAX reference path). Each side runs warm-up steps, then the sides take
-turns, a few timed steps each, until each has run `--steps`; the figure is the
-median step time (tokens per second over it).
+tokens. jgpt runs with its dense products by BLAS on a CPU (`jgpt`: `jgpt.blas_matmul`,
+`jgpt train --products blas`) and with XLA's own dot (`jgpt xla`, the pure-JAX
+reference path, what `jgpt train` runs by default). Both also run
+with the opt-in attention that skips the key blocks after each block of queries
+(`jgpt causal`, `jgpt xla causal`: `make_train_step(attention="causal_blocks")`),
+as torch's causal flash attention skips them. Each side runs warm-up steps, then
+the sides take turns, a few timed steps each, until each has run `--steps`; the
+figure is the median step time (tokens per second over it).
 
 It also prints the step's floor: the matrix-multiply FLOPs of one step (forward
 and backward, attention scores as computed) divided by the fastest f32 matmul
@@ -176,7 +179,7 @@ def median_step_seconds(step, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def jgpt_step(shape: Shape, unroll: bool | int, blas_products: bool | None = None):
+def jgpt_step(shape: Shape, unroll: bool | int, blas_products: bool | None = None, attention: str = "full"):
     architecture = shape.architecture
     mesh = sharding.data_mesh()
     optimizer = adamw(CONFIG)
@@ -190,6 +193,7 @@ def jgpt_step(shape: Shape, unroll: bool | int, blas_products: bool | None = Non
         sharding.batch_sharding(mesh),
         unroll,
         blas_products=blas_products,
+        attention=attention,
     )
     state = jax.device_put(start(initialize(architecture, 0)[0], optimizer), sharding.replicated(mesh))
     box = [state]
@@ -306,6 +310,8 @@ def main() -> None:
         steps = {"jgpt": jgpt_step(shape, unroll=True)}
         if blas:
             steps["jgpt xla"] = jgpt_step(shape, unroll=True, blas_products=False)
+            steps["jgpt causal"] = jgpt_step(shape, unroll=True, attention="causal_blocks")
+        steps["jgpt xla causal"] = jgpt_step(shape, unroll=True, blas_products=False, attention="causal_blocks")
         if args.scan:
             steps["jgpt scan"] = jgpt_step(shape, unroll=1)
         peers = ["torch eager"] + (["torch compile"] if args.torch_compile else [])

@@ -17,15 +17,40 @@ bf16-rounded float32 on a CPU (the same products, at float32 speed).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 
 from jgpt.architecture import Architecture, LlamaArchitecture
 from jgpt.bf16_matmul import attention_dtype, operand
 from jgpt.blas_matmul import BlasMatrix
+from jgpt.errors import ApiError
 from jgpt.output_major import OutputMajor
 
 F32 = jnp.float32
+# Query rows per block of `causal_blocks` attention, while a `causal_blocks` context is open (read at tracing).
+_CAUSAL_BLOCK: contextvars.ContextVar[int | None] = contextvars.ContextVar("causal_block", default=None)
+
+
+@contextlib.contextmanager
+def causal_blocks(rows: int) -> Iterator[None]:
+    """Attention traced inside this context, over the pass's own tokens (no cache), skips the key blocks
+    wholly after each block of `rows` queries instead of computing and masking them.
+
+    The caller promises what a train step's forward guarantees: within each row a later token never has an
+    earlier position, so every key after a query is invisible to it. Opt-in: the softmax sums fewer terms,
+    so results round differently from the full attention (`training.step`'s `attention="causal_blocks"`).
+    """
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ApiError("causal_blocks", f"rows must be a positive integer, got {rows!r}")
+    token = _CAUSAL_BLOCK.set(rows)
+    try:
+        yield
+    finally:
+        _CAUSAL_BLOCK.reset(token)
 
 
 def _matmul_precision(operand_dtype) -> jax.lax.Precision | None:
@@ -153,6 +178,13 @@ def attention(
     over = attention_dtype(dtype)
     keys, values = operand(keys, over), operand(values, over)
     precision = _matmul_precision(over)
+    rows = _CAUSAL_BLOCK.get()
+    if rows is not None and S == T and rows < T:
+        mixed, weights = _causal_block_attention(
+            operand(q, over), keys, values, query_positions, key_positions, rows, over
+        )
+        out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
+        return out, weights
     # Each key/value head's group of query heads, as one matrix of G*T rows: [B, K, G*T, D].
     q = operand(q, over).reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
     over_heads = (((3,), (3,)), ((0, 1), (0, 1)))
@@ -174,6 +206,43 @@ def attention(
     mixed = mixed.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
     out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
     return out, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
+
+
+def _causal_block_attention(q, keys, values, query_positions, key_positions, rows: int, over):
+    """`attention`'s scores, softmax and value mix one block of `rows` queries at a time, each over the keys
+    up to its block's last token only: (mixed [B, T, K, G, D], weights [B, T, H, S] with zeros past the block).
+
+    q: [B, T, H, D]; keys, values: [B, K, T, D]. The positional mask still applies inside each block's keys.
+    """
+    B, T, H, D = q.shape
+    K = keys.shape[1]
+    G = H // K
+    precision = _matmul_precision(over)
+    q = q.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+    visible = key_positions[:, None, :] <= query_positions[:, :, None]  # [B, T, T]
+    scale = jnp.sqrt(jnp.asarray(D, F32))
+    mixed, weights = [], []
+    for start in range(0, T, rows):
+        end = min(start + rows, T)  # this block's queries see keys [0, end) at most
+        block_q = q[:, :, :, start:end].reshape(B, K, G * (end - start), D)
+        scores = jax.lax.dot_general(
+            keys[:, :, :end], block_q, (((3,), (3,)), ((0, 1), (0, 1))), precision=precision, preferred_element_type=F32
+        )  # [B, K, end, G * rows]
+        scores = scores.reshape(B, K, end, G, end - start).transpose(0, 1, 3, 4, 2) / scale  # [B, K, G, rows, end]
+        scores = jnp.where(visible[:, None, None, start:end, :end], scores, jnp.finfo(F32).min)
+        block_weights = jax.nn.softmax(scores, axis=-1)
+        block_mixed = jax.lax.dot_general(
+            operand(block_weights.reshape(B, K, G * (end - start), end), over),
+            values[:, :, :end],
+            (((3,), (2,)), ((0, 1), (0, 1))),
+            precision=precision,
+            preferred_element_type=F32,
+        )  # [B, K, G * rows, D]
+        mixed.append(block_mixed.reshape(B, K, G, end - start, D))
+        weights.append(jnp.pad(block_weights, ((0, 0),) * 4 + ((0, T - end),)))
+    mixed_all = jnp.concatenate(mixed, axis=3).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
+    weights_all = jnp.concatenate(weights, axis=3).reshape(B, H, T, T).transpose(0, 2, 1, 3)
+    return mixed_all, weights_all
 
 
 def output_projection(x: jax.Array, lm_head: jax.Array | OutputMajor, lm_bias: jax.Array | None, dtype) -> jax.Array:

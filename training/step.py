@@ -12,11 +12,14 @@ On a CPU with one device the step computes its dense products with BLAS
 whose step was faster than with XLA's dot in 7 of 9 quiet processes here (by up
 to 28%) and within 3% in the other two (docs/training.md, Speed); elsewhere,
 and with `blas_products=False`, it runs the pure-JAX products, the reference
-the BLAS path is tested against.
+the BLAS path is tested against. `attention="causal_blocks"` (opt-in, like the
+BLAS products: it rounds differently) skips the key blocks wholly after each
+block of queries instead of computing and masking them (docs/training.md, Speed).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import jax
@@ -27,7 +30,9 @@ from jax.sharding import NamedSharding
 from jgpt import blas_matmul
 from jgpt import pytree as struct
 from jgpt.architecture import Architecture
+from jgpt.errors import ApiError
 from jgpt.model import forward
+from jgpt.operations import causal_blocks
 from jgpt.weights import ModelWeights
 from training.batches import Batch, TokenRows, TokenStream
 
@@ -43,18 +48,31 @@ def start(weights: ModelWeights, optimizer: optax.GradientTransformation) -> Tra
     return TrainState(jnp.zeros((), jnp.int32), weights, optimizer.init(weights))
 
 
+# The train step's attention: "full" computes every score and masks the later keys (the reference, what the
+# shipped models were trained with); "causal_blocks" skips the key blocks wholly after each block of
+# CAUSAL_BLOCK_ROWS queries (jgpt.operations.causal_blocks), rounding differently.
+ATTENTIONS = ("full", "causal_blocks")
+CAUSAL_BLOCK_ROWS = 64
+
+
 def summed_loss(
-    weights: ModelWeights, architecture: Architecture, batch: Batch, unroll: bool | int, blas_products: bool = False
+    weights: ModelWeights,
+    architecture: Architecture,
+    batch: Batch,
+    unroll: bool | int,
+    blas_products: bool = False,
+    attention: str = "full",
 ) -> tuple[jax.Array, jax.Array]:
     """(sum of masked next-token cross-entropies in nats, number of counted targets)."""
     held = blas_matmul.with_blas_products(weights) if blas_products else weights
-    logits = forward(held, architecture, batch.inputs, unroll=unroll).logits  # [B, T, V]
+    with causal_blocks(CAUSAL_BLOCK_ROWS) if attention == "causal_blocks" else contextlib.nullcontext():
+        logits = forward(held, architecture, batch.inputs, unroll=unroll).logits  # [B, T, V]
     nats = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)  # [B, T]
     return jnp.sum(nats * batch.mask), jnp.sum(batch.mask)
 
 
-def mean_loss(weights, architecture, batch, unroll, blas_products: bool = False) -> jax.Array:
-    total, count = summed_loss(weights, architecture, batch, unroll, blas_products)
+def mean_loss(weights, architecture, batch, unroll, blas_products: bool = False, attention: str = "full") -> jax.Array:
+    total, count = summed_loss(weights, architecture, batch, unroll, blas_products, attention)
     return total / jnp.maximum(count, 1.0)
 
 
@@ -67,20 +85,25 @@ def make_train_step(
     unroll: bool | int,
     state_sharding: TrainState | None = None,
     blas_products: bool | None = None,
+    attention: str = "full",
 ) -> Callable[[TrainState, TokenRows | TokenStream], tuple[TrainState, dict[str, jax.Array]]]:
     """The jitted update; the state argument is donated (its buffers become the new state's).
 
     `state_sharding` (NamedShardings shaped like the state) keeps the new state split as the old one was:
     without it XLA may return a sharded weight's update replicated. `blas_products` (default: `uses_blas`)
-    computes the dense products with BLAS.
+    computes the dense products with BLAS; `attention` is one of ATTENTIONS.
     """
+    if attention not in ATTENTIONS:
+        raise ApiError("attention", f"must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     if blas_products is None:
         blas_products = uses_blas(batch_sharding)
 
     def train_step(state: TrainState, data: TokenRows | TokenStream):
         batch = data.sample(jax.random.fold_in(data_key, state.step), batch_size)
         batch = jax.lax.with_sharding_constraint(batch, batch_sharding)
-        loss, grads = jax.value_and_grad(mean_loss)(state.weights, architecture, batch, unroll, blas_products)
+        loss, grads = jax.value_and_grad(mean_loss)(
+            state.weights, architecture, batch, unroll, blas_products, attention
+        )
         updates, optimizer_state = optimizer.update(grads, state.optimizer_state, state.weights)
         weights = optax.apply_updates(state.weights, updates)
         metrics = {"loss": loss, "gradient_norm": optax.global_norm(grads)}
