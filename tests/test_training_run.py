@@ -121,6 +121,19 @@ def test_products_are_xlas_unless_blas_is_asked_for(tmp_path, config, uninterrup
     assert json.loads((blas / "run.json").read_text())["products"] == "blas"
 
 
+def test_attention_is_full_unless_causal_blocks_is_asked_for(tmp_path, config, uninterrupted):
+    """--attention full is the default run bit for bit; causal_blocks (two blocks at this context of 100: 64
+    queries, then 36) skips the keys after each block and follows the full attention within 1e-4 relative
+    over the first 30 steps (the softmax sums fewer terms, so it may round differently)."""
+    one = losses(uninterrupted[0])
+    full, blocks = tmp_path / "full", tmp_path / "blocks"
+    run(full, config, "--attention", "full")
+    run(blocks, config, "--attention", "causal_blocks")
+    assert np.array_equal(losses(full), one)
+    np.testing.assert_allclose(losses(blocks)[:30], one[:30], rtol=1e-4, atol=0)
+    assert json.loads((blocks / "run.json").read_text())["attention"] == "causal_blocks"
+
+
 def test_blas_products_on_several_devices_are_refused(tmp_path, config):
     done = subprocess.run(train_command(tmp_path / "run", config, "--products", "blas"), cwd=REPO,
                           env=environment(2), capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -205,11 +218,20 @@ def bad_input_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "unknown config key": (["--config", str(unknown)], "unknown keys: learning_rat"),
         "context too long": (["--context", "101"], "context: 101 is longer than the architecture allows (100)"),
         "unknown products": (["--products", "mkl"], "argument --products: invalid choice: 'mkl'"),
+        "unknown attention": (["--attention", "flash"], "argument --attention: invalid choice: 'flash'"),
     }
 
 
 @pytest.mark.parametrize(
-    "case", ["missing data file", "empty data file", "unknown config key", "context too long", "unknown products"]
+    "case",
+    [
+        "missing data file",
+        "empty data file",
+        "unknown config key",
+        "context too long",
+        "unknown products",
+        "unknown attention",
+    ],
 )
 def test_bad_input_is_one_clear_error_and_leaves_nothing_to_resume(tmp_path, config, case, capsys):
     arguments, message = bad_input_cases(tmp_path)[case]

@@ -19,7 +19,7 @@ OVERRIDES = {
     "data": str, "out": str, "tokenizer": str, "vocab_size": int, "seed": int, "steps": int,
     "batch_size": int, "learning_rate": float, "warmup_steps": int, "context": int, "selection": str,
     "log_every": int, "eval_every": int, "checkpoint_every": int, "train_conversations": int,
-    "products": str,
+    "products": str, "attention": str,
 }  # fmt: skip
 ARCHITECTURE_OVERRIDES = ("layers", "heads", "width", "ffn")
 # flag -> (metavar, help); the help ends with TrainingConfig's default, since the flag itself defaults to
@@ -46,12 +46,23 @@ HELP = {
         " with) or blas (numpy's bundled OpenBLAS, one CPU device only: faster at some widths, but it rounds"
         " differently, so a run is reproduced only with the same choice)",
     ),
+    "attention": (
+        None,
+        "the train step's attention: full (every score computed and the later keys masked, what the shipped"
+        " models were trained with) or causal_blocks (the keys wholly after each block of 64 queries skipped:"
+        " faster at long contexts, but it rounds differently, so a run is reproduced only with the same choice)",
+    ),
     "layers": ("N", "transformer blocks"),
     "heads": ("N", "attention heads"),
     "width": ("N", "channels of the residual stream"),
     "ffn": ("N", "hidden units of each feed-forward block"),
 }
-CHOICES = {"tokenizer": "TOKENIZERS", "selection": "SELECTIONS", "products": "PRODUCTS"}  # names in training.config
+CHOICES = {
+    "tokenizer": "TOKENIZERS",
+    "selection": "SELECTIONS",
+    "products": "PRODUCTS",
+    "attention": "ATTENTIONS",
+}  # names in training.config
 
 
 class _Parser(ArgumentParser):

@@ -27,6 +27,9 @@ SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
 # The train step's dense products: XLA's dot (the pure-JAX reference) or numpy's OpenBLAS (jgpt.blas_matmul).
 PRODUCTS = ("xla", "blas")
+# The train step's attention: every score computed and the later keys masked (the reference, what the shipped
+# models were trained with), or the key blocks wholly after each block of queries skipped (training.step).
+ATTENTIONS = ("full", "causal_blocks")
 BYTE_VOCABULARY = 260
 # Sequences per step: each is a window of ids and its activations (the shipped model uses 32).
 BATCH_LIMIT = 1 << 16
@@ -81,6 +84,8 @@ class TrainingConfig:
     # Part of the recipe, not only of its speed: the two round differently, and this recipe's late drop in
     # development loss lands at a different step (or not by the last) when the rounding moves.
     products: str = "xla"
+    # Likewise: causal_blocks sums each softmax over fewer terms, so it rounds differently from full.
+    attention: str = "full"
 
     def __post_init__(self) -> None:
         if not isinstance(self.out, str) or not self.out:
@@ -112,6 +117,7 @@ class TrainingConfig:
         string(self.tokenizer, "tokenizer", TOKENIZERS)
         string(self.selection, "selection", SELECTIONS)
         string(self.products, "products", PRODUCTS)
+        string(self.attention, "attention", ATTENTIONS)
         if not (isinstance(self.unroll, bool) or is_integer(self.unroll) and self.unroll > 0):  # True: fully
             raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
         from jgpt.weights import parameter_count  # jax: `jgpt train --help` reads this module's defaults

@@ -35,6 +35,7 @@ from jgpt.model import forward
 from jgpt.operations import causal_blocks
 from jgpt.weights import ModelWeights
 from training.batches import Batch, TokenRows, TokenStream
+from training.config import ATTENTIONS
 
 
 @struct.dataclass
@@ -48,10 +49,8 @@ def start(weights: ModelWeights, optimizer: optax.GradientTransformation) -> Tra
     return TrainState(jnp.zeros((), jnp.int32), weights, optimizer.init(weights))
 
 
-# The train step's attention: "full" computes every score and masks the later keys (the reference, what the
-# shipped models were trained with); "causal_blocks" skips the key blocks wholly after each block of
-# CAUSAL_BLOCK_ROWS queries (jgpt.operations.causal_blocks), rounding differently.
-ATTENTIONS = ("full", "causal_blocks")
+# Query rows per block of the "causal_blocks" attention (training.config.ATTENTIONS; jgpt.operations.causal_blocks):
+# 64 was the fastest of 32, 64 and 128 on the large bench config (docs/training.md, Speed).
 CAUSAL_BLOCK_ROWS = 64
 
 

@@ -172,6 +172,7 @@ def train(
         config.unroll,
         state_sharding,
         blas_products,
+        config.attention,
     )
     development_step = make_development_step(architecture, batch_sharding, config.unroll)
     development_batch = DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
