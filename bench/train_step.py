@@ -7,7 +7,7 @@ tokens. jgpt runs with its dense products by BLAS on a CPU (`jgpt`: `jgpt.blas_m
 `jgpt train --products blas`) and with XLA's own dot (`jgpt xla`, the pure-JAX
 reference path, what `jgpt train` runs by default). Both also run
 with the opt-in attention that skips the key blocks after each block of queries
-(`jgpt causal`, `jgpt xla causal`: `make_train_step(attention="causal_blocks")`),
+(`jgpt causal`, `jgpt xla causal`: `jgpt train --attention causal_blocks`),
 as torch's causal flash attention skips them. Each side runs warm-up steps, then
 the sides take turns, a few timed steps each, until each has run `--steps`; the
 figure is the median step time (tokens per second over it).
