@@ -121,11 +121,11 @@ def product(a: jax.Array, b: jax.Array, transpose_a: bool = False, transpose_b: 
 @functools.cache
 def _kernel() -> ctypes.CDLL | None:
     """The compiled kernel, bound to numpy's OpenBLAS and registered with XLA; None where that fails."""
-    blas = _numpy_openblas()
+    blas = numpy_openblas((SGEMM, SET_THREADS_LOCAL))
     if blas is None:
         return None
     try:
-        library = ctypes.CDLL(str(_compiled()))
+        library = ctypes.CDLL(str(compiled(SOURCE)))
     except (OSError, subprocess.CalledProcessError) as error:
         warnings.warn(f"jgpt: BLAS products unavailable, the train step keeps XLA's dot: {error}", stacklevel=2)
         return None
@@ -135,29 +135,31 @@ def _kernel() -> ctypes.CDLL | None:
     return library
 
 
-def _numpy_openblas() -> ctypes.CDLL | None:
-    """The OpenBLAS numpy's wheel bundles (already loaded by numpy), or None if this numpy has another."""
+def numpy_openblas(symbols: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The OpenBLAS numpy's wheel bundles (already loaded by numpy), or None if this numpy has another or its
+    library lacks one of `symbols` (also used by `jgpt.blas_attention`)."""
     for path in sorted((Path(np.__file__).parent.parent / "numpy.libs").glob("libscipy_openblas*.so*")):
         library = ctypes.CDLL(str(path))
-        if all(hasattr(library, symbol) for symbol in (SGEMM, SET_THREADS_LOCAL)):
+        if all(hasattr(library, symbol) for symbol in symbols):
             return library
     return None
 
 
-def _compiled() -> Path:
-    """The kernel's shared library, compiled here the first time (atomically: built aside, then renamed)."""
+def compiled(source: Path) -> Path:
+    """The shared library of the kernel `source`, compiled here the first time (atomically: built aside, then
+    renamed; also used by `jgpt.blas_attention`)."""
     command = [os.environ.get("CXX", "g++"), "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
                "-I", str(Path(jax.ffi.include_dir()))]  # fmt: skip
-    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode() + " ".join(command).encode()).hexdigest()
+    key = hashlib.sha256(source.read_bytes() + jaxlib.__version__.encode() + " ".join(command).encode()).hexdigest()
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    library = base / "jgpt" / "kernels" / f"blas_matmul-{key[:16]}.so"
+    library = base / "jgpt" / "kernels" / f"{source.stem}-{key[:16]}.so"
     if library.exists():
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=library.parent, prefix=f".{library.name}.", suffix=".tmp")
     os.close(descriptor)
     try:
-        subprocess.run([*command, "-o", temporary, str(SOURCE)], check=True, capture_output=True)
+        subprocess.run([*command, "-o", temporary, str(source)], check=True, capture_output=True)
         os.replace(temporary, library)
     finally:
         if os.path.exists(temporary):
