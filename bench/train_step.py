@@ -3,14 +3,15 @@
 Both sides run the same GPT (learned positions, LayerNorm, exact GELU, biases,
 untied head), the same AdamW (weight decay off for biases, norms and
 embeddings) with global-norm clipping, on the same batch shape of random byte
-tokens. jgpt runs with its dense products by BLAS on a CPU (`jgpt`: `jgpt.blas_matmul`,
-`jgpt train --products blas`) and with XLA's own dot (`jgpt xla`, the pure-JAX
-reference path, what `jgpt train` runs by default). Both also run
-with the opt-in attention that skips the key blocks after each block of queries
-(`jgpt causal`, `jgpt xla causal`: `jgpt train --attention causal_blocks`),
-as torch's causal flash attention skips them. Each side runs warm-up steps, then
-the sides take turns, a few timed steps each, until each has run `--steps`; the
-figure is the median step time (tokens per second over it).
+tokens. jgpt runs in every combination of its dense products (`jgpt train --products`:
+`xla`, XLA's own dot, the pure-JAX reference and the default; `blas`, the
+`jgpt.blas_matmul` kernel on a CPU) and its attention (`--attention`: `full`,
+the default, which computes every score and masks the later keys;
+`causal_blocks`, which skips the key blocks after each block of queries, as
+torch's causal flash attention skips them; `causal_blas`, those blocks by the
+`jgpt.blas_attention` kernel, which never stores the [T, T] weights). Each
+side runs warm-up steps, then the sides take turns, a few timed steps each,
+until each has run `--steps`; the figure is the median step time (tokens per second over it).
 
 It also prints the step's floor: the matrix-multiply FLOPs of one step (forward
 and backward, attention scores as computed) divided by the fastest f32 matmul
@@ -45,12 +46,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from jgpt import blas_matmul
+from jgpt import blas_attention, blas_matmul
 from jgpt.architecture import ModelArchitecture
 from jgpt.weights import initialize
 from training import sharding
 from training.batches import TokenStream
-from training.config import TrainingConfig
+from training.config import ATTENTIONS, PRODUCTS, TrainingConfig
 from training.optimizer import adamw
 from training.step import make_train_step, start
 
@@ -307,18 +308,16 @@ def main() -> None:
         rates = product_rates(shape)
         if args.products:
             print_product_rates(rates)
-        steps = {"jgpt": jgpt_step(shape, unroll=True)}
-        if blas:
-            steps["jgpt xla"] = jgpt_step(shape, unroll=True, blas_products=False)
-            steps["jgpt causal"] = jgpt_step(shape, unroll=True, attention="causal_blocks")
-        steps["jgpt xla causal"] = jgpt_step(shape, unroll=True, blas_products=False, attention="causal_blocks")
+        attentions = ATTENTIONS if blas_attention.available() else ATTENTIONS[:2]
+        steps = {f"jgpt {products} {attention}": jgpt_step(shape, True, products == "blas", attention)
+                 for products in (PRODUCTS if blas else ["xla"]) for attention in attentions}  # fmt: skip
         if args.scan:
             steps["jgpt scan"] = jgpt_step(shape, unroll=1)
         peers = ["torch eager"] + (["torch compile"] if args.torch_compile else [])
         steps |= {name: torch_step(shape, compiled=name == "torch compile") for name in peers}
         results = alternating_medians(steps, args.warmup, args.steps)
         for name, seconds in results.items():
-            print(f"  {name:<14} {seconds * 1e3:8.1f} ms/step  {tokens / seconds:10,.0f} tokens/s")
+            print(f"  {name:<22} {seconds * 1e3:8.1f} ms/step  {tokens / seconds:10,.0f} tokens/s")
         for peer in peers:
             for name in [name for name in results if name.startswith("jgpt")]:
                 print(f"  ratio {name} / {peer}: {results[peer] / results[name]:.2f}x")

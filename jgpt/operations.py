@@ -24,6 +24,7 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
+from jgpt import blas_attention
 from jgpt.architecture import Architecture, LlamaArchitecture
 from jgpt.bf16_matmul import attention_dtype, operand
 from jgpt.blas_matmul import BlasMatrix
@@ -31,22 +32,24 @@ from jgpt.errors import ApiError
 from jgpt.output_major import OutputMajor
 
 F32 = jnp.float32
-# Query rows per block of `causal_blocks` attention, while a `causal_blocks` context is open (read at tracing).
-_CAUSAL_BLOCK: contextvars.ContextVar[int | None] = contextvars.ContextVar("causal_block", default=None)
+# While a `causal_blocks` context is open (read at tracing): (query rows per block, whether by the BLAS kernel).
+_CAUSAL_BLOCK: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.ContextVar("causal_block", default=None)
 
 
 @contextlib.contextmanager
-def causal_blocks(rows: int) -> Iterator[None]:
+def causal_blocks(rows: int, by_blas: bool = False) -> Iterator[None]:
     """Attention traced inside this context, over the pass's own tokens (no cache), skips the key blocks
-    wholly after each block of `rows` queries instead of computing and masking them.
+    wholly after each block of `rows` queries instead of computing and masking them; `by_blas` computes the
+    blocks with `jgpt.blas_attention` (CPU only: check `blas_attention.available()`), which never stores
+    the [T, T] weights.
 
-    The caller promises what a train step's forward guarantees: within each row a later token never has an
-    earlier position, so every key after a query is invisible to it. Opt-in: the softmax sums fewer terms,
-    so results round differently from the full attention (`training.step`'s `attention="causal_blocks"`).
+    The caller promises what a train step's forward guarantees: within each row positions increase, so every
+    key after a query is invisible to it (the BLAS kernel masks by index). Opt-in: the softmax sums fewer
+    terms, so results round differently from the full attention (`training.step`'s `attention`).
     """
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
         raise ApiError("causal_blocks", f"rows must be a positive integer, got {rows!r}")
-    token = _CAUSAL_BLOCK.set(rows)
+    token = _CAUSAL_BLOCK.set((rows, by_blas))
     try:
         yield
     finally:
@@ -178,11 +181,15 @@ def attention(
     over = attention_dtype(dtype)
     keys, values = operand(keys, over), operand(values, over)
     precision = _matmul_precision(over)
-    rows = _CAUSAL_BLOCK.get()
-    if rows is not None and S == T and rows < T:
+    blocks = _CAUSAL_BLOCK.get()
+    if blocks is not None and S == T and (blocks[1] or blocks[0] < T):
+        rows, by_blas = blocks
         mixed, weights = _causal_block_attention(
             operand(q, over), keys, values, query_positions, key_positions, rows, over
         )
+        if by_blas:  # the weights above are for observers only: unobserved, XLA drops their computation
+            head_minor = lambda t: t.transpose(0, 2, 1, 3)  # [B, K, T, D] -> [B, T, K, D]
+            mixed = blas_attention.causal_attention(operand(q, over), head_minor(keys), head_minor(values), rows)
         out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
         return out, weights
     # Each key/value head's group of query heads, as one matrix of G*T rows: [B, K, G*T, D].

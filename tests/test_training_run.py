@@ -122,23 +122,28 @@ def test_products_are_xlas_unless_blas_is_asked_for(tmp_path, config, uninterrup
 
 
 def test_attention_is_full_unless_causal_blocks_is_asked_for(tmp_path, config, uninterrupted):
-    """--attention full is the default run bit for bit; causal_blocks (two blocks at this context of 100: 64
-    queries, then 36) skips the keys after each block and follows the full attention within 1e-4 relative
-    over the first 30 steps (the softmax sums fewer terms, so it may round differently)."""
+    """--attention full is the default run bit for bit; causal_blocks and causal_blas (two blocks at this
+    context of 100: 64 queries, then 36) skip the keys after each block and follow the full attention within
+    1e-4 relative over the first 30 steps (the softmax sums fewer terms, so it may round differently)."""
     one = losses(uninterrupted[0])
-    full, blocks = tmp_path / "full", tmp_path / "blocks"
-    run(full, config, "--attention", "full")
-    run(blocks, config, "--attention", "causal_blocks")
-    assert np.array_equal(losses(full), one)
-    np.testing.assert_allclose(losses(blocks)[:30], one[:30], rtol=1e-4, atol=0)
-    assert json.loads((blocks / "run.json").read_text())["attention"] == "causal_blocks"
+    run(tmp_path / "full", config, "--attention", "full")
+    assert np.array_equal(losses(tmp_path / "full"), one)
+    for attention in ("causal_blocks", "causal_blas"):
+        run(tmp_path / attention, config, "--attention", attention)
+        np.testing.assert_allclose(losses(tmp_path / attention)[:30], one[:30], rtol=1e-4, atol=0)
+        assert json.loads((tmp_path / attention / "run.json").read_text())["attention"] == attention
 
 
-def test_blas_products_on_several_devices_are_refused(tmp_path, config):
-    done = subprocess.run(train_command(tmp_path / "run", config, "--products", "blas"), cwd=REPO,
+@pytest.mark.parametrize(
+    "choice, refusal",
+    [(("--products", "blas"), "products: blas needs one CPU device"),
+     (("--attention", "causal_blas"), "attention: causal_blas needs one CPU device")],
+)  # fmt: skip
+def test_blas_kernels_on_several_devices_are_refused(tmp_path, config, choice, refusal):
+    done = subprocess.run(train_command(tmp_path / "run", config, *choice), cwd=REPO,
                           env=environment(2), capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "products: blas needs one CPU device" in done.stderr
+    assert refusal in done.stderr
     assert not (tmp_path / "run").exists()
 
 

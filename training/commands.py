@@ -49,8 +49,10 @@ HELP = {
     "attention": (
         None,
         "the train step's attention: full (every score computed and the later keys masked, what the shipped"
-        " models were trained with) or causal_blocks (the keys wholly after each block of 64 queries skipped:"
-        " faster at long contexts, but it rounds differently, so a run is reproduced only with the same choice)",
+        " models were trained with), causal_blocks (the keys wholly after each block of 64 queries skipped:"
+        " faster at long contexts) or causal_blas (those blocks by a BLAS kernel that never stores the"
+        " [T, T] weights: one CPU device only, faster at every context measured); the last two round"
+        " differently, so a run is reproduced only with the same choice",
     ),
     "layers": ("N", "transformer blocks"),
     "heads": ("N", "attention heads"),

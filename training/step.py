@@ -7,14 +7,15 @@ is constrained to shard over the data axis and the state to the shardings the
 caller placed it with (`training.sharding`); XLA inserts the gathers and the
 gradient reductions.
 
-On a CPU with one device the step computes its dense products with BLAS
-(`jgpt.blas_matmul`: forward and both backward products, weights as stored),
-whose step was faster than with XLA's dot in 7 of 9 quiet processes here (by up
-to 28%) and within 3% in the other two (docs/training.md, Speed); elsewhere,
-and with `blas_products=False`, it runs the pure-JAX products, the reference
-the BLAS path is tested against. `attention="causal_blocks"` (opt-in, like the
-BLAS products: it rounds differently) skips the key blocks wholly after each
-block of queries instead of computing and masking them (docs/training.md, Speed).
+`make_train_step` computes the dense products with BLAS (`jgpt.blas_matmul`:
+forward and both backward products, weights as stored) when asked, and by
+default on one CPU device; `jgpt train` asks only with `--products blas`
+(`TrainingConfig.products`, default "xla": XLA's dot, the pure-JAX reference the
+BLAS path is tested against and the shipped models were trained with). The
+`attention` choices other than "full" (opt-in, like the BLAS products: they round
+differently) skip the key blocks wholly after each block of queries instead of
+computing and masking them, "causal_blas" by the `jgpt.blas_attention` kernel
+(docs/training.md, Speed).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
-from jgpt import blas_matmul
+from jgpt import blas_attention, blas_matmul
 from jgpt import pytree as struct
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
@@ -52,6 +53,7 @@ def start(weights: ModelWeights, optimizer: optax.GradientTransformation) -> Tra
 # Query rows per block of the "causal_blocks" attention (training.config.ATTENTIONS; jgpt.operations.causal_blocks):
 # 64 was the fastest of 32, 64 and 128 on the large bench config (docs/training.md, Speed).
 CAUSAL_BLOCK_ROWS = 64
+BLAS_ATTENTION_REFUSED = "causal_blas needs one CPU device where jgpt.blas_attention builds; use causal_blocks"
 
 
 def summed_loss(
@@ -64,7 +66,8 @@ def summed_loss(
 ) -> tuple[jax.Array, jax.Array]:
     """(sum of masked next-token cross-entropies in nats, number of counted targets)."""
     held = blas_matmul.with_blas_products(weights) if blas_products else weights
-    with causal_blocks(CAUSAL_BLOCK_ROWS) if attention == "causal_blocks" else contextlib.nullcontext():
+    skipping = attention in ("causal_blocks", "causal_blas")
+    with causal_blocks(CAUSAL_BLOCK_ROWS, attention == "causal_blas") if skipping else contextlib.nullcontext():
         logits = forward(held, architecture, batch.inputs, unroll=unroll).logits  # [B, T, V]
     nats = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)  # [B, T]
     return jnp.sum(nats * batch.mask), jnp.sum(batch.mask)
@@ -94,6 +97,8 @@ def make_train_step(
     """
     if attention not in ATTENTIONS:
         raise ApiError("attention", f"must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
+    if attention == "causal_blas" and not uses_blas_attention(batch_sharding):
+        raise ApiError("attention", BLAS_ATTENTION_REFUSED)
     if blas_products is None:
         blas_products = uses_blas(batch_sharding)
 
@@ -117,6 +122,11 @@ def make_train_step(
 def uses_blas(batch_sharding: NamedSharding) -> bool:
     """BLAS products where they were measured faster and need no partitioning: one CPU device."""
     return batch_sharding.mesh.size == 1 and blas_matmul.available(batch_sharding.mesh.devices.flat[0].platform)
+
+
+def uses_blas_attention(batch_sharding: NamedSharding) -> bool:
+    """Where the BLAS attention kernel runs: one CPU device where it builds (it is not partitioned)."""
+    return batch_sharding.mesh.size == 1 and blas_attention.available(batch_sharding.mesh.devices.flat[0].platform)
 
 
 def make_development_step(architecture: Architecture, batch_sharding: NamedSharding, unroll: bool | int):

@@ -34,7 +34,14 @@ from training.config import TrainingConfig, from_json
 from training.evaluation import DEVELOPMENT_BATCH, development_loss
 from training.provenance import TrainingProvenance, source_sha256
 from training.run_lock import LOCK
-from training.step import make_development_step, make_train_step, start, uses_blas
+from training.step import (
+    BLAS_ATTENTION_REFUSED,
+    make_development_step,
+    make_train_step,
+    start,
+    uses_blas,
+    uses_blas_attention,
+)
 
 # Mixed into the run seed so the data stream and the initialization draw independent keys.
 DATA_STREAM = 1
@@ -145,6 +152,8 @@ def train(
     blas_products = config.products == "blas"
     if blas_products and not uses_blas(sharding.batch_sharding(mesh)):
         raise ApiError("products", "blas needs one CPU device where jgpt.blas_matmul builds; use xla")
+    if config.attention == "causal_blas" and not uses_blas_attention(sharding.batch_sharding(mesh)):
+        raise ApiError("attention", BLAS_ATTENTION_REFUSED)
     architecture = config.architecture
     corpus = corpora.prepare(config)
     run = RunDirectory(Path(config.out))
