@@ -1,0 +1,88 @@
+"""One row times an output-major matrix by an own multi-threaded loop: the products of a batch-1 decode step on CPU.
+
+A batch-1 decode step reads every weight once for two flops per 4-byte weight, so
+its products run at the read bandwidth, which one core does not reach alone. XLA's
+dot ran a GPT-2-small step's products (494 MB of distinct weights, chained in one
+jit) in 16.78 ms median, 29.4 GB/s; this kernel (`blas_matvec.cc`, an XLA FFI
+kernel) in 15.22 ms, 32.5 GB/s (engineer P's probe, 2026-12-05 17:15 UTC, load
+about 1.5; whole decode runs: docs/inference.md, Speed). It splits the output rows
+of an `OutputMajor` matrix `[O, I]` into one contiguous block per thread of XLA's
+own intra-op pool (so no second pool competes for the cores) and runs each block as
+an AVX-512 loop over four rows at a time, prefetching the next four. OpenBLAS's
+sgemv in the same blocks was no faster than XLA, so no BLAS is called despite the
+module's name, which it shares with `jgpt.blas_matmul`, whose compiler and cache it
+uses.
+
+`available()` is False, and `OutputMajor.product` keeps XLA's dot, where the kernel
+cannot run: a backend other than CPU, a CPU without AVX-512F (checked at run time),
+no compiler. XLA's product stays the reference (parity to 1e-5 relative,
+tests/test_blas_matvec.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import subprocess
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from jgpt import blas_matmul
+from jgpt.errors import ApiError
+
+F32 = jnp.float32
+SOURCE = Path(__file__).with_name("blas_matvec.cc")
+TARGET = "jgpt_matvec"
+
+
+def available(backend: str | None = None) -> bool:
+    """Whether `backend` (default: JAX's default backend) is a CPU with AVX-512F and the kernel builds and loads."""
+    return (backend or jax.default_backend()) == "cpu" and _kernel() is not None
+
+
+@jax.custom_vjp
+def matvec(x: jax.Array, matrix: jax.Array) -> jax.Array:
+    """x [1, I] @ matrix[O, I]^T -> [1, O] float32 by the kernel (check `available()` first); differentiable, with
+    XLA's products backward."""
+    return _product(x, matrix)
+
+
+def _product(x: jax.Array, matrix: jax.Array) -> jax.Array:
+    if x.ndim != 2 or x.shape[0] != 1 or matrix.ndim != 2 or x.shape[1] != matrix.shape[1]:
+        raise ApiError("matvec", f"takes x [1, I] and a matrix [O, I], got {x.shape} and {matrix.shape}")
+    if x.dtype != F32 or matrix.dtype != F32:
+        raise ApiError("matvec", f"takes float32 operands, got {x.dtype} and {matrix.dtype}")
+    if _kernel() is None:
+        raise RuntimeError("the matrix-vector kernel is not available here: check blas_matvec.available() first")
+    result = jax.ShapeDtypeStruct((1, matrix.shape[0]), F32)
+    # Under vmap each element is its own one-row product, called in turn.
+    return jax.ffi.ffi_call(TARGET, result, vmap_method="sequential")(x, matrix)
+
+
+def _matvec_forward(x, matrix):
+    return _product(x, matrix), (x, matrix)
+
+
+def _matvec_backward(residuals, g):
+    x, matrix = residuals
+    return g @ matrix, jax.lax.dot_general(g, x, (((0,), (0,)), ((), ())))
+
+
+matvec.defvjp(_matvec_forward, _matvec_backward)
+
+
+@functools.cache
+def _kernel() -> ctypes.CDLL | None:
+    """The compiled kernel registered with XLA; None where this CPU lacks AVX-512F or it cannot be built."""
+    try:
+        library = ctypes.CDLL(str(blas_matmul.compiled(SOURCE)))
+    except (OSError, subprocess.CalledProcessError) as error:
+        warnings.warn(f"jgpt: the matrix-vector kernel is unavailable, decode keeps XLA's dot: {error}", stacklevel=2)
+        return None
+    if not library.jgpt_matvec_supported():
+        return None
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.jgpt_matvec), platform="cpu")
+    return library
