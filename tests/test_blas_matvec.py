@@ -3,6 +3,9 @@ through OutputMajor and whole greedy decodes, and the switch that turns it off."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -21,6 +24,7 @@ from jgpt.layer_strategy import LayerStrategy
 from jgpt.output_major import OutputMajor
 from jgpt.weights import initialize
 
+REPO = Path(__file__).resolve().parent.parent
 # The kernel runs where the CPU has AVX-512F; elsewhere OutputMajor keeps XLA's dot and these parities compare
 # XLA with itself, so the first test pins which of the two this machine is.
 AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else False
@@ -132,3 +136,24 @@ def test_the_environment_turns_the_kernel_off_and_held_weights_follow_the_strate
     assert on.held_weights(held_on).ff_up is held_on.ff_up
     view = on.layer_weights(weights)
     assert view is not None and all(layer["query"].one_row_kernel for layer in view.layers)
+
+
+def test_without_a_compiler_one_row_keeps_xlas_dot_silently(tmp_path):
+    # A fresh process with no kernel cached and a compiler that does not exist: no kernel, no warning, XLA's product.
+    script = """
+import warnings, jax, jax.numpy as jnp, numpy as np
+warnings.simplefilter("error")
+from jgpt import blas_matvec
+from jgpt.output_major import OutputMajor
+x, m = jnp.arange(40.0).reshape(1, 40) / 40, jnp.arange(280.0).reshape(7, 40) / 280
+product = jax.jit(lambda x, m: OutputMajor(m, one_row_kernel=True).product(x, None))
+assert "jgpt_matvec" not in product.lower(x, m).as_text()
+reference = np.asarray(x, np.float64) @ np.asarray(m, np.float64).T
+assert np.abs(np.asarray(product(x, m)) - reference).max() <= 1e-5 * np.abs(reference).max()
+print(blas_matvec.available())
+"""
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
