@@ -48,9 +48,25 @@ class Terminated(BaseException):
     removes temporary files and staging directories as it does for Ctrl-C."""
 
 
+# Set by a SIGTERM until its command ends. The handler's exception alone can be lost: Python runs a signal
+# handler at the next bytecode boundary of the main thread, and one inside a garbage-collection callback (JAX
+# registers one) or a __del__ has its exception printed and swallowed; with SIGTERM then ignored for the
+# cleanup, a training run went on forever (2 of 24 resumed runs SIGTERMed in a loop, each with its handler
+# inside `_xla_gc_callback`: the intermittent CI failure of tests/test_interruption.py).
+_TERMINATION = threading.Event()
+
+
 def _terminated(signum, frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+    _TERMINATION.set()
     raise Terminated
+
+
+def raise_if_terminated() -> None:
+    """Raise Terminated if a SIGTERM arrived and its exception was swallowed: call between units of long work
+    (a train step), so that work still stops."""
+    if _TERMINATION.is_set():
+        raise Terminated
 
 
 @contextlib.contextmanager
@@ -78,7 +94,9 @@ def run_guarded(prog: str, command: Callable[[], int | None]) -> int:
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
-        return command() or 0
+        code = command() or 0
+        raise_if_terminated()  # a SIGTERM whose exception was swallowed still ends as one
+        return code
     except ApiError as error:
         print(f"{prog}: error: {one_line(str(error))}", file=sys.stderr)
         return 2
@@ -97,3 +115,4 @@ def run_guarded(prog: str, command: Callable[[], int | None]) -> int:
     finally:
         if main_thread:  # None: the previous handler was not set from Python, so it was the default
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+            _TERMINATION.clear()

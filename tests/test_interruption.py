@@ -178,3 +178,37 @@ def test_sigterm_cleanup_waits_for_a_deferred_block_then_terminates():
     assert run_guarded("test", command) == TERMINATED
     assert steps == ["the save finished"]
     assert signal.getsignal(signal.SIGTERM) == before  # run_guarded put the previous handler back
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed exception, reported
+def test_a_sigterm_whose_exception_is_swallowed_still_ends_the_command():
+    """Python runs a signal handler at the main thread's next bytecode; inside a garbage-collection callback
+    (JAX registers one) its exception is printed and dropped. The command must end as terminated anyway: at
+    the next `raise_if_terminated` (the train loop calls it every step) or, at the latest, when it returns."""
+    import gc
+
+    from jgpt.errors import raise_if_terminated, run_guarded
+
+    def terminated_inside_a_collection(steps: list[str], check: bool):
+        def callback(phase, info):
+            if phase == "start":
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, before the callback returns
+
+        def command():
+            gc.callbacks.append(callback)
+            try:
+                gc.collect()
+            finally:
+                gc.callbacks.remove(callback)
+            steps.append("after the collection")  # reached: the handler's exception was swallowed
+            if check:
+                raise_if_terminated()
+                steps.append("after the check")  # never reached
+
+        return command
+
+    for check, expected in ((True, ["after the collection"]), (False, ["after the collection"])):
+        steps: list[str] = []
+        assert run_guarded("test", terminated_inside_a_collection(steps, check)) == TERMINATED
+        assert steps == expected
+    raise_if_terminated()  # run_guarded cleared the request when its command ended: nothing raised here

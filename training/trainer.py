@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from jgpt.errors import ApiError, termination_deferred
+from jgpt.errors import ApiError, raise_if_terminated, termination_deferred
 from jgpt.identity import canonical_json, write_atomically
 from jgpt.json_input import read_json
 from jgpt.weights import ModelWeights, initialize
@@ -215,6 +215,7 @@ def train(
                    dynamic_ncols=True)  # fmt: skip
         clock, clock_step = time.perf_counter(), int(state.step)
         while (step := int(state.step)) < config.steps:
+            raise_if_terminated()
             state, step_metrics = train_step(state, data)
             step += 1
             record = {"step": step}
