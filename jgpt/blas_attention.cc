@@ -114,6 +114,7 @@ ffi::Future Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
                     ffi::Buffer<ffi::F32> v, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse,
                     int64_t rows) {
   const Shape s = shape_of(q, k);
+  rows = std::min(rows, s.T);  // the per-thread buffers hold `rows` x T floats: never more rows than tokens
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
   const float *q_data = q.typed_data(), *k_data = k.typed_data(), *v_data = v.typed_data();
   float *out_data = out->typed_data(), *lse_data = lse->typed_data();
@@ -144,6 +145,7 @@ ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
                      ffi::Buffer<ffi::F32> out_gradient, ffi::ResultBuffer<ffi::F32> q_gradient,
                      ffi::ResultBuffer<ffi::F32> k_gradient, ffi::ResultBuffer<ffi::F32> v_gradient, int64_t rows) {
   const Shape s = shape_of(q, k);
+  rows = std::min(rows, s.T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
   const float *q_data = q.typed_data(), *k_data = k.typed_data(), *v_data = v.typed_data();
   const float *out_data = out.typed_data(), *lse_data = lse.typed_data(), *do_data = out_gradient.typed_data();

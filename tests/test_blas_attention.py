@@ -46,11 +46,13 @@ def test_the_kernel_builds_on_cpu_only():
 
 
 # (B, T, H, K, D, rows): one block, several with an uneven last block, one row per block, grouped query heads
-# (two and three per key/value head), a head width that is not a multiple of the vector width.
+# (two and three per key/value head), a head width that is not a multiple of the vector width, and rows far
+# past the tokens (the kernel's per-thread buffers are sized by the rows it uses, at most T).
 @pytest.mark.parametrize(
     "B, T, H, K, D, rows",
-    [(2, 16, 2, 2, 8, 64), (2, 37, 4, 4, 16, 16), (1, 9, 2, 2, 4, 1), (3, 40, 4, 2, 8, 12), (2, 30, 6, 2, 5, 7)],
-)
+    [(2, 16, 2, 2, 8, 64), (2, 37, 4, 4, 16, 16), (1, 9, 2, 2, 4, 1), (3, 40, 4, 2, 8, 12), (2, 30, 6, 2, 5, 7),
+     (1, 9, 2, 2, 4, 1 << 40)],
+)  # fmt: skip
 def test_outputs_and_gradients_match_float64(B, T, H, K, D, rows):
     rng = np.random.default_rng(T)
     q, k, v, do = (
