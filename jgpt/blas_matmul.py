@@ -135,6 +135,20 @@ def _kernel() -> ctypes.CDLL | None:
     return library
 
 
+def registered(source: Path, target: str, handler: str, supported: str) -> ctypes.CDLL | None:
+    """The kernel `source` compiled and loaded, its `handler` registered with XLA as `target`; None where its
+    `supported` function says this CPU cannot run it, or it cannot be built (the caller keeps XLA's operations,
+    silently: where the kernel was never meant to run, as here). Used by `jgpt.blas_matvec` and `jgpt.fused_decode`."""
+    try:
+        library = ctypes.CDLL(str(compiled(source)))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    if not getattr(library, supported)():
+        return None
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, handler)), platform="cpu")
+    return library
+
+
 def numpy_openblas(symbols: tuple[str, ...]) -> ctypes.CDLL | None:
     """The OpenBLAS numpy's wheel bundles (already loaded by numpy), or None if this numpy has another or its
     library lacks one of `symbols` (also used by `jgpt.blas_attention`)."""
@@ -150,7 +164,10 @@ def compiled(source: Path) -> Path:
     renamed; also used by `jgpt.blas_attention`)."""
     command = [os.environ.get("CXX", "g++"), "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
                "-I", str(Path(jax.ffi.include_dir()))]  # fmt: skip
-    key = hashlib.sha256(source.read_bytes() + jaxlib.__version__.encode() + " ".join(command).encode()).hexdigest()
+    # The headers beside the source are what its quoted includes can reach (jgpt/one_row.h).
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    text = source.read_bytes() + headers + jaxlib.__version__.encode() + " ".join(command).encode()
+    key = hashlib.sha256(text).hexdigest()
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     library = base / "jgpt" / "kernels" / f"{source.stem}-{key[:16]}.so"
     if library.exists():

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import subprocess
 from pathlib import Path
 
 import jax
@@ -79,11 +78,4 @@ matvec.defvjp(_matvec_forward, _matvec_backward)
 @functools.cache
 def _kernel() -> ctypes.CDLL | None:
     """The compiled kernel registered with XLA; None where this CPU lacks AVX-512F or it cannot be built."""
-    try:
-        library = ctypes.CDLL(str(blas_matmul.compiled(SOURCE)))
-    except (OSError, subprocess.CalledProcessError):
-        return None  # decode keeps XLA's dot, as it does where the kernel was never meant to run
-    if not library.jgpt_matvec_supported():
-        return None
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.jgpt_matvec), platform="cpu")
-    return library
+    return blas_matmul.registered(SOURCE, TARGET, "jgpt_matvec", "jgpt_matvec_supported")

@@ -26,6 +26,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jgpt import fused_decode
 from jgpt import pytree as struct
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
@@ -134,7 +135,11 @@ def forward(
     key_positions = positions if cache is None else jnp.arange(cache.keys.shape[3])[None, :]
     run = functools.partial(block, architecture=a, tokens=TokenPositions(positions, key_positions), observe=observe)
     carry = (x.reshape(B * T, a.width), cache)
-    if layer_weights is None:
+    layers = None if layer_weights is None else layer_weights.layers
+    if cache is not None and not observe and fused_decode.applies(a, B * T, cache.keys.dtype, layers):
+        h, keys, values = fused_decode.blocks(carry[0], positions[0, 0], cache.keys, cache.values, layers, a)
+        cache, new, stages = KVBuffers(keys=keys, values=values), None, None
+    elif layer_weights is None:
         (h, cache), (new, stages) = _scanned(run, carry, weights.block(), a.layers, unroll)
     else:
         (h, cache), (new, stages) = _straight_line(run, carry, layer_weights.layers)

@@ -1,0 +1,335 @@
+// Every decoder block of a batch-1 decode step of the GPT baseline in one XLA FFI call, on CPU.
+//
+// A batch-1 step reads every weight once for two flops per 4-byte weight, so its time is the read bandwidth plus
+// whatever stops the reads. Run as XLA operations, a GPT-2-small step is some 70 products and 370 small fusions,
+// reductions and scatters, each dispatched in turn, and the cores idle between them. Here one call runs all the
+// blocks: the calling thread and XLA's intra-op pool share each parallel stage (a layer's query/key/value
+// products, its attention heads, its output projection, its feed-forward products), grabbing 64-row chunks of a
+// stage from one atomic ticket, while the calling thread alone does the small serial work between stages (the two
+// normalizations of 768 values). Keys and values of the new token are written into the cache, which the call
+// receives and returns as one aliased buffer.
+//
+// Deadlock-free by construction: the calling thread can finish every chunk alone, so a helper the pool starts
+// late (or never) costs speed, not progress; helpers hold the team by a shared pointer and leave when the last
+// stage is published. Only `jgpt_fused_decode_supported()` CPUs may run it (AVX-512F: the code between the
+// target pragmas); loading the library anywhere is safe.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "one_row.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using jgpt::Dot, jgpt::kLane, jgpt::Rows, jgpt::Sum, jgpt::Tail;
+
+// Block tensors per layer, in the order the Python side passes them (jgpt/fused_decode.py, LAYER_TENSORS).
+enum Tensor {
+  kLn1Scale, kLn1Bias, kQuery, kQueryBias, kKey, kKeyBias, kValue, kValueBias, kOutput, kOutputBias,
+  kLn2Scale, kLn2Bias, kUp, kUpBias, kDown, kDownBias, kTensorsPerLayer
+};
+enum Activation : int64_t { kGeluErf = 0, kGeluTanh = 1 };
+
+constexpr int64_t kPieceRows = 64;  // rows a chunk multiplies before its epilogue: 64 rows of 768 are 192 KiB
+constexpr int64_t kChunksPerThread = 1;  // chunks of each matrix per thread of the team
+constexpr uint64_t kFinished = ~uint64_t{0};
+
+// What one parallel stage does, one chunk at a time. A product stage runs up to three matrices, y = W x + b,
+// back to back; its epilogue stores y, applies GELU to it, or adds it into y (the residual stream).
+enum class Epilogue { kStore, kGelu, kAdd };
+struct Product {
+  const float* w;  // [rows, inputs], output-major
+  const float* b;  // [rows]
+  float* y;        // [rows]
+  int64_t rows;
+  int64_t chunk_rows = 0;  // rows per chunk, a multiple of kLane (set by `Products`)
+};
+struct Stage {
+  bool attention = false;
+  // A product stage.
+  Product products[3];
+  int64_t count = 0, first_chunk[4] = {};
+  const float* x = nullptr;
+  int64_t inputs = 0;
+  Epilogue epilogue = Epilogue::kStore;
+  Activation activation = kGeluErf;
+  // An attention stage: one chunk per head, over this layer's keys and values [heads, slots, head_dim].
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  float *keys = nullptr, *values = nullptr, *mixed = nullptr, *scores = nullptr;
+  int64_t slots = 0, head_dim = 0, position = 0;
+  int64_t chunks = 0;
+};
+
+// The ticket packs the stage's number (bits 40-63), its chunk count (20-39) and its next chunk (0-19), so a
+// thread grabs a chunk of the stage it saw, or none, in one compare-and-swap.
+uint64_t Ticket(uint64_t stage, uint64_t chunks, uint64_t next) { return stage << 40 | chunks << 20 | next; }
+
+struct Team {
+  std::atomic<uint64_t> ticket{0};
+  std::atomic<int64_t> done{0};
+  Stage stage;
+};
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+
+// exp(x) for x <= 0 (x below -87 gives about 1e-38 or 0): 2^n times a degree-7 Taylor polynomial of the remainder
+// r = x - n ln 2, |r| <= ln 2 / 2, about 1e-7 relative.
+__m512 ExpNonPositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+// GELU of 16 values: x (1 + erf(x / sqrt 2)) / 2, erf by Abramowitz and Stegun 7.1.26 (absolute error below
+// 1.5e-7), or GPT-2's x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2 with tanh u = sign(u) (1 - e) / (1 + e),
+// e = exp(-2 |u|).
+__m512 Gelu(__m512 x, Activation activation) {
+  const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+  __m512 odd;  // erf(x / sqrt 2) or tanh(u), an odd function of x: computed at |.|, then given x's sign
+  if (activation == kGeluTanh) {
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
+    const __m512 e = ExpNonPositive(_mm512_mul_ps(_mm512_set1_ps(-2.0f), _mm512_abs_ps(u)));
+    odd = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+  } else {
+    const __m512 z = _mm512_abs_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f)));
+    const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), z, one));
+    __m512 p = _mm512_set1_ps(1.061405429f);
+    for (const float c : {-1.453152027f, 1.421413741f, -0.284496736f, 0.254829592f})
+      p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(c));
+    p = _mm512_mul_ps(p, t);
+    odd = _mm512_fnmadd_ps(p, ExpNonPositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(z, z))), one);
+  }
+  odd = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(odd), sign));
+  return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, odd));
+}
+
+void ProductChunk(const Stage& s, int64_t chunk) {
+  int64_t m = 0;
+  while (chunk >= s.first_chunk[m + 1]) ++m;
+  const Product& p = s.products[m];
+  const int64_t start = (chunk - s.first_chunk[m]) * p.chunk_rows, stop = std::min(p.rows, start + p.chunk_rows);
+  float partial[kPieceRows];
+  // Piece after piece of one contiguous run of rows: each piece's last rows prefetch the next piece's first.
+  for (int64_t first = start; first < stop; first += kPieceRows) {
+    const int64_t n = std::min(kPieceRows, stop - first);
+    Rows(s.x, p.w + first * s.inputs, partial, s.inputs, 0, n);
+    for (int64_t i = 0; i < n; i += kLane) {
+      const __mmask16 lanes = n - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(n - i);
+      __m512 y = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, partial + i), _mm512_maskz_loadu_ps(lanes, p.b + first + i));
+      float* out = p.y + first + i;
+      if (s.epilogue == Epilogue::kGelu) y = Gelu(y, s.activation);
+      if (s.epilogue == Epilogue::kAdd) y = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, out), y);
+      _mm512_mask_storeu_ps(out, lanes, y);
+    }
+  }
+}
+
+// One head: its new key and value into the cache slot `position` (dropped past the cache), then softmax attention
+// of its query over the slots up to the position.
+void AttentionChunk(const Stage& s, int64_t head) {
+  const int64_t D = s.head_dim, S = s.slots;
+  float* keys = s.keys + head * S * D;
+  float* values = s.values + head * S * D;
+  if (s.position < S) {
+    std::copy_n(s.k + head * D, D, keys + s.position * D);
+    std::copy_n(s.v + head * D, D, values + s.position * D);
+  }
+  const int64_t visible = std::min(s.position, S - 1) + 1;
+  const float* q = s.q + head * D;
+  float* scores = s.scores + head * S;
+  const float scale = std::sqrt(static_cast<float>(D));
+  float top = -INFINITY;
+  for (int64_t j = 0; j < visible; ++j) top = std::max(top, scores[j] = Dot(keys + j * D, q, D) / scale);
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t j = 0; j < visible; j += kLane) {
+    const __mmask16 lanes = visible - j >= kLane ? static_cast<__mmask16>(0xffff) : Tail(visible - j);
+    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, scores + j), _mm512_set1_ps(top)));
+    _mm512_mask_storeu_ps(scores + j, lanes, e);
+    total = _mm512_add_ps(total, _mm512_maskz_mov_ps(lanes, e));
+  }
+  const float inverse = 1.0f / Sum(total);
+  float* out = s.mixed + head * D;
+  for (int64_t d = 0; d < D; d += kLane) {
+    const __mmask16 lanes = D - d >= kLane ? static_cast<__mmask16>(0xffff) : Tail(D - d);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < visible; ++j)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j] * inverse), _mm512_maskz_loadu_ps(lanes, values + j * D + d), acc);
+    _mm512_mask_storeu_ps(out + d, lanes, acc);
+  }
+}
+
+void RunChunk(const Stage& s, int64_t chunk) {
+  if (s.attention)
+    AttentionChunk(s, chunk);
+  else
+    ProductChunk(s, chunk);
+}
+
+// Grab and run chunks of the stage `ticket` names until it has none left.
+void Work(Team& team, uint64_t ticket) {
+  while ((ticket & 0xfffff) < (ticket >> 20 & 0xfffff)) {
+    if (team.ticket.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) {
+      RunChunk(team.stage, ticket & 0xfffff);
+      team.done.fetch_add(1, std::memory_order_release);
+      ++ticket;
+    }  // else `ticket` now holds the current one: another thread's grab, or the next stage (or kFinished)
+  }
+}
+
+void Help(const std::shared_ptr<Team>& team) {
+  for (int idle = 0;;) {
+    const uint64_t ticket = team->ticket.load(std::memory_order_acquire);
+    if (ticket == kFinished) return;
+    if ((ticket & 0xfffff) < (ticket >> 20 & 0xfffff)) {
+      Work(*team, ticket);
+      idle = 0;
+    } else if (++idle < 4096) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();  // the calling thread is doing serial work, or another program needs the core
+    }
+  }
+}
+
+// Publish `stage` as the team's stage number `number`, run chunks of it here too, and return once every chunk is
+// done (by any thread).
+void Run(Team& team, const Stage& stage, uint64_t number) {
+  team.stage = stage;
+  team.done.store(0, std::memory_order_relaxed);
+  const uint64_t ticket = Ticket(number, stage.chunks, 0);
+  team.ticket.store(ticket, std::memory_order_release);
+  Work(team, ticket);
+  while (team.done.load(std::memory_order_acquire) < stage.chunks) _mm_pause();
+}
+
+// LayerNorm of x [C] into y: (x - mean) / sqrt(variance + epsilon) * scale + bias.
+void Normalize(const float* x, const float* scale, const float* bias, float* y, int64_t C, float epsilon) {
+  __m512 s = _mm512_setzero_ps();
+  for (int64_t i = 0; i < C; i += kLane) {
+    const __mmask16 lanes = C - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(C - i);
+    s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(lanes, x + i));
+  }
+  const __m512 mean = _mm512_set1_ps(Sum(s) / C);
+  s = _mm512_setzero_ps();
+  for (int64_t i = 0; i < C; i += kLane) {
+    const __mmask16 lanes = C - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(C - i);
+    const __m512 c = _mm512_maskz_sub_ps(lanes, _mm512_maskz_loadu_ps(lanes, x + i), mean);
+    s = _mm512_fmadd_ps(c, c, s);
+  }
+  const __m512 inverse = _mm512_set1_ps(1.0f / std::sqrt(Sum(s) / C + epsilon));
+  for (int64_t i = 0; i < C; i += kLane) {
+    const __mmask16 lanes = C - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(C - i);
+    const __m512 c = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), mean), inverse);
+    _mm512_mask_storeu_ps(y + i, lanes,
+                          _mm512_fmadd_ps(c, _mm512_maskz_loadu_ps(lanes, scale + i), _mm512_maskz_loadu_ps(lanes, bias + i)));
+  }
+}
+
+// A product stage over up to three matrices, each split into `parts` contiguous chunks of whole kLane rows.
+Stage Products(std::initializer_list<Product> products, const float* x, int64_t inputs, Epilogue epilogue,
+               Activation activation, int64_t parts) {
+  Stage s;
+  for (Product p : products) {
+    p.chunk_rows = ((p.rows + parts - 1) / parts + kLane - 1) / kLane * kLane;
+    s.products[s.count] = p;
+    s.first_chunk[s.count + 1] = s.first_chunk[s.count] + (p.rows + p.chunk_rows - 1) / p.chunk_rows;
+    ++s.count;
+  }
+  s.chunks = s.first_chunk[s.count];
+  s.x = x, s.inputs = inputs, s.epilogue = epilogue, s.activation = activation;
+  return s;
+}
+
+#pragma GCC pop_options
+
+// x [1, C] the step's embedded token, position [1]; keys and values [layers, 1, heads, slots, head_dim] (aliased
+// to the results of the same shape); then kTensorsPerLayer tensors per layer. Result stream [1, C]: after the
+// last block, before the final normalization. The Python side checks every shape.
+ffi::Error Blocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> position,
+                  ffi::Buffer<ffi::F32> keys_in, ffi::Buffer<ffi::F32> values_in, ffi::RemainingArgs tensors,
+                  ffi::ResultBuffer<ffi::F32> stream_out, ffi::ResultBuffer<ffi::F32> keys,
+                  ffi::ResultBuffer<ffi::F32> values, float epsilon, int64_t activation_code) {
+  const auto dims = keys->dimensions();
+  const int64_t layers = dims[0], heads = dims[2], S = dims[3], D = dims[4], C = heads * D;
+  const int64_t F = tensors.get<ffi::AnyBuffer>(kUp).value().dimensions()[0];
+  const Activation activation = static_cast<Activation>(activation_code);
+  if (keys->typed_data() != keys_in.typed_data()) std::copy_n(keys_in.typed_data(), keys_in.element_count(), keys->typed_data());
+  if (values->typed_data() != values_in.typed_data())
+    std::copy_n(values_in.typed_data(), values_in.element_count(), values->typed_data());
+  const int64_t p = std::max<int32_t>(0, position.typed_data()[0]);
+  float* stream = stream_out->typed_data();
+  std::copy_n(x.typed_data(), C, stream);
+  // One allocation for the step's vectors: normalized input, query/key/value, mixed heads, feed-forward hidden,
+  // and per head its scores over the slots.
+  std::vector<float> scratch(C + 3 * C + C + F + heads * S);
+  float *normed = scratch.data(), *qkv = normed + C, *mixed = qkv + 3 * C, *hidden = mixed + C, *scores = hidden + F;
+
+  auto team = std::make_shared<Team>();
+  const int64_t helpers = std::max<int64_t>(0, pool.num_threads() - 1);
+  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([team]() { Help(team); });
+  const int64_t parts = kChunksPerThread * (helpers + 1);
+  uint64_t number = 0;
+  auto tensor = [&](int64_t layer, Tensor name) {
+    return static_cast<const float*>(tensors.get<ffi::AnyBuffer>(layer * kTensorsPerLayer + name).value().untyped_data());
+  };
+  for (int64_t l = 0; l < layers; ++l) {
+    Normalize(stream, tensor(l, kLn1Scale), tensor(l, kLn1Bias), normed, C, epsilon);
+    Run(*team, Products({{tensor(l, kQuery), tensor(l, kQueryBias), qkv, C},
+                         {tensor(l, kKey), tensor(l, kKeyBias), qkv + C, C},
+                         {tensor(l, kValue), tensor(l, kValueBias), qkv + 2 * C, C}},
+                        normed, C, Epilogue::kStore, activation, parts), ++number);
+    Stage attention;
+    attention.attention = true;
+    attention.q = qkv, attention.k = qkv + C, attention.v = qkv + 2 * C;
+    attention.keys = keys->typed_data() + l * heads * S * D, attention.values = values->typed_data() + l * heads * S * D;
+    attention.mixed = mixed, attention.scores = scores;
+    attention.slots = S, attention.head_dim = D, attention.position = p, attention.chunks = heads;
+    Run(*team, attention, ++number);
+    Run(*team, Products({{tensor(l, kOutput), tensor(l, kOutputBias), stream, C}}, mixed, C, Epilogue::kAdd, activation, parts),
+        ++number);
+    Normalize(stream, tensor(l, kLn2Scale), tensor(l, kLn2Bias), normed, C, epsilon);
+    Run(*team, Products({{tensor(l, kUp), tensor(l, kUpBias), hidden, F}}, normed, C, Epilogue::kGelu, activation, parts),
+        ++number);
+    Run(*team, Products({{tensor(l, kDown), tensor(l, kDownBias), stream, C}}, hidden, F, Epilogue::kAdd, activation, parts),
+        ++number);
+  }
+  team->ticket.store(kFinished, std::memory_order_release);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+extern "C" int jgpt_fused_decode_supported() { return __builtin_cpu_supports("avx512f"); }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jgpt_fused_decode, Blocks,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [1, C]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // position [1]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // keys [L, 1, H, S, D]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // values
+                                  .RemainingArgs()               // kTensorsPerLayer per layer
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // stream [1, C]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // keys, aliased
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // values, aliased
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("activation"));

@@ -1,0 +1,118 @@
+"""Every decoder block of a batch-1 decode step of the GPT baseline in one kernel call, on CPU.
+
+A batch-1 step reads each weight once for two flops per 4-byte weight: its floor is the
+read bandwidth. Run as XLA operations, a GPT-2-small step is some 70 products (by
+`jgpt.blas_matvec`'s loop) and about 370 small fusions, reductions, copies and cache
+scatters, dispatched one after another, and the step's median stood 1-2 ms above its
+products chained alone: at the machine's faster moments the bench's step read 45 GB/s
+where one large read reached 57-62 GB/s (2026-12-05 21:40 UTC, /work/tasks notes in
+docs/inference.md). `fused_decode.cc` runs all the blocks in one XLA FFI call instead: the
+calling thread and XLA's intra-op pool share each stage (query/key/value products,
+attention heads, output projection, feed-forward products) chunk by chunk, with the
+normalizations and GELU, the attention over the cache and the writes of the new key and
+value into it done inside. The cache goes in and comes out as the same (aliased) buffers.
+
+`applies(...)` says where `model.forward` takes it: one token of one row with a cache,
+float32 throughout, the GPT baseline (learned positions, LayerNorm, GELU, biases; not
+Llama), per-layer output-major weights that ask for the one-row kernel
+(`LayerStrategy.one_row_kernel`, so `JGPT_MATVEC_KERNEL=0` turns this off too), and a CPU
+with AVX-512F where the kernel builds. Everywhere else the XLA blocks run, and they stay
+the reference: the kernel's stream and cache match them within 1e-5 (tests/test_fused_decode.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jgpt import blas_matmul
+from jgpt.architecture import Architecture, ModelArchitecture
+from jgpt.output_major import OutputMajor
+
+F32 = jnp.float32
+SOURCE = Path(__file__).with_name("fused_decode.cc")
+TARGET = "jgpt_fused_decode"
+# A layer's tensors in the order the kernel reads them (its `Tensor` enum); projections output-major.
+LAYER_TENSORS = (
+    "ln1_scale", "ln1_bias", "query", "query_bias", "key", "key_bias", "value", "value_bias",
+    "attention_output", "attention_output_bias", "ln2_scale", "ln2_bias", "ff_up", "ff_up_bias",
+    "ff_down", "ff_down_bias",
+)  # fmt: skip
+PROJECTIONS = ("query", "key", "value", "attention_output", "ff_up", "ff_down")
+ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1}  # the kernel's codes
+
+
+def applies(architecture: Architecture, rows: int, cache_dtype, layers: Sequence[Mapping[str, object]] | None) -> bool:
+    """Whether `model.forward` runs its blocks by this kernel: one token of one row (`rows` = B * T) over a float32
+    cache, the float32 GPT baseline, per-layer output-major weights asking for the one-row kernel, and the kernel
+    available here."""
+    a = architecture
+    if rows != 1 or layers is None or not isinstance(a, ModelArchitecture) or a.precision != "float32":
+        return False
+    if jnp.dtype(cache_dtype) != F32 or a.activation not in ACTIVATIONS:
+        return False
+    for w in layers:
+        if any(name not in w for name in LAYER_TENSORS):
+            return False
+        projections = [w[name] for name in PROJECTIONS]
+        if not all(isinstance(p, OutputMajor) and p.one_row_kernel and p.dtype == F32 for p in projections):
+            return False
+    return available()
+
+
+def available(backend: str | None = None) -> bool:
+    """Whether `backend` (default: JAX's default backend) is a CPU with AVX-512F and the kernel builds and loads."""
+    return (backend or jax.default_backend()) == "cpu" and _kernel() is not None
+
+
+def blocks(
+    x: jax.Array,
+    position: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    layers: Sequence[Mapping[str, object]] | None,
+    architecture: Architecture,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Every block for one token: x [1, C] (embedded), position [] int32, keys and values [L, 1, H, S, D] ->
+    (stream [1, C] before the final normalization, keys, values with the token's written at slot `position`,
+    dropped past S). Check `applies(...)` first."""
+    a = architecture
+    if not isinstance(a, ModelArchitecture) or layers is None:
+        raise ValueError("fused decode runs the GPT baseline over per-layer weights: check applies(...) first")
+    L, H, D, C = a.layers, a.heads, a.head_dim, a.width
+    if x.shape != (1, C) or keys.shape[:3] != (L, 1, H) or keys.shape[4] != D or keys.shape != values.shape:
+        raise ValueError(f"fused decode takes x [1, {C}] and caches [{L}, 1, {H}, S, {D}], got {x.shape}, {keys.shape}")
+    if len(layers) != L:
+        raise ValueError(f"fused decode takes {L} layers' weights, got {len(layers)}")
+    if _kernel() is None:
+        raise RuntimeError("the fused decode kernel is not available here: check fused_decode.applies(...) first")
+    tensors = [_held(w[name]) for w in layers for name in LAYER_TENSORS]
+    results = (jax.ShapeDtypeStruct((1, C), F32), jax.ShapeDtypeStruct(keys.shape, F32),
+               jax.ShapeDtypeStruct(values.shape, F32))  # fmt: skip
+    call = jax.ffi.ffi_call(TARGET, results, input_output_aliases={2: 1, 3: 2})
+    stream, keys, values = call(
+        x.astype(F32),
+        jnp.reshape(position, (1,)).astype(jnp.int32),
+        keys,
+        values,
+        *tensors,
+        epsilon=np.float32(a.epsilon),
+        activation=np.int64(ACTIVATIONS[a.activation]),
+    )
+    return stream, keys, values
+
+
+def _held(t) -> jax.Array:
+    return t.matrix if isinstance(t, OutputMajor) else t
+
+
+@functools.cache
+def _kernel() -> ctypes.CDLL | None:
+    """The compiled kernel registered with XLA; None where this CPU lacks AVX-512F or it cannot be built."""
+    return blas_matmul.registered(SOURCE, TARGET, "jgpt_fused_decode", "jgpt_fused_decode_supported")

@@ -1,0 +1,137 @@
+"""The fused batch-1 decode blocks (jgpt.fused_decode): the same stream, cache and selected ids as XLA's blocks,
+where it applies and nowhere else, and XLA's blocks silently where it cannot be built."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from inference.execution import ModelExecution
+from inference.generation import generate
+from inference.policy import GenerationPolicy, InferenceRequest
+from jgpt import fused_decode
+from jgpt.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.kv_state import KVBuffers, StateIdentity
+from jgpt.layer_strategy import LayerStrategy
+from jgpt.model import forward
+from jgpt.weights import initialize
+
+REPO = Path(__file__).resolve().parent.parent
+AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else False
+# Width 80 over 5 heads: a head of 16 (one vector) and widths, an ffn and a vocabulary that are not multiples of
+# 16, of the 4-row groups or of a 2-thread split.
+GPT = ModelArchitecture(vocabulary=97, width=80, ffn=200, context=40, layers=3, heads=5)
+SLOTS = 24
+KERNEL, XLA = (LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=k) for k in (True, False))
+
+
+def one_step(architecture, strategy, weights, position: int, cache: KVBuffers):
+    held, layers = strategy.held_weights(weights), strategy.layer_weights(weights)
+    step = jax.jit(lambda ids, p, c: forward(held, architecture, ids, positions=p, cache=c, layer_weights=layers))
+    args = (jnp.array([[5]], jnp.int32), jnp.array([[position]], jnp.int32), cache)
+    return step(*args), "jgpt_fused_decode" in step.lower(*args).as_text()
+
+
+def random_cache(architecture, seed: int) -> KVBuffers:
+    a = architecture
+    keys, values = jax.random.normal(jax.random.PRNGKey(seed), (2, a.layers, 1, a.kv_heads, SLOTS, a.head_dim))
+    return KVBuffers(keys=keys, values=values)
+
+
+def test_the_kernel_is_available_exactly_on_a_cpu_with_avx512f():
+    assert fused_decode.available() == (jax.default_backend() == "cpu" and AVX512)
+    assert not fused_decode.available("gpu")
+
+
+# Positions: the first slot, one inside, the last slot, and past the cache (the write is dropped, every slot seen).
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("position", [0, 9, SLOTS - 1, SLOTS + 6])
+def test_one_step_matches_xlas_blocks_within_1e_5(activation, position):
+    a = ModelArchitecture(**{**GPT.to_json(), "activation": activation})
+    weights = initialize(a, seed=3)[0]
+    cache = random_cache(a, position)
+    (got, used), (want, not_used) = (one_step(a, s, weights, position, cache) for s in (KERNEL, XLA))
+    assert used == fused_decode.available() and not not_used
+    for name, g, w in (("logits", got.logits, want.logits), ("keys", got.cache.keys, want.cache.keys),
+                       ("values", got.cache.values, want.cache.values)):  # fmt: skip
+        w = np.asarray(w, np.float64)
+        assert np.abs(np.asarray(g) - w).max() <= 1e-5 * np.abs(w).max(), name
+    # The new key lands in slot `position` of every layer (or nowhere past the cache); every other slot is kept.
+    changed = np.any(np.asarray(got.cache.keys) != np.asarray(cache.keys), axis=(0, 1, 2, 4))
+    assert changed.tolist() == [slot == position for slot in range(SLOTS)]
+
+
+def test_a_greedy_generation_selects_the_same_ids_with_the_fused_blocks_and_with_xlas():
+    weights = initialize(GPT, seed=11)[0]
+    identity = StateIdentity("c", "t", "float32")
+    on, off = (ModelExecution(weights, GPT, identity, strategy=s) for s in (KERNEL, XLA))
+    requests = [InferenceRequest("r", (5, 17, 90, 3, 88, 60, 1), GenerationPolicy(30))]
+    ids_on, ids_off = (generate(e, requests).responses[0].output_ids for e in (on, off))
+    assert len(ids_on) == 30 and ids_on == ids_off
+    (logits_on, state_on), (logits_off, state_off) = (e.decode(e.prefill([[5, 17, 90]])[1], [9]) for e in (on, off))
+    reference = np.asarray(logits_off, np.float64)
+    assert np.abs(np.asarray(logits_on) - reference).max() <= 1e-5 * np.abs(reference).max()
+    assert int(state_on.lengths[0]) == int(state_off.lengths[0]) == 4
+
+
+def test_it_applies_to_one_float32_token_of_the_gpt_baseline_with_the_one_row_kernel_only():
+    weights = initialize(GPT, seed=1)[0]
+    layers = KERNEL.layer_weights(weights).layers
+    assert fused_decode.applies(GPT, 1, jnp.float32, layers) == fused_decode.available()
+    assert not fused_decode.applies(GPT, 2, jnp.float32, layers)  # two rows, or two tokens of one row
+    assert not fused_decode.applies(GPT, 1, jnp.bfloat16, layers)  # a bf16 KV state
+    assert not fused_decode.applies(GPT, 1, jnp.float32, None)  # the layer scan
+    assert not fused_decode.applies(GPT, 1, jnp.float32, XLA.layer_weights(weights).layers)
+    stored = LayerStrategy.unrolled_layers(output_major=False)
+    assert not fused_decode.applies(GPT, 1, jnp.float32, stored.layer_weights(weights).layers)
+    bf16 = ModelArchitecture(**{**GPT.to_json(), "precision": "bfloat16"})
+    assert not fused_decode.applies(bf16, 1, jnp.float32, layers)
+    llama = LlamaArchitecture(vocabulary=97, width=64, ffn=128, context=40, layers=2, heads=4, kv_heads=2)
+    assert not fused_decode.applies(llama, 1, jnp.float32, KERNEL.layer_weights(initialize(llama, seed=1)[0]).layers)
+
+
+def test_observing_a_step_runs_xlas_blocks():
+    weights = initialize(GPT, seed=2)[0]
+    held, layers = KERNEL.held_weights(weights), KERNEL.layer_weights(weights)
+    step = jax.jit(lambda ids, p, c: forward(held, GPT, ids, positions=p, cache=c, layer_weights=layers, observe=True))
+    lowered = step.lower(jnp.array([[5]], jnp.int32), jnp.array([[3]], jnp.int32), random_cache(GPT, 0)).as_text()
+    assert "jgpt_fused_decode" not in lowered
+
+
+def test_blocks_reject_shapes_the_architecture_does_not_have():
+    weights = initialize(GPT, seed=2)[0]
+    layers = KERNEL.layer_weights(weights).layers
+    cache = random_cache(GPT, 0)
+    with pytest.raises(ValueError, match="takes x"):
+        fused_decode.blocks(jnp.ones((2, GPT.width)), jnp.int32(0), cache.keys, cache.values, layers, GPT)
+    with pytest.raises(ValueError, match="takes x"):
+        fused_decode.blocks(jnp.ones((1, GPT.width)), jnp.int32(0), cache.keys[:2], cache.values[:2], layers, GPT)
+    with pytest.raises(ValueError, match="layers' weights"):
+        fused_decode.blocks(jnp.ones((1, GPT.width)), jnp.int32(0), cache.keys, cache.values, layers[:2], GPT)
+
+
+def test_without_a_compiler_decode_keeps_xlas_blocks_silently(tmp_path):
+    # A fresh process with no kernel cached and a compiler that does not exist: no kernel, no warning, XLA's blocks.
+    script = """
+import warnings, jax, jax.numpy as jnp
+warnings.simplefilter("error")
+from jgpt import fused_decode
+from jgpt.architecture import ModelArchitecture
+from jgpt.layer_strategy import LayerStrategy
+from jgpt.weights import initialize
+a = ModelArchitecture(vocabulary=97, width=80, ffn=200, context=40, layers=3, heads=5)
+layers = LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=True).layer_weights(initialize(a, seed=1)[0])
+print(fused_decode.available(), fused_decode.applies(a, 1, jnp.float32, layers.layers))
+"""
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
