@@ -2,17 +2,18 @@
 //
 // A batch-1 step reads every weight once for two flops per 4-byte weight, so its time is the read bandwidth plus
 // whatever stops the reads. Run as XLA operations, a GPT-2-small step is some 70 products and 370 small fusions,
-// reductions and scatters, each dispatched in turn, and the cores idle between them. Here one call runs all the
-// blocks: the calling thread and XLA's intra-op pool share each parallel stage (a layer's query/key/value
-// products, its attention heads, its output projection, its feed-forward products), grabbing 64-row chunks of a
-// stage from one atomic ticket, while the calling thread alone does the small serial work between stages (the two
-// normalizations of 768 values). Keys and values of the new token are written into the cache, which the call
-// receives and returns as one aliased buffer.
+// reductions and scatters, each dispatched in turn, each product waiting for the one before. Here one call runs all
+// the blocks as a team of XLA intra-op pool tasks: a leader does the small serial work between stages (the two
+// normalizations of 768 values) and publishes each parallel stage (a layer's query/key/value products, its
+// attention heads, its output projection, its feed-forward products); every member grabs runs of 64-row chunks of
+// it from one atomic ticket, a share of what is left at a time (long streams first, single chunks last, so the
+// team ends a stage together). Keys and values of the new token are written into the cache, which the call
+// receives and returns as one aliased buffer. The calling thread waits on the call's future.
 //
-// Deadlock-free by construction: the calling thread can finish every chunk alone, so a helper the pool starts
-// late (or never) costs speed, not progress; helpers hold the team by a shared pointer and leave when the last
-// stage is published. Only `jgpt_fused_decode_supported()` CPUs may run it (AVX-512F: the code between the
-// target pragmas); loading the library anywhere is safe.
+// Deadlock-free by construction: the leader can finish every chunk alone, so a helper the pool starts late (or
+// never) costs speed, not progress; helpers hold the team by a shared pointer and leave when the leader marks it
+// finished. Only `jgpt_fused_decode_supported()` CPUs may run it (AVX-512F: the code between the target pragmas
+// and jgpt/one_row.h); loading the library anywhere is safe.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -40,8 +41,7 @@ enum Tensor {
 };
 enum Activation : int64_t { kGeluErf = 0, kGeluTanh = 1 };
 
-constexpr int64_t kPieceRows = 64;  // rows a chunk multiplies before its epilogue: 64 rows of 768 are 192 KiB
-constexpr int64_t kChunksPerThread = 1;  // chunks of each matrix per thread of the team
+constexpr int64_t kChunkRows = 64;  // a product's chunk: 64 rows of 768 inputs are 192 KiB of weights
 constexpr uint64_t kFinished = ~uint64_t{0};
 
 // What one parallel stage does, one chunk at a time. A product stage runs up to three matrices, y = W x + b,
@@ -52,7 +52,6 @@ struct Product {
   const float* b;  // [rows]
   float* y;        // [rows]
   int64_t rows;
-  int64_t chunk_rows = 0;  // rows per chunk, a multiple of kLane (set by `Products`)
 };
 struct Stage {
   bool attention = false;
@@ -74,10 +73,24 @@ struct Stage {
 // thread grabs a chunk of the stage it saw, or none, in one compare-and-swap.
 uint64_t Ticket(uint64_t stage, uint64_t chunks, uint64_t next) { return stage << 40 | chunks << 20 | next; }
 
+// One step's operands, gathered before the handler returns (the call frame does not outlive it; the buffers do,
+// until the step's future is ready).
+struct Step {
+  int64_t layers, heads, S, D, C, F, position;
+  float epsilon;
+  Activation activation;
+  std::vector<const float*> tensors;  // kTensorsPerLayer per layer
+  float *stream, *keys, *values;
+  std::vector<float> scratch;  // normalized input, query/key/value, mixed heads, feed-forward hidden, scores
+  const float* tensor(int64_t layer, Tensor name) const { return tensors[layer * kTensorsPerLayer + name]; }
+};
+
 struct Team {
   std::atomic<uint64_t> ticket{0};
   std::atomic<int64_t> done{0};
+  int64_t threads = 1;  // a grab takes 1 / threads of the chunks left, at least one
   Stage stage;
+  Step step;
 };
 
 #pragma GCC push_options
@@ -126,20 +139,16 @@ void ProductChunk(const Stage& s, int64_t chunk) {
   int64_t m = 0;
   while (chunk >= s.first_chunk[m + 1]) ++m;
   const Product& p = s.products[m];
-  const int64_t start = (chunk - s.first_chunk[m]) * p.chunk_rows, stop = std::min(p.rows, start + p.chunk_rows);
-  float partial[kPieceRows];
-  // Piece after piece of one contiguous run of rows: each piece's last rows prefetch the next piece's first.
-  for (int64_t first = start; first < stop; first += kPieceRows) {
-    const int64_t n = std::min(kPieceRows, stop - first);
-    Rows(s.x, p.w + first * s.inputs, partial, s.inputs, 0, n);
-    for (int64_t i = 0; i < n; i += kLane) {
-      const __mmask16 lanes = n - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(n - i);
-      __m512 y = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, partial + i), _mm512_maskz_loadu_ps(lanes, p.b + first + i));
-      float* out = p.y + first + i;
-      if (s.epilogue == Epilogue::kGelu) y = Gelu(y, s.activation);
-      if (s.epilogue == Epilogue::kAdd) y = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, out), y);
-      _mm512_mask_storeu_ps(out, lanes, y);
-    }
+  const int64_t first = (chunk - s.first_chunk[m]) * kChunkRows, n = std::min(kChunkRows, p.rows - first);
+  float partial[kChunkRows];
+  Rows(s.x, p.w + first * s.inputs, partial, s.inputs, 0, n);
+  for (int64_t i = 0; i < n; i += kLane) {
+    const __mmask16 lanes = n - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(n - i);
+    __m512 y = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, partial + i), _mm512_maskz_loadu_ps(lanes, p.b + first + i));
+    float* out = p.y + first + i;
+    if (s.epilogue == Epilogue::kGelu) y = Gelu(y, s.activation);
+    if (s.epilogue == Epilogue::kAdd) y = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, out), y);
+    _mm512_mask_storeu_ps(out, lanes, y);
   }
 }
 
@@ -185,12 +194,18 @@ void RunChunk(const Stage& s, int64_t chunk) {
 }
 
 // Grab and run chunks of the stage `ticket` names until it has none left.
+// Grab and run runs of chunks of the stage `ticket` names until it has none left. A grab takes a share of what is
+// left (guided scheduling): long runs of consecutive rows while much is left, which the loop's prefetch streams
+// through, and single chunks at the end, so the threads finish a stage together.
 void Work(Team& team, uint64_t ticket) {
-  while ((ticket & 0xfffff) < (ticket >> 20 & 0xfffff)) {
-    if (team.ticket.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) {
-      RunChunk(team.stage, ticket & 0xfffff);
-      team.done.fetch_add(1, std::memory_order_release);
-      ++ticket;
+  for (;;) {
+    const int64_t next = ticket & 0xfffff, chunks = ticket >> 20 & 0xfffff;
+    if (next >= chunks) return;
+    const int64_t take = std::max<int64_t>(1, (chunks - next) / team.threads);
+    if (team.ticket.compare_exchange_weak(ticket, ticket + take, std::memory_order_acq_rel)) {
+      for (int64_t chunk = next; chunk < next + take; ++chunk) RunChunk(team.stage, chunk);
+      team.done.fetch_add(take, std::memory_order_release);
+      ticket += take;
     }  // else `ticket` now holds the current one: another thread's grab, or the next stage (or kFinished)
   }
 }
@@ -205,7 +220,7 @@ void Help(const std::shared_ptr<Team>& team) {
     } else if (++idle < 4096) {
       _mm_pause();
     } else {
-      std::this_thread::yield();  // the calling thread is doing serial work, or another program needs the core
+      std::this_thread::yield();  // the leader is doing serial work, or another program needs the core
     }
   }
 }
@@ -244,14 +259,13 @@ void Normalize(const float* x, const float* scale, const float* bias, float* y, 
   }
 }
 
-// A product stage over up to three matrices, each split into `parts` contiguous chunks of whole kLane rows.
+// A product stage over up to three matrices, in chunks of kChunkRows rows.
 Stage Products(std::initializer_list<Product> products, const float* x, int64_t inputs, Epilogue epilogue,
-               Activation activation, int64_t parts) {
+               Activation activation) {
   Stage s;
-  for (Product p : products) {
-    p.chunk_rows = ((p.rows + parts - 1) / parts + kLane - 1) / kLane * kLane;
+  for (const Product& p : products) {
     s.products[s.count] = p;
-    s.first_chunk[s.count + 1] = s.first_chunk[s.count] + (p.rows + p.chunk_rows - 1) / p.chunk_rows;
+    s.first_chunk[s.count + 1] = s.first_chunk[s.count] + (p.rows + kChunkRows - 1) / kChunkRows;
     ++s.count;
   }
   s.chunks = s.first_chunk[s.count];
@@ -259,61 +273,72 @@ Stage Products(std::initializer_list<Product> products, const float* x, int64_t 
   return s;
 }
 
+// Every block, as the team's leader: the serial work here, each parallel stage shared with the helpers.
+void Leader(Team& team, Step& step) {
+  const int64_t C = step.C, F = step.F, S = step.S, D = step.D, heads = step.heads;
+  float *normed = step.scratch.data(), *qkv = normed + C, *mixed = qkv + 3 * C, *hidden = mixed + C,
+        *scores = hidden + F, *stream = step.stream;
+  const Activation activation = step.activation;
+  uint64_t number = 0;
+  for (int64_t l = 0; l < step.layers; ++l) {
+    Normalize(stream, step.tensor(l, kLn1Scale), step.tensor(l, kLn1Bias), normed, C, step.epsilon);
+    Run(team, Products({{step.tensor(l, kQuery), step.tensor(l, kQueryBias), qkv, C},
+                        {step.tensor(l, kKey), step.tensor(l, kKeyBias), qkv + C, C},
+                        {step.tensor(l, kValue), step.tensor(l, kValueBias), qkv + 2 * C, C}},
+                       normed, C, Epilogue::kStore, activation), ++number);
+    Stage attention;
+    attention.attention = true;
+    attention.q = qkv, attention.k = qkv + C, attention.v = qkv + 2 * C;
+    attention.keys = step.keys + l * heads * S * D, attention.values = step.values + l * heads * S * D;
+    attention.mixed = mixed, attention.scores = scores;
+    attention.slots = S, attention.head_dim = D, attention.position = step.position, attention.chunks = heads;
+    Run(team, attention, ++number);
+    Run(team, Products({{step.tensor(l, kOutput), step.tensor(l, kOutputBias), stream, C}}, mixed, C, Epilogue::kAdd,
+                       activation), ++number);
+    Normalize(stream, step.tensor(l, kLn2Scale), step.tensor(l, kLn2Bias), normed, C, step.epsilon);
+    Run(team, Products({{step.tensor(l, kUp), step.tensor(l, kUpBias), hidden, F}}, normed, C, Epilogue::kGelu,
+                       activation), ++number);
+    Run(team, Products({{step.tensor(l, kDown), step.tensor(l, kDownBias), stream, C}}, hidden, F, Epilogue::kAdd,
+                       activation), ++number);
+  }
+}
+
 #pragma GCC pop_options
 
 // x [1, C] the step's embedded token, position [1]; keys and values [layers, 1, heads, slots, head_dim] (aliased
 // to the results of the same shape); then kTensorsPerLayer tensors per layer. Result stream [1, C]: after the
-// last block, before the final normalization. The Python side checks every shape.
-ffi::Error Blocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> position,
-                  ffi::Buffer<ffi::F32> keys_in, ffi::Buffer<ffi::F32> values_in, ffi::RemainingArgs tensors,
-                  ffi::ResultBuffer<ffi::F32> stream_out, ffi::ResultBuffer<ffi::F32> keys,
-                  ffi::ResultBuffer<ffi::F32> values, float epsilon, int64_t activation_code) {
-  const auto dims = keys->dimensions();
-  const int64_t layers = dims[0], heads = dims[2], S = dims[3], D = dims[4], C = heads * D;
-  const int64_t F = tensors.get<ffi::AnyBuffer>(kUp).value().dimensions()[0];
-  const Activation activation = static_cast<Activation>(activation_code);
-  if (keys->typed_data() != keys_in.typed_data()) std::copy_n(keys_in.typed_data(), keys_in.element_count(), keys->typed_data());
-  if (values->typed_data() != values_in.typed_data())
-    std::copy_n(values_in.typed_data(), values_in.element_count(), values->typed_data());
-  const int64_t p = std::max<int32_t>(0, position.typed_data()[0]);
-  float* stream = stream_out->typed_data();
-  std::copy_n(x.typed_data(), C, stream);
-  // One allocation for the step's vectors: normalized input, query/key/value, mixed heads, feed-forward hidden,
-  // and per head its scores over the slots.
-  std::vector<float> scratch(C + 3 * C + C + F + heads * S);
-  float *normed = scratch.data(), *qkv = normed + C, *mixed = qkv + 3 * C, *hidden = mixed + C, *scores = hidden + F;
-
+// last block, before the final normalization. The Python side checks every shape. The leader and its helpers
+// are all tasks of XLA's intra-op pool, as the one-row kernel's parts are; the calling thread waits on the future.
+ffi::Future Blocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> position,
+                   ffi::Buffer<ffi::F32> keys_in, ffi::Buffer<ffi::F32> values_in, ffi::RemainingArgs tensors,
+                   ffi::ResultBuffer<ffi::F32> stream_out, ffi::ResultBuffer<ffi::F32> keys,
+                   ffi::ResultBuffer<ffi::F32> values, float epsilon, int64_t activation_code) {
   auto team = std::make_shared<Team>();
-  const int64_t helpers = std::max<int64_t>(0, pool.num_threads() - 1);
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([team]() { Help(team); });
-  const int64_t parts = kChunksPerThread * (helpers + 1);
-  uint64_t number = 0;
-  auto tensor = [&](int64_t layer, Tensor name) {
-    return static_cast<const float*>(tensors.get<ffi::AnyBuffer>(layer * kTensorsPerLayer + name).value().untyped_data());
-  };
-  for (int64_t l = 0; l < layers; ++l) {
-    Normalize(stream, tensor(l, kLn1Scale), tensor(l, kLn1Bias), normed, C, epsilon);
-    Run(*team, Products({{tensor(l, kQuery), tensor(l, kQueryBias), qkv, C},
-                         {tensor(l, kKey), tensor(l, kKeyBias), qkv + C, C},
-                         {tensor(l, kValue), tensor(l, kValueBias), qkv + 2 * C, C}},
-                        normed, C, Epilogue::kStore, activation, parts), ++number);
-    Stage attention;
-    attention.attention = true;
-    attention.q = qkv, attention.k = qkv + C, attention.v = qkv + 2 * C;
-    attention.keys = keys->typed_data() + l * heads * S * D, attention.values = values->typed_data() + l * heads * S * D;
-    attention.mixed = mixed, attention.scores = scores;
-    attention.slots = S, attention.head_dim = D, attention.position = p, attention.chunks = heads;
-    Run(*team, attention, ++number);
-    Run(*team, Products({{tensor(l, kOutput), tensor(l, kOutputBias), stream, C}}, mixed, C, Epilogue::kAdd, activation, parts),
-        ++number);
-    Normalize(stream, tensor(l, kLn2Scale), tensor(l, kLn2Bias), normed, C, epsilon);
-    Run(*team, Products({{tensor(l, kUp), tensor(l, kUpBias), hidden, F}}, normed, C, Epilogue::kGelu, activation, parts),
-        ++number);
-    Run(*team, Products({{tensor(l, kDown), tensor(l, kDownBias), stream, C}}, hidden, F, Epilogue::kAdd, activation, parts),
-        ++number);
-  }
-  team->ticket.store(kFinished, std::memory_order_release);
-  return ffi::Error::Success();
+  Step& step = team->step;
+  const auto dims = keys->dimensions();
+  step.layers = dims[0], step.heads = dims[2], step.S = dims[3], step.D = dims[4], step.C = step.heads * step.D;
+  step.F = tensors.get<ffi::AnyBuffer>(kUp).value().dimensions()[0];
+  step.position = std::max<int32_t>(0, position.typed_data()[0]);
+  step.epsilon = epsilon, step.activation = static_cast<Activation>(activation_code);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    step.tensors.push_back(static_cast<const float*>(tensors.get<ffi::AnyBuffer>(i).value().untyped_data()));
+  step.stream = stream_out->typed_data(), step.keys = keys->typed_data(), step.values = values->typed_data();
+  step.scratch.resize(5 * step.C + step.F + step.heads * step.S);
+  if (step.keys != keys_in.typed_data()) std::copy_n(keys_in.typed_data(), keys_in.element_count(), step.keys);
+  if (step.values != values_in.typed_data())
+    std::copy_n(values_in.typed_data(), values_in.element_count(), step.values);
+  std::copy_n(x.typed_data(), step.C, step.stream);
+
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  team->threads = threads;
+  ffi::CountDownPromise done(1);
+  pool.Schedule([team, done]() mutable {
+    Leader(*team, team->step);
+    team->ticket.store(kFinished, std::memory_order_release);
+    done.CountDown();
+  });
+  for (int64_t h = 1; h < threads; ++h) pool.Schedule([team]() { Help(team); });
+  return ffi::Future(done);
 }
 
 }  // namespace
