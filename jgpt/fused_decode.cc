@@ -1,14 +1,15 @@
-// Every decoder block of a batch-1 decode step of the GPT baseline in one XLA FFI call, on CPU.
+// Every decoder block of a batch-1 decode step in one XLA FFI call, on CPU: the GPT baseline (LayerNorm, GELU,
+// biases) and the Llama alternative (RMSNorm, rotary positions, SwiGLU, grouped key/value heads).
 //
 // A batch-1 step reads every weight once for two flops per 4-byte weight, so its time is the read bandwidth plus
 // whatever stops the reads. Run as XLA operations, a GPT-2-small step is some 70 products and 370 small fusions,
 // reductions and scatters, each dispatched in turn, each product waiting for the one before. Here one call runs all
-// the blocks as a team of XLA intra-op pool tasks: a leader does the small serial work between stages (the two
-// normalizations of 768 values) and publishes each parallel stage (a layer's query/key/value products, its
-// attention heads, its output projection, its feed-forward products); every member grabs runs of 64-row chunks of
-// it from one atomic ticket, a share of what is left at a time (long streams first, single chunks last, so the
-// team ends a stage together). Keys and values of the new token are written into the cache, which the call
-// receives and returns as one aliased buffer. The calling thread waits on the call's future.
+// the blocks as a team: the calling thread leads and XLA's intra-op pool lends the helpers. The leader does the
+// small serial work between stages (normalizations, rotations, cache writes, SwiGLU's product) and publishes each
+// parallel stage (a layer's query/key/value products, its attention heads, its output projection, its
+// feed-forward products); every member grabs runs of 64-row chunks of it from one atomic ticket, a share of what
+// is left at a time (long streams first, single chunks last, so the team ends a stage together). Keys and values
+// of the new token are written into the cache, which the call receives and returns as one aliased buffer.
 //
 // Deadlock-free by construction: the leader can finish every chunk alone, so a helper the pool starts late (or
 // never) costs speed, not progress; helpers hold the team by a shared pointer and leave when the leader marks it
@@ -34,12 +35,14 @@ namespace {
 
 using jgpt::Dot, jgpt::kLane, jgpt::Rows, jgpt::Sum, jgpt::Tail;
 
-// Block tensors per layer, in the order the Python side passes them (jgpt/fused_decode.py, LAYER_TENSORS).
+// A layer's block tensors, in the order the Python side passes those present (jgpt/fused_decode.py,
+// LAYER_TENSORS; the `present` attribute has bit t set for each): biases and the gate are absent in Llama.
 enum Tensor {
   kLn1Scale, kLn1Bias, kQuery, kQueryBias, kKey, kKeyBias, kValue, kValueBias, kOutput, kOutputBias,
-  kLn2Scale, kLn2Bias, kUp, kUpBias, kDown, kDownBias, kTensorsPerLayer
+  kLn2Scale, kLn2Bias, kGate, kUp, kUpBias, kDown, kDownBias, kTensors
 };
-enum Activation : int64_t { kGeluErf = 0, kGeluTanh = 1 };
+enum Activation : int64_t { kGeluErf = 0, kGeluTanh = 1, kSwiglu = 2 };
+enum Normalization : int64_t { kLayerNorm = 0, kRmsNorm = 1 };
 
 constexpr int64_t kChunkRows = 64;  // a product's chunk: 64 rows of 768 inputs are 192 KiB of weights
 constexpr uint64_t kFinished = ~uint64_t{0};
@@ -49,7 +52,7 @@ constexpr uint64_t kFinished = ~uint64_t{0};
 enum class Epilogue { kStore, kGelu, kAdd };
 struct Product {
   const float* w;  // [rows, inputs], output-major
-  const float* b;  // [rows]
+  const float* b;  // [rows], or null: no bias
   float* y;        // [rows]
   int64_t rows;
 };
@@ -62,10 +65,12 @@ struct Stage {
   int64_t inputs = 0;
   Epilogue epilogue = Epilogue::kStore;
   Activation activation = kGeluErf;
-  // An attention stage: one chunk per head, over this layer's keys and values [heads, slots, head_dim].
-  const float *q = nullptr, *k = nullptr, *v = nullptr;
-  float *keys = nullptr, *values = nullptr, *mixed = nullptr, *scores = nullptr;
-  int64_t slots = 0, head_dim = 0, position = 0;
+  // An attention stage: one chunk per query head, over this layer's keys and values [kv_heads, slots, head_dim]
+  // (query head h reads key/value head h / group), the new position's already written.
+  const float* q = nullptr;
+  const float *keys = nullptr, *values = nullptr;
+  float *mixed = nullptr, *scores = nullptr;
+  int64_t slots = 0, head_dim = 0, position = 0, group = 1;
   int64_t chunks = 0;
 };
 
@@ -76,13 +81,20 @@ uint64_t Ticket(uint64_t stage, uint64_t chunks, uint64_t next) { return stage <
 // One step's operands, gathered before the handler returns (the call frame does not outlive it; the buffers do,
 // until the step's future is ready).
 struct Step {
-  int64_t layers, heads, S, D, C, F, position;
+  int64_t layers, heads, kv_heads, S, D, C, F, position;
   float epsilon;
   Activation activation;
-  std::vector<const float*> tensors;  // kTensorsPerLayer per layer
+  Normalization normalization;
+  const float* rotation;  // [2, D / 2]: cos and sin of the position's angles; null without rotary positions
+  std::vector<const float*> tensors;  // the present tensors of each layer in turn
+  int64_t per_layer;                  // how many are present
+  int64_t slot[kTensors];             // each tensor's index among a layer's present ones, or -1
   float *stream, *keys, *values;
-  std::vector<float> scratch;  // normalized input, query/key/value, mixed heads, feed-forward hidden, scores
-  const float* tensor(int64_t layer, Tensor name) const { return tensors[layer * kTensorsPerLayer + name]; }
+  std::vector<float> scratch;  // normalized input, q/k/v, mixed heads, feed-forward gate and hidden, scores
+  // A layer's tensor, or null where absent.
+  const float* tensor(int64_t layer, Tensor name) const {
+    return slot[name] < 0 ? nullptr : tensors[layer * per_layer + slot[name]];
+  }
 };
 
 struct Team {
@@ -144,7 +156,8 @@ void ProductChunk(const Stage& s, int64_t chunk) {
   Rows(s.x, p.w + first * s.inputs, partial, s.inputs, 0, n);
   for (int64_t i = 0; i < n; i += kLane) {
     const __mmask16 lanes = n - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(n - i);
-    __m512 y = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, partial + i), _mm512_maskz_loadu_ps(lanes, p.b + first + i));
+    __m512 y = _mm512_maskz_loadu_ps(lanes, partial + i);
+    if (p.b) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(lanes, p.b + first + i));
     float* out = p.y + first + i;
     if (s.epilogue == Epilogue::kGelu) y = Gelu(y, s.activation);
     if (s.epilogue == Epilogue::kAdd) y = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, out), y);
@@ -152,16 +165,11 @@ void ProductChunk(const Stage& s, int64_t chunk) {
   }
 }
 
-// One head: its new key and value into the cache slot `position` (dropped past the cache), then softmax attention
-// of its query over the slots up to the position.
+// One query head: softmax attention over the slots up to the position (every slot, past the cache).
 void AttentionChunk(const Stage& s, int64_t head) {
   const int64_t D = s.head_dim, S = s.slots;
-  float* keys = s.keys + head * S * D;
-  float* values = s.values + head * S * D;
-  if (s.position < S) {
-    std::copy_n(s.k + head * D, D, keys + s.position * D);
-    std::copy_n(s.v + head * D, D, values + s.position * D);
-  }
+  const float* keys = s.keys + head / s.group * S * D;
+  const float* values = s.values + head / s.group * S * D;
   const int64_t visible = std::min(s.position, S - 1) + 1;
   const float* q = s.q + head * D;
   float* scores = s.scores + head * S;
@@ -236,26 +244,54 @@ void Run(Team& team, const Stage& stage, uint64_t number) {
   while (team.done.load(std::memory_order_acquire) < stage.chunks) _mm_pause();
 }
 
-// LayerNorm of x [C] into y: (x - mean) / sqrt(variance + epsilon) * scale + bias.
-void Normalize(const float* x, const float* scale, const float* bias, float* y, int64_t C, float epsilon) {
+// LayerNorm ((x - mean) / sqrt(variance + epsilon) * scale + bias) or RMSNorm (x / sqrt(mean square + epsilon) *
+// scale) of x [C] into y; bias may be null.
+void Normalize(const float* x, const float* scale, const float* bias, float* y, int64_t C, float epsilon,
+               Normalization normalization) {
+  auto lanes = [C](int64_t i) { return C - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(C - i); };
+  __m512 mean = _mm512_setzero_ps();
+  if (normalization == kLayerNorm) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t i = 0; i < C; i += kLane) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(lanes(i), x + i));
+    mean = _mm512_set1_ps(Sum(s) / C);
+  }
   __m512 s = _mm512_setzero_ps();
   for (int64_t i = 0; i < C; i += kLane) {
-    const __mmask16 lanes = C - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(C - i);
-    s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(lanes, x + i));
-  }
-  const __m512 mean = _mm512_set1_ps(Sum(s) / C);
-  s = _mm512_setzero_ps();
-  for (int64_t i = 0; i < C; i += kLane) {
-    const __mmask16 lanes = C - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(C - i);
-    const __m512 c = _mm512_maskz_sub_ps(lanes, _mm512_maskz_loadu_ps(lanes, x + i), mean);
+    const __m512 c = _mm512_maskz_sub_ps(lanes(i), _mm512_maskz_loadu_ps(lanes(i), x + i), mean);
     s = _mm512_fmadd_ps(c, c, s);
   }
   const __m512 inverse = _mm512_set1_ps(1.0f / std::sqrt(Sum(s) / C + epsilon));
   for (int64_t i = 0; i < C; i += kLane) {
-    const __mmask16 lanes = C - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(C - i);
-    const __m512 c = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), mean), inverse);
-    _mm512_mask_storeu_ps(y + i, lanes,
-                          _mm512_fmadd_ps(c, _mm512_maskz_loadu_ps(lanes, scale + i), _mm512_maskz_loadu_ps(lanes, bias + i)));
+    const __m512 c = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes(i), x + i), mean), inverse);
+    __m512 out = _mm512_mul_ps(c, _mm512_maskz_loadu_ps(lanes(i), scale + i));
+    if (bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(lanes(i), bias + i));
+    _mm512_mask_storeu_ps(y + i, lanes(i), out);
+  }
+}
+
+// Rotary positions on `heads` heads of D at x: channel pairs (i, i + D/2) turned by the position's angles.
+void Rotate(float* x, int64_t heads, int64_t D, const float* rotation) {
+  const int64_t half = D / 2;
+  const float *cos = rotation, *sin = rotation + half;
+  for (int64_t h = 0; h < heads; ++h, x += D)
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[i], b = x[i + half];
+      x[i] = a * cos[i] + -b * sin[i];
+      x[i + half] = b * cos[i] + a * sin[i];
+    }
+}
+
+// SwiGLU's product: hidden = silu(gate) * up, silu(g) = g / (1 + exp(-g)), written over `up`.
+void Swiglu(const float* gate, float* up, int64_t F) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < F; i += kLane) {
+    const __mmask16 lanes = F - i >= kLane ? static_cast<__mmask16>(0xffff) : Tail(F - i);
+    const __m512 g = _mm512_maskz_loadu_ps(lanes, gate + i);
+    // sigmoid(g) from e = exp(-|g|): 1 / (1 + e) for g >= 0, e / (1 + e) below.
+    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+    const __mmask16 below = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(below, one, e), _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(up + i, lanes, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_maskz_loadu_ps(lanes, up + i)));
   }
 }
 
@@ -275,70 +311,82 @@ Stage Products(std::initializer_list<Product> products, const float* x, int64_t 
 
 // Every block, as the team's leader: the serial work here, each parallel stage shared with the helpers.
 void Leader(Team& team, Step& step) {
-  const int64_t C = step.C, F = step.F, S = step.S, D = step.D, heads = step.heads;
-  float *normed = step.scratch.data(), *qkv = normed + C, *mixed = qkv + 3 * C, *hidden = mixed + C,
-        *scores = hidden + F, *stream = step.stream;
+  const int64_t C = step.C, F = step.F, S = step.S, D = step.D, H = step.heads, K = step.kv_heads, Q = H * D;
+  float *normed = step.scratch.data(), *q = normed + C, *k = q + Q, *v = k + K * D, *mixed = v + K * D,
+        *gate = mixed + Q, *hidden = gate + F, *scores = hidden + F, *stream = step.stream;
   const Activation activation = step.activation;
+  const bool swiglu = activation == kSwiglu;
   uint64_t number = 0;
   for (int64_t l = 0; l < step.layers; ++l) {
-    Normalize(stream, step.tensor(l, kLn1Scale), step.tensor(l, kLn1Bias), normed, C, step.epsilon);
-    Run(team, Products({{step.tensor(l, kQuery), step.tensor(l, kQueryBias), qkv, C},
-                        {step.tensor(l, kKey), step.tensor(l, kKeyBias), qkv + C, C},
-                        {step.tensor(l, kValue), step.tensor(l, kValueBias), qkv + 2 * C, C}},
-                       normed, C, Epilogue::kStore, activation), ++number);
+    auto w = [&](Tensor name) { return step.tensor(l, name); };
+    float *keys = step.keys + l * K * S * D, *values = step.values + l * K * S * D;
+    Normalize(stream, w(kLn1Scale), w(kLn1Bias), normed, C, step.epsilon, step.normalization);
+    Run(team, Products({{w(kQuery), w(kQueryBias), q, Q}, {w(kKey), w(kKeyBias), k, K * D},
+                        {w(kValue), w(kValueBias), v, K * D}}, normed, C, Epilogue::kStore, activation), ++number);
+    if (step.rotation) Rotate(q, H, D, step.rotation), Rotate(k, K, D, step.rotation);
+    if (step.position < S)  // past the cache the write is dropped, as XLA's scatter drops it
+      for (int64_t h = 0; h < K; ++h) {
+        std::copy_n(k + h * D, D, keys + (h * S + step.position) * D);
+        std::copy_n(v + h * D, D, values + (h * S + step.position) * D);
+      }
     Stage attention;
     attention.attention = true;
-    attention.q = qkv, attention.k = qkv + C, attention.v = qkv + 2 * C;
-    attention.keys = step.keys + l * heads * S * D, attention.values = step.values + l * heads * S * D;
-    attention.mixed = mixed, attention.scores = scores;
-    attention.slots = S, attention.head_dim = D, attention.position = step.position, attention.chunks = heads;
+    attention.q = q, attention.keys = keys, attention.values = values, attention.mixed = mixed;
+    attention.scores = scores, attention.slots = S, attention.head_dim = D, attention.position = step.position;
+    attention.group = H / K, attention.chunks = H;
     Run(team, attention, ++number);
-    Run(team, Products({{step.tensor(l, kOutput), step.tensor(l, kOutputBias), stream, C}}, mixed, C, Epilogue::kAdd,
-                       activation), ++number);
-    Normalize(stream, step.tensor(l, kLn2Scale), step.tensor(l, kLn2Bias), normed, C, step.epsilon);
-    Run(team, Products({{step.tensor(l, kUp), step.tensor(l, kUpBias), hidden, F}}, normed, C, Epilogue::kGelu,
-                       activation), ++number);
-    Run(team, Products({{step.tensor(l, kDown), step.tensor(l, kDownBias), stream, C}}, hidden, F, Epilogue::kAdd,
-                       activation), ++number);
+    Run(team, Products({{w(kOutput), w(kOutputBias), stream, C}}, mixed, Q, Epilogue::kAdd, activation), ++number);
+    Normalize(stream, w(kLn2Scale), w(kLn2Bias), normed, C, step.epsilon, step.normalization);
+    if (swiglu) {
+      Run(team, Products({{w(kGate), nullptr, gate, F}, {w(kUp), w(kUpBias), hidden, F}}, normed, C, Epilogue::kStore,
+                         activation), ++number);
+      Swiglu(gate, hidden, F);
+    } else {
+      Run(team, Products({{w(kUp), w(kUpBias), hidden, F}}, normed, C, Epilogue::kGelu, activation), ++number);
+    }
+    Run(team, Products({{w(kDown), w(kDownBias), stream, C}}, hidden, F, Epilogue::kAdd, activation), ++number);
   }
 }
 
 #pragma GCC pop_options
 
-// x [1, C] the step's embedded token, position [1]; keys and values [layers, 1, heads, slots, head_dim] (aliased
-// to the results of the same shape); then kTensorsPerLayer tensors per layer. Result stream [1, C]: after the
-// last block, before the final normalization. The Python side checks every shape. The leader and its helpers
-// are all tasks of XLA's intra-op pool, as the one-row kernel's parts are; the calling thread waits on the future.
-ffi::Future Blocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> position,
-                   ffi::Buffer<ffi::F32> keys_in, ffi::Buffer<ffi::F32> values_in, ffi::RemainingArgs tensors,
-                   ffi::ResultBuffer<ffi::F32> stream_out, ffi::ResultBuffer<ffi::F32> keys,
-                   ffi::ResultBuffer<ffi::F32> values, float epsilon, int64_t activation_code) {
+// x [1, C] the step's embedded token, position [1], keys and values [layers, 1, kv_heads, slots, head_dim]
+// (aliased to the results of the same shape), rotation [2, head_dim / 2] (cos and sin of the position's rotary
+// angles; [0] without rotary positions), then each layer's present tensors. Result stream [1, C]: after the last
+// block, before the final normalization. The Python side checks every shape. The calling thread leads; its helpers
+// are tasks of XLA's intra-op pool.
+ffi::Error Blocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> position,
+                   ffi::Buffer<ffi::F32> keys_in, ffi::Buffer<ffi::F32> values_in, ffi::Buffer<ffi::F32> rotation,
+                   ffi::RemainingArgs tensors, ffi::ResultBuffer<ffi::F32> stream_out, ffi::ResultBuffer<ffi::F32> keys,
+                   ffi::ResultBuffer<ffi::F32> values, float epsilon, int64_t activation, int64_t normalization,
+                   int64_t present, int64_t heads) {
   auto team = std::make_shared<Team>();
   Step& step = team->step;
   const auto dims = keys->dimensions();
-  step.layers = dims[0], step.heads = dims[2], step.S = dims[3], step.D = dims[4], step.C = step.heads * step.D;
-  step.F = tensors.get<ffi::AnyBuffer>(kUp).value().dimensions()[0];
+  step.layers = dims[0], step.kv_heads = dims[2], step.S = dims[3], step.D = dims[4];
+  step.heads = heads, step.C = x.dimensions()[1];
   step.position = std::max<int32_t>(0, position.typed_data()[0]);
-  step.epsilon = epsilon, step.activation = static_cast<Activation>(activation_code);
+  step.epsilon = epsilon, step.activation = static_cast<Activation>(activation);
+  step.normalization = static_cast<Normalization>(normalization);
+  step.rotation = rotation.element_count() ? rotation.typed_data() : nullptr;
+  step.per_layer = 0;
+  for (int t = 0; t < kTensors; ++t) step.slot[t] = present >> t & 1 ? step.per_layer++ : -1;
   for (size_t i = 0; i < tensors.size(); ++i)
     step.tensors.push_back(static_cast<const float*>(tensors.get<ffi::AnyBuffer>(i).value().untyped_data()));
+  step.F = tensors.get<ffi::AnyBuffer>(step.slot[kUp]).value().dimensions()[0];
   step.stream = stream_out->typed_data(), step.keys = keys->typed_data(), step.values = values->typed_data();
-  step.scratch.resize(5 * step.C + step.F + step.heads * step.S);
+  const int64_t Q = step.heads * step.D, KD = step.kv_heads * step.D;
+  step.scratch.resize(step.C + 2 * Q + 2 * KD + 2 * step.F + step.heads * step.S);
   if (step.keys != keys_in.typed_data()) std::copy_n(keys_in.typed_data(), keys_in.element_count(), step.keys);
   if (step.values != values_in.typed_data())
     std::copy_n(values_in.typed_data(), values_in.element_count(), step.values);
   std::copy_n(x.typed_data(), step.C, step.stream);
 
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  team->threads = threads;
-  ffi::CountDownPromise done(1);
-  pool.Schedule([team, done]() mutable {
-    Leader(*team, team->step);
-    team->ticket.store(kFinished, std::memory_order_release);
-    done.CountDown();
-  });
-  for (int64_t h = 1; h < threads; ++h) pool.Schedule([team]() { Help(team); });
-  return ffi::Future(done);
+  team->threads = std::max<int64_t>(1, pool.num_threads());
+  for (int64_t h = 1; h < team->threads; ++h) pool.Schedule([team]() { Help(team); });
+  Leader(*team, step);
+  team->ticket.store(kFinished, std::memory_order_release);
+  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -352,9 +400,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jgpt_fused_decode, Blocks,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // position [1]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // keys [L, 1, H, S, D]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // values
-                                  .RemainingArgs()               // kTensorsPerLayer per layer
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // rotation [2, D / 2] or [0]
+                                  .RemainingArgs()               // each layer's present tensors
                                   .Ret<ffi::Buffer<ffi::F32>>()  // stream [1, C]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // keys, aliased
                                   .Ret<ffi::Buffer<ffi::F32>>()  // values, aliased
                                   .Attr<float>("epsilon")
-                                  .Attr<int64_t>("activation"));
+                                  .Attr<int64_t>("activation")
+                                  .Attr<int64_t>("normalization")
+                                  .Attr<int64_t>("present")
+                                  .Attr<int64_t>("heads"));

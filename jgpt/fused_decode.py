@@ -1,30 +1,35 @@
-"""Every decoder block of a batch-1 decode step of the GPT baseline in one kernel call, on CPU.
+"""Every decoder block of a batch-1 decode step in one kernel call, on CPU.
 
 A batch-1 step reads each weight once for two flops per 4-byte weight: its floor is the
 read bandwidth. Run as XLA operations, a GPT-2-small step is some 70 products (by
 `jgpt.blas_matvec`'s loop), each waiting for the one before, and about 370 small fusions,
 reductions, copies and cache scatters, dispatched one after another: its median stood
 1 ms above its products chained alone (15.24 against 14.26 ms, 2026-12-05 21:40 UTC).
-`fused_decode.cc` runs all the blocks in one XLA FFI call instead, as a team of XLA
-intra-op pool tasks that share each stage (query/key/value products, attention heads,
-output projection, feed-forward products) chunk by chunk, with the normalizations and
-GELU, the attention over the cache and the writes of the new key and value into it done
-inside. The cache goes in and comes out as the same (aliased) buffers. Its blocks read at
-94-99% of the speed of one long read of a 1 GiB matrix by the same loop (docs/inference.md).
+`fused_decode.cc` runs all the blocks in one XLA FFI call instead: the calling thread
+leads and threads of XLA's intra-op pool help, sharing each stage (query/key/value
+products, attention heads, output projection, feed-forward products) chunk by chunk,
+with the normalizations, rotations, activations, the attention over the cache and the
+writes of the new key and value into it done inside. The cache goes in and comes out as
+the same (aliased) buffers. GPT-2-small's blocks read at 94-104% of the speed of one long
+read of a 1 GiB matrix by the same loop; the shipped chat model's step takes half the
+time XLA's blocks take (docs/inference.md).
 
 `applies(...)` says where `model.forward` takes it: one token of one row with a cache,
-float32 throughout, the GPT baseline (learned positions, LayerNorm, GELU, biases; not
-Llama), per-layer output-major weights that ask for the one-row kernel
-(`LayerStrategy.one_row_kernel`, so `JGPT_MATVEC_KERNEL=0` turns this off too), and a CPU
+float32 throughout, the GPT baseline (learned positions, LayerNorm, GELU, biases) or Llama
+(rotary positions, RMSNorm, SwiGLU, grouped key/value heads), per-layer output-major
+weights that ask for the one-row kernel (`LayerStrategy.one_row_kernel`, so
+`JGPT_MATVEC_KERNEL=0` turns this off too) and hold at least `SMALLEST_BYTES`, and a CPU
 with AVX-512F where the kernel builds. Everywhere else the XLA blocks run, and they stay
-the reference: the kernel's stream and cache match them within 1e-5 (tests/test_fused_decode.py).
+the reference: the kernel's logits and cache match them within 1e-5
+(tests/test_fused_decode.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -32,38 +37,49 @@ import jax.numpy as jnp
 import numpy as np
 
 from jgpt import blas_matmul
-from jgpt.architecture import Architecture, ModelArchitecture
+from jgpt.architecture import Architecture, LlamaArchitecture
+from jgpt.layer_strategy import LayerWeights
+from jgpt.operations import rotary_angles
 from jgpt.output_major import OutputMajor
 
 F32 = jnp.float32
 SOURCE = Path(__file__).with_name("fused_decode.cc")
 TARGET = "jgpt_fused_decode"
-# A layer's tensors in the order the kernel reads them (its `Tensor` enum); projections output-major.
+# A layer's tensors in the order the kernel reads those present (its `Tensor` enum); projections output-major.
 LAYER_TENSORS = (
     "ln1_scale", "ln1_bias", "query", "query_bias", "key", "key_bias", "value", "value_bias",
-    "attention_output", "attention_output_bias", "ln2_scale", "ln2_bias", "ff_up", "ff_up_bias",
+    "attention_output", "attention_output_bias", "ln2_scale", "ln2_bias", "ff_gate", "ff_up", "ff_up_bias",
     "ff_down", "ff_down_bias",
 )  # fmt: skip
-PROJECTIONS = ("query", "key", "value", "attention_output", "ff_up", "ff_down")
-ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1}  # the kernel's codes
+PROJECTIONS = ("query", "key", "value", "attention_output", "ff_gate", "ff_up", "ff_down")
+# Block weights below which XLA's blocks run a step faster: waking the pool's threads costs more than the kernel
+# saves (the shipped chat-draft, 0.26 MB: 11.8-18.5 us a step fused against 10.4-10.7 by XLA; chat, 4.2 MB: 55-59
+# against 104-108; 2026-12-05 22:25 UTC).
+SMALLEST_BYTES = 1 << 20
+# The kernel's codes, and what each architecture's layer holds.
+ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "swiglu": 2}
+NORMALIZATIONS = {"layernorm": 0, "rmsnorm": 1}
+GPT_TENSORS = frozenset(LAYER_TENSORS) - {"ff_gate"}
+LLAMA_TENSORS = frozenset({"ln1_scale", "query", "key", "value", "attention_output", "ln2_scale", "ff_gate", "ff_up",
+                           "ff_down"})  # fmt: skip
 
 
-def applies(architecture: Architecture, rows: int, cache_dtype, layers: Sequence[Mapping[str, object]] | None) -> bool:
+def applies(architecture: Architecture, rows: int, cache_dtype, layers: Sequence[LayerWeights] | None) -> bool:
     """Whether `model.forward` runs its blocks by this kernel: one token of one row (`rows` = B * T) over a float32
-    cache, the float32 GPT baseline, per-layer output-major weights asking for the one-row kernel, and the kernel
+    cache, a float32 architecture, per-layer output-major weights asking for the one-row kernel, and the kernel
     available here."""
     a = architecture
-    if rows != 1 or layers is None or not isinstance(a, ModelArchitecture) or a.precision != "float32":
+    if rows != 1 or layers is None or a.precision != "float32" or jnp.dtype(cache_dtype) != F32:
         return False
-    if jnp.dtype(cache_dtype) != F32 or a.activation not in ACTIVATIONS:
-        return False
+    expected = LLAMA_TENSORS if isinstance(a, LlamaArchitecture) else GPT_TENSORS
     for w in layers:
-        if any(name not in w for name in LAYER_TENSORS):
+        if set(w) != expected:
             return False
-        projections = [w[name] for name in PROJECTIONS]
+        projections = [w[name] for name in PROJECTIONS if name in expected]
         if not all(isinstance(p, OutputMajor) and p.one_row_kernel and p.dtype == F32 for p in projections):
             return False
-    return available()
+    held = sum(math.prod(w[name].shape) * w[name].dtype.itemsize for w in layers for name in expected)
+    return held >= SMALLEST_BYTES and available()
 
 
 def available(backend: str | None = None) -> bool:
@@ -76,23 +92,28 @@ def blocks(
     position: jax.Array,
     keys: jax.Array,
     values: jax.Array,
-    layers: Sequence[Mapping[str, object]] | None,
+    layers: Sequence[LayerWeights] | None,
     architecture: Architecture,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Every block for one token: x [1, C] (embedded), position [] int32, keys and values [L, 1, H, S, D] ->
+    """Every block for one token: x [1, C] (embedded), position [] int32, keys and values [L, 1, K, S, D] ->
     (stream [1, C] before the final normalization, keys, values with the token's written at slot `position`,
     dropped past S). Check `applies(...)` first."""
     a = architecture
-    if not isinstance(a, ModelArchitecture) or layers is None:
-        raise ValueError("fused decode runs the GPT baseline over per-layer weights: check applies(...) first")
-    L, H, D, C = a.layers, a.heads, a.head_dim, a.width
-    if x.shape != (1, C) or keys.shape[:3] != (L, 1, H) or keys.shape[4] != D or keys.shape != values.shape:
-        raise ValueError(f"fused decode takes x [1, {C}] and caches [{L}, 1, {H}, S, {D}], got {x.shape}, {keys.shape}")
+    if layers is None:
+        raise ValueError("fused decode runs over per-layer weights: check applies(...) first")
+    L, K, D, C = a.layers, a.kv_heads, a.head_dim, a.width
+    if x.shape != (1, C) or keys.shape[:3] != (L, 1, K) or keys.shape[4] != D or keys.shape != values.shape:
+        raise ValueError(f"fused decode takes x [1, {C}] and caches [{L}, 1, {K}, S, {D}], got {x.shape}, {keys.shape}")
     if len(layers) != L:
         raise ValueError(f"fused decode takes {L} layers' weights, got {len(layers)}")
     if _kernel() is None:
         raise RuntimeError("the fused decode kernel is not available here: check fused_decode.applies(...) first")
-    tensors = [_held(w[name]) for w in layers for name in LAYER_TENSORS]
+    present = [name for name in LAYER_TENSORS if name in layers[0]]
+    tensors = [_held(w[name]) for w in layers for name in present]
+    rotation = jnp.zeros((0,), F32)
+    if isinstance(a, LlamaArchitecture):  # the alternative whose position is "rope"
+        angles = rotary_angles(position, D, a.rope_theta)
+        rotation = jnp.stack([jnp.cos(angles), jnp.sin(angles)])
     results = (jax.ShapeDtypeStruct((1, C), F32), jax.ShapeDtypeStruct(keys.shape, F32),
                jax.ShapeDtypeStruct(values.shape, F32))  # fmt: skip
     call = jax.ffi.ffi_call(TARGET, results, input_output_aliases={2: 1, 3: 2})
@@ -101,9 +122,13 @@ def blocks(
         jnp.reshape(position, (1,)).astype(jnp.int32),
         keys,
         values,
+        rotation,
         *tensors,
         epsilon=np.float32(a.epsilon),
         activation=np.int64(ACTIVATIONS[a.activation]),
+        normalization=np.int64(NORMALIZATIONS[a.normalization]),
+        present=np.int64(sum(1 << LAYER_TENSORS.index(name) for name in present)),
+        heads=np.int64(a.heads),
     )
     return stream, keys, values
 

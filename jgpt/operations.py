@@ -90,14 +90,18 @@ def rotary_positions(x: jax.Array, positions: jax.Array, theta: float) -> jax.Ar
     x: [B, T, heads, D]; positions: [B, T] absolute. The half-split pairing is the
     convention of Llama checkpoints in Hugging Face format.
     """
-    d = x.shape[-1]
-    inverse_frequency = theta ** -(jnp.arange(0, d, 2, dtype=F32) / d)  # [D/2]
-    angles = positions.astype(F32)[..., None] * inverse_frequency  # [B, T, D/2]
+    angles = rotary_angles(positions, x.shape[-1], theta)  # [B, T, D/2]
     cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, :, None, :]
     sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, :, None, :]
     x = x.astype(F32)
     x1, x2 = jnp.split(x, 2, axis=-1)
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def rotary_angles(positions: jax.Array, d: int, theta: float) -> jax.Array:
+    """The angles [..., D/2] rotary positions turn channel pair i by at each position: position * theta^(-2i/D)."""
+    inverse_frequency = theta ** -(jnp.arange(0, d, 2, dtype=F32) / d)  # [D/2]
+    return positions.astype(F32)[..., None] * inverse_frequency
 
 
 def normalization(x: jax.Array, scale: jax.Array, bias: jax.Array | None, architecture: Architecture) -> jax.Array:

@@ -1,5 +1,6 @@
-"""The fused batch-1 decode blocks (jgpt.fused_decode): the same stream, cache and selected ids as XLA's blocks,
-where it applies and nowhere else, and XLA's blocks silently where it cannot be built."""
+"""The fused batch-1 decode blocks (jgpt.fused_decode): the same stream, cache and selected ids as XLA's blocks, for
+the GPT baseline and for Llama (grouped key/value heads too), where it applies and nowhere else, and XLA's blocks
+silently where it cannot be built."""
 
 from __future__ import annotations
 
@@ -25,9 +26,17 @@ from jgpt.weights import initialize
 
 REPO = Path(__file__).resolve().parent.parent
 AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else False
-# Width 80 over 5 heads: a head of 16 (one vector) and widths, an ffn and a vocabulary that are not multiples of
-# 16, of the 4-row groups or of a 2-thread split.
-GPT = ModelArchitecture(vocabulary=97, width=80, ffn=200, context=40, layers=3, heads=5)
+# Heads of 28 (one vector and a masked part) and widths, an ffn and a vocabulary that are not multiples of 16, of
+# the loop's 4-row groups or of a 2-thread split; layers of about 1 MB, so fused_decode.SMALLEST_BYTES lets them in.
+GPT = ModelArchitecture(vocabulary=97, width=168, ffn=420, context=40, layers=3, heads=6)
+# Heads of 24, two query heads per key/value head.
+LLAMA = LlamaArchitecture(vocabulary=97, width=192, ffn=400, context=40, layers=3, heads=8, kv_heads=4)
+ARCHITECTURES = {
+    "gpt, gelu": GPT,
+    "gpt, gelu_tanh": ModelArchitecture(**{**GPT.to_json(), "activation": "gelu_tanh"}),
+    "llama, grouped": LLAMA,
+    "llama": LlamaArchitecture(**{**LLAMA.to_json(), "kv_heads": 8}),
+}
 SLOTS = 24
 KERNEL, XLA = (LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=k) for k in (True, False))
 
@@ -51,10 +60,10 @@ def test_the_kernel_is_available_exactly_on_a_cpu_with_avx512f():
 
 
 # Positions: the first slot, one inside, the last slot, and past the cache (the write is dropped, every slot seen).
-@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("name", ARCHITECTURES)
 @pytest.mark.parametrize("position", [0, 9, SLOTS - 1, SLOTS + 6])
-def test_one_step_matches_xlas_blocks_within_1e_5(activation, position):
-    a = ModelArchitecture(**{**GPT.to_json(), "activation": activation})
+def test_one_step_matches_xlas_blocks_within_1e_5(name, position):
+    a = ARCHITECTURES[name]
     weights = initialize(a, seed=3)[0]
     cache = random_cache(a, position)
     (got, used), (want, not_used) = (one_step(a, s, weights, position, cache) for s in (KERNEL, XLA))
@@ -68,10 +77,11 @@ def test_one_step_matches_xlas_blocks_within_1e_5(activation, position):
     assert changed.tolist() == [slot == position for slot in range(SLOTS)]
 
 
-def test_a_greedy_generation_selects_the_same_ids_with_the_fused_blocks_and_with_xlas():
-    weights = initialize(GPT, seed=11)[0]
+@pytest.mark.parametrize("a", [GPT, LLAMA], ids=["gpt", "llama"])
+def test_a_greedy_generation_selects_the_same_ids_with_the_fused_blocks_and_with_xlas(a):
+    weights = initialize(a, seed=11)[0]
     identity = StateIdentity("c", "t", "float32")
-    on, off = (ModelExecution(weights, GPT, identity, strategy=s) for s in (KERNEL, XLA))
+    on, off = (ModelExecution(weights, a, identity, strategy=s) for s in (KERNEL, XLA))
     requests = [InferenceRequest("r", (5, 17, 90, 3, 88, 60, 1), GenerationPolicy(30))]
     ids_on, ids_off = (generate(e, requests).responses[0].output_ids for e in (on, off))
     assert len(ids_on) == 30 and ids_on == ids_off
@@ -81,7 +91,7 @@ def test_a_greedy_generation_selects_the_same_ids_with_the_fused_blocks_and_with
     assert int(state_on.lengths[0]) == int(state_off.lengths[0]) == 4
 
 
-def test_it_applies_to_one_float32_token_of_the_gpt_baseline_with_the_one_row_kernel_only():
+def test_it_applies_to_one_float32_token_with_the_one_row_kernel_only():
     weights = initialize(GPT, seed=1)[0]
     layers = KERNEL.layer_weights(weights).layers
     assert fused_decode.applies(GPT, 1, jnp.float32, layers) == fused_decode.available()
@@ -93,8 +103,11 @@ def test_it_applies_to_one_float32_token_of_the_gpt_baseline_with_the_one_row_ke
     assert not fused_decode.applies(GPT, 1, jnp.float32, stored.layer_weights(weights).layers)
     bf16 = ModelArchitecture(**{**GPT.to_json(), "precision": "bfloat16"})
     assert not fused_decode.applies(bf16, 1, jnp.float32, layers)
-    llama = LlamaArchitecture(vocabulary=97, width=64, ffn=128, context=40, layers=2, heads=4, kv_heads=2)
-    assert not fused_decode.applies(llama, 1, jnp.float32, KERNEL.layer_weights(initialize(llama, seed=1)[0]).layers)
+    llama_layers = KERNEL.layer_weights(initialize(LLAMA, seed=1)[0]).layers
+    assert fused_decode.applies(LLAMA, 1, jnp.float32, llama_layers) == fused_decode.available()
+    assert not fused_decode.applies(GPT, 1, jnp.float32, llama_layers)  # not the tensors the architecture has
+    small = ModelArchitecture(vocabulary=97, width=64, ffn=128, context=40, layers=2, heads=4)  # 0.26 MB of blocks
+    assert not fused_decode.applies(small, 1, jnp.float32, KERNEL.layer_weights(initialize(small, seed=1)[0]).layers)
 
 
 def test_observing_a_step_runs_xlas_blocks():
@@ -126,7 +139,7 @@ from jgpt import fused_decode
 from jgpt.architecture import ModelArchitecture
 from jgpt.layer_strategy import LayerStrategy
 from jgpt.weights import initialize
-a = ModelArchitecture(vocabulary=97, width=80, ffn=200, context=40, layers=3, heads=5)
+a = ModelArchitecture(vocabulary=97, width=168, ffn=420, context=40, layers=3, heads=6)
 layers = LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=True).layer_weights(initialize(a, seed=1)[0])
 print(fused_decode.available(), fused_decode.applies(a, 1, jnp.float32, layers.layers))
 """
