@@ -40,7 +40,7 @@ test: lint chromium
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/train_step.py
-	$(BIN)/python bench/decode.py
+	$(BIN)/python bench/decode.py --kernel
 	$(BIN)/python bench/speculative.py
 	$(BIN)/python bench/kvsim.py
 	$(BIN)/python bench/engine.py
