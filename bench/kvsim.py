@@ -118,9 +118,14 @@ def streamed(sizes: list[int], policy: str, record_dir: str | None, keep: bool) 
     print(f"{'requests':>9} {'events':>11} {'wall s':>8} {'cpu s':>8} {'record GB':>10} {'peak RSS MiB':>13}  verdict")
     for size in sizes:
         command = [sys.executable, __file__, "--streamed-one", str(size), "--policy", policy]
-        command += ["--record-dir", record_dir] if record_dir else []
+        if record_dir:
+            Path(record_dir).mkdir(parents=True, exist_ok=True)  # the directory --record-dir names, made if new
+            command += ["--record-dir", record_dir]
         command += ["--keep"] if keep else []
-        figures = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise SystemExit(f"the streamed run of {size} requests failed:\n{done.stderr.strip()[-2000:]}")
+        figures = json.loads(done.stdout)
         met = figures["wall_s"] < STREAMED_TARGET_S and figures["peak_rss_bytes"] < STREAMED_TARGET_BYTES
         print(f"{size:>9} {figures['events']:>11} {figures['wall_s']:>8.1f} {figures['cpu_s']:>8.1f} "
               f"{figures['bytes'] / 1e9:>10.2f} {figures['peak_rss_bytes'] / 2**20:>13.0f}  "
