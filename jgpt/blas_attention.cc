@@ -14,20 +14,14 @@
 #include <cstring>
 #include <vector>
 
+#include "openblas.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-using Sgemm = void (*)(int order, int transpose_a, int transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
-                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
-using SetThreadsLocal = int (*)(int);
-
-constexpr int kRowMajor = 101, kNoTranspose = 111, kTranspose = 112;
-
-Sgemm sgemm = nullptr;
-SetThreadsLocal set_threads_local = nullptr;
+using jgpt::kNoTranspose, jgpt::kRowMajor, jgpt::kTranspose, jgpt::set_threads_local, jgpt::sgemm;
 
 // exp(x) for x <= 0 to about 1e-7 relative (x < -87 gives 0): 2^n * a degree-7 Taylor polynomial of the
 // remainder, in plain arithmetic the compiler vectorizes (libm's expf does not vectorize here).
@@ -195,11 +189,6 @@ ffi::Future Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
 }
 
 }  // namespace
-
-extern "C" void jgpt_bind_blas(void* sgemm_function, void* set_threads_local_function) {
-  sgemm = reinterpret_cast<Sgemm>(sgemm_function);
-  set_threads_local = reinterpret_cast<SetThreadsLocal>(set_threads_local_function);
-}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jgpt_causal_attention_forward, Forward,
                               ffi::Ffi::Bind()

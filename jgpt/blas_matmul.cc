@@ -4,22 +4,16 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "openblas.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-using Sgemm = void (*)(int order, int transpose_a, int transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
-                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
-using SetThreadsLocal = int (*)(int);
-
-constexpr int kRowMajor = 101, kNoTranspose = 111, kTranspose = 112;
+using jgpt::kNoTranspose, jgpt::kRowMajor, jgpt::kTranspose, jgpt::set_threads_local, jgpt::sgemm;
 // Rows below which a part's sgemm costs less than handing it to another thread.
 constexpr int64_t kMinRowsPerPart = 32;
-
-Sgemm sgemm = nullptr;
-SetThreadsLocal set_threads_local = nullptr;
 
 ffi::Future Product(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
                     ffi::ResultBuffer<ffi::F32> c, bool transpose_a, bool transpose_b) {
@@ -46,11 +40,6 @@ ffi::Future Product(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<f
 }
 
 }  // namespace
-
-extern "C" void jgpt_bind_blas(void* sgemm_function, void* set_threads_local_function) {
-  sgemm = reinterpret_cast<Sgemm>(sgemm_function);
-  set_threads_local = reinterpret_cast<SetThreadsLocal>(set_threads_local_function);
-}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jgpt_blas_product, Product,
                               ffi::Ffi::Bind()
