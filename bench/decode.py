@@ -242,16 +242,16 @@ def compare(model, executions: list[tuple[ModelExecution, str]], batch_prompts, 
     return runs
 
 
-def read_probe(repeats: int) -> float:
-    """The best bytes/s of `repeats` reads each, of 1 GiB, by XLA's jitted sum and, where it runs, by the one-row
-    kernel over a [349525, 768] matrix (the loop a batch-1 step's products run): the fastest this machine reads
-    memory right now."""
+def read_probe(repeats: int):
+    """A function that returns the best bytes/s of `repeats` reads each, of 1 GiB, by XLA's jitted sum and, where it
+    runs, by the one-row kernel over a [349525, 768] matrix (the loop a batch-1 step's products run): the fastest
+    this machine reads memory right then. The arrays are made once, here."""
     a = jnp.ones(1 << 28, jnp.float32)
-    best = a.nbytes / min(_seconds(repeats, jax.jit(jnp.sum), a))
+    reads = [(a.nbytes, jax.jit(jnp.sum), (a,))]
     if blas_matvec.available():
         w, x = jnp.ones(((1 << 28) // 768, 768), jnp.float32), jnp.ones((1, 768), jnp.float32)
-        best = max(best, w.nbytes / min(_seconds(repeats, jax.jit(blas_matvec.matvec), x, w)))
-    return best
+        reads.append((w.nbytes, jax.jit(blas_matvec.matvec), (x, w)))
+    return lambda: max(nbytes / min(_seconds(repeats, fn, *args)) for nbytes, fn, args in reads)
 
 
 def print_kernel_ab(executions, batch_prompts, new_tokens: int, repeats: int, data: float, floor_ms: float) -> None:
@@ -260,9 +260,9 @@ def print_kernel_ab(executions, batch_prompts, new_tokens: int, repeats: int, da
     of `floor_ms`, and the median of its runs' fractions of their own repeat's floor (`data` bytes at the probe's
     bandwidth)."""
     runs: dict[str, list] = {label: [] for _, label in executions}
-    floors = []
+    floors, probe = [], read_probe(3)
     for repeat in range(repeats):
-        floors.append(data / read_probe(3))
+        floors.append(data / probe())
         for execution, label in executions[:: -1 if repeat % 2 else 1]:
             runs[label].append(jgpt_run(execution, batch_prompts, new_tokens))
     print(f"  kernel on/off, jgpt alone, {repeats} alternating runs each, each repeat after a read probe (median "

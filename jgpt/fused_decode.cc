@@ -78,8 +78,7 @@ struct Stage {
 // thread grabs a chunk of the stage it saw, or none, in one compare-and-swap.
 uint64_t Ticket(uint64_t stage, uint64_t chunks, uint64_t next) { return stage << 40 | chunks << 20 | next; }
 
-// One step's operands, gathered before the handler returns (the call frame does not outlive it; the buffers do,
-// until the step's future is ready).
+// One step's operands and scratch, as the leader reads them.
 struct Step {
   int64_t layers, heads, kv_heads, S, D, C, F, position;
   float epsilon;
@@ -102,7 +101,6 @@ struct Team {
   std::atomic<int64_t> done{0};
   int64_t threads = 1;  // a grab takes 1 / threads of the chunks left, at least one
   Stage stage;
-  Step step;
 };
 
 #pragma GCC push_options
@@ -201,7 +199,6 @@ void RunChunk(const Stage& s, int64_t chunk) {
     ProductChunk(s, chunk);
 }
 
-// Grab and run chunks of the stage `ticket` names until it has none left.
 // Grab and run runs of chunks of the stage `ticket` names until it has none left. A grab takes a share of what is
 // left (guided scheduling): long runs of consecutive rows while much is left, which the loop's prefetch streams
 // through, and single chunks at the end, so the threads finish a stage together.
@@ -360,8 +357,7 @@ ffi::Error Blocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
                    ffi::RemainingArgs tensors, ffi::ResultBuffer<ffi::F32> stream_out, ffi::ResultBuffer<ffi::F32> keys,
                    ffi::ResultBuffer<ffi::F32> values, float epsilon, int64_t activation, int64_t normalization,
                    int64_t present, int64_t heads) {
-  auto team = std::make_shared<Team>();
-  Step& step = team->step;
+  Step step;
   const auto dims = keys->dimensions();
   step.layers = dims[0], step.kv_heads = dims[2], step.S = dims[3], step.D = dims[4];
   step.heads = heads, step.C = x.dimensions()[1];
@@ -382,6 +378,7 @@ ffi::Error Blocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
     std::copy_n(values_in.typed_data(), values_in.element_count(), step.values);
   std::copy_n(x.typed_data(), step.C, step.stream);
 
+  auto team = std::make_shared<Team>();  // helpers the pool starts late still find it, finished
   team->threads = std::max<int64_t>(1, pool.num_threads());
   for (int64_t h = 1; h < team->threads; ++h) pool.Schedule([team]() { Help(team); });
   Leader(*team, step);
