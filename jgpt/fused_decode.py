@@ -41,6 +41,7 @@ from jgpt.architecture import Architecture, LlamaArchitecture
 from jgpt.layer_strategy import LayerWeights
 from jgpt.operations import rotary_angles
 from jgpt.output_major import OutputMajor
+from jgpt.weights import weight_shapes
 
 F32 = jnp.float32
 SOURCE = Path(__file__).with_name("fused_decode.cc")
@@ -56,12 +57,9 @@ PROJECTIONS = ("query", "key", "value", "attention_output", "ff_gate", "ff_up", 
 # saves (the shipped chat-draft, 0.26 MB: 11.8-18.5 us a step fused against 10.4-10.7 by XLA; chat, 4.2 MB: 55-59
 # against 104-108; 2026-12-05 22:25 UTC).
 SMALLEST_BYTES = 1 << 20
-# The kernel's codes, and what each architecture's layer holds.
+# The kernel's codes.
 ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "swiglu": 2}
 NORMALIZATIONS = {"layernorm": 0, "rmsnorm": 1}
-GPT_TENSORS = frozenset(LAYER_TENSORS) - {"ff_gate"}
-LLAMA_TENSORS = frozenset({"ln1_scale", "query", "key", "value", "attention_output", "ln2_scale", "ff_gate", "ff_up",
-                           "ff_down"})  # fmt: skip
 
 
 def applies(architecture: Architecture, rows: int, cache_dtype, layers: Sequence[LayerWeights] | None) -> bool:
@@ -71,15 +69,22 @@ def applies(architecture: Architecture, rows: int, cache_dtype, layers: Sequence
     a = architecture
     if rows != 1 or layers is None or a.precision != "float32" or jnp.dtype(cache_dtype) != F32:
         return False
-    expected = LLAMA_TENSORS if isinstance(a, LlamaArchitecture) else GPT_TENSORS
+    expected = layer_shapes(a)
     for w in layers:
-        if set(w) != expected:
+        if set(w) != set(expected):
             return False
         projections = [w[name] for name in PROJECTIONS if name in expected]
         if not all(isinstance(p, OutputMajor) and p.one_row_kernel and p.dtype == F32 for p in projections):
             return False
     held = sum(math.prod(w[name].shape) * w[name].dtype.itemsize for w in layers for name in expected)
     return held >= SMALLEST_BYTES and available()
+
+
+def layer_shapes(architecture: Architecture) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of each block tensor one layer holds for the kernel: `weight_shapes`' without the layer axis,
+    the projections output-major ([outputs, inputs])."""
+    return {name: shape[1:][::-1] if name in PROJECTIONS else shape[1:]
+            for name, shape in weight_shapes(architecture).items() if name in LAYER_TENSORS}  # fmt: skip
 
 
 def available(backend: str | None = None) -> bool:
@@ -106,9 +111,22 @@ def blocks(
         raise ValueError(f"fused decode takes x [1, {C}] and caches [{L}, 1, {K}, S, {D}], got {x.shape}, {keys.shape}")
     if len(layers) != L:
         raise ValueError(f"fused decode takes {L} layers' weights, got {len(layers)}")
+    # The kernel reads every tensor at the sizes the architecture implies: check each before it does.
+    expected = layer_shapes(a)
+    for index, w in enumerate(layers):
+        if set(w) != set(expected):
+            raise ValueError(f"layer {index} holds {sorted(w)}, the architecture's blocks {sorted(expected)}")
+        for name, shape in expected.items():
+            t = w[name]
+            if name in PROJECTIONS and not isinstance(t, OutputMajor):
+                raise ValueError(f"layer {index}'s {name} must be held output-major (an OutputMajor)")
+            if tuple(t.shape) != shape or t.dtype != F32:
+                raise ValueError(
+                    f"layer {index}'s {name} is {t.dtype} {tuple(t.shape)}, the kernel reads float32 {shape}"
+                )
     if _kernel() is None:
         raise RuntimeError("the fused decode kernel is not available here: check fused_decode.applies(...) first")
-    present = [name for name in LAYER_TENSORS if name in layers[0]]
+    present = [name for name in LAYER_TENSORS if name in expected]
     tensors = [_held(w[name]) for w in layers for name in present]
     rotation = jnp.zeros((0,), F32)
     if isinstance(a, LlamaArchitecture):  # the alternative whose position is "rope"

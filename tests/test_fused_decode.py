@@ -20,7 +20,7 @@ from inference.policy import GenerationPolicy, InferenceRequest
 from jgpt import fused_decode
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.kv_state import KVBuffers, StateIdentity
-from jgpt.layer_strategy import LayerStrategy
+from jgpt.layer_strategy import LayerStrategy, LayerWeights
 from jgpt.model import forward
 from jgpt.weights import initialize
 
@@ -128,6 +128,21 @@ def test_blocks_reject_shapes_the_architecture_does_not_have():
         fused_decode.blocks(jnp.ones((1, GPT.width)), jnp.int32(0), cache.keys[:2], cache.values[:2], layers, GPT)
     with pytest.raises(ValueError, match="layers' weights"):
         fused_decode.blocks(jnp.ones((1, GPT.width)), jnp.int32(0), cache.keys, cache.values, layers[:2], GPT)
+    x = jnp.ones((1, GPT.width))
+    missing = LayerWeights({n: t for n, t in layers[0].items() if n != "ln2_bias"}, {}, 0)
+    with pytest.raises(ValueError, match="layer 0 holds"):
+        fused_decode.blocks(x, jnp.int32(0), cache.keys, cache.values, (missing, *layers[1:]), GPT)
+    # A stored (not output-major) projection, a wrong-sized bias, a bfloat16 scale: each refused before the kernel
+    # reads it.
+    stored = LayerStrategy.unrolled_layers(output_major=False).layer_weights(initialize(GPT, seed=2)[0]).layers
+    for name, tensor, message in (
+        ("query", stored[1]["query"], "output-major"),
+        ("ff_up_bias", jnp.ones(GPT.ffn - 1), r"ff_up_bias is float32 \(419,\)"),
+        ("ln1_scale", jnp.ones(GPT.width, jnp.bfloat16), "ln1_scale is bfloat16"),
+    ):
+        bad = LayerWeights({**dict(layers[1].items()), name: tensor}, {}, 1)
+        with pytest.raises(ValueError, match=message):
+            fused_decode.blocks(x, jnp.int32(0), cache.keys, cache.values, (layers[0], bad, layers[2]), GPT)
 
 
 def test_without_a_compiler_decode_keeps_xlas_blocks_silently(tmp_path):
@@ -137,7 +152,7 @@ import warnings, jax, jax.numpy as jnp
 warnings.simplefilter("error")
 from jgpt import fused_decode
 from jgpt.architecture import ModelArchitecture
-from jgpt.layer_strategy import LayerStrategy
+from jgpt.layer_strategy import LayerStrategy, LayerWeights
 from jgpt.weights import initialize
 a = ModelArchitecture(vocabulary=97, width=168, ffn=420, context=40, layers=3, heads=6)
 layers = LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=True).layer_weights(initialize(a, seed=1)[0])
