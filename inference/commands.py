@@ -9,7 +9,7 @@ import sys
 from jgpt import progress
 from jgpt.architecture import PRECISION_NAMES
 from jgpt.command_line import ArgumentParser
-from jgpt.errors import ApiError
+from jgpt.errors import ApiError, one_line
 from jgpt.json_input import read_json
 from jgpt.output_paths import output_file
 
@@ -172,7 +172,11 @@ def _serve(argv: list[str]) -> int:
     parser.add_argument(
         "--out", required=True, metavar="MEASURED.json", help="where to write the measured-run document"
     )
-    parser.add_argument("--as-fast-as-possible", action="store_true", help="every request arrives at the run's start")
+    parser.add_argument(
+        "--as-fast-as-possible",
+        action="store_true",
+        help="every request arrives at the run's start and no action waits for its time",
+    )
     parser.add_argument("--json", action="store_true", help="print the whole document instead of the summary")
     parser.add_argument("--quiet", action="store_true", help="print nothing, not even progress")
     args = parser.parse_args(argv)
@@ -233,27 +237,45 @@ def _parse_ids(text: str) -> tuple[int, ...]:
     return ids
 
 
+def terminal_text(text: str) -> str:
+    """`text` with every control and format character but newline and tab escaped, as `jgpt catalog` escapes
+    its cells (jgpt.errors.one_line): model text must not write escape sequences to a terminal."""
+    return "\n".join("\t".join(map(one_line, line.split("\t"))) for line in text.split("\n"))
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or stand-in stream
+        return False
+
+
 class _TextStream:
-    """Prints the published text as ids are selected; a UTF-8 character split over ids waits for its end."""
+    """Prints the published text as ids are selected; a UTF-8 character split over ids waits for its end.
+
+    On a terminal the text is escaped (`terminal_text`): an imported model can select the bytes of an escape
+    sequence (ESC ] 0; ... BEL retitles the window). A pipe or a file gets the decoded text exactly.
+    """
 
     def __init__(self, tokenizer, turn_end_id: int):
         self.tokenizer, self.turn_end_id = tokenizer, turn_end_id
         self.ids: list[int] = []
         self.printed = 0
+        self.shown = terminal_text if _is_terminal(sys.stdout) else str
 
     def select(self, row: int, token_id: int) -> None:
         if token_id == self.turn_end_id:
             return
         self.ids.append(token_id)
         text = self.tokenizer.decode(self.ids, final=False).text
-        sys.stdout.write(text[self.printed :])
+        sys.stdout.write(self.shown(text[self.printed :]))
         sys.stdout.flush()
         self.printed = len(text)
 
     def finish(self, response) -> None:
         decoded = self.tokenizer.decode(self.ids)
         outcome = response.outcome
-        print(decoded.text[self.printed :])
+        print(self.shown(decoded.text[self.printed :]))
         note = f"; {decoded.note}" if decoded.note else ""
         print(
             f"[{outcome.stop_reason}: {outcome.selected_tokens} selected, {outcome.published_tokens} published{note}]",

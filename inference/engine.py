@@ -55,6 +55,7 @@ from inference.state_manager import (
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
 from kvsim import CustomerInteraction, KVResidencySystemConfig, parse_interaction
+from kvsim.workload import check_wall_clock
 
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
 DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
@@ -135,8 +136,13 @@ _Work = tuple[str, list[_Request], int, int, int, int, int, int, int]
 
 
 class _Serving:
-    def __init__(self, execution: ModelExecution, system: KVResidencySystemConfig, plan: EnginePlan, observe):
+    def __init__(
+        self, execution: ModelExecution, system: KVResidencySystemConfig, plan: EnginePlan, observe,
+        as_fast_as_possible: bool = False,
+    ):  # fmt: skip
         self.execution = execution
+        # Nothing waits for a declared time: a happening due later is taken as soon as it is the next one.
+        self.as_fast_as_possible = as_fast_as_possible
         self.system = system
         self.plan = plan
         self.observe = observe
@@ -189,7 +195,7 @@ class _Serving:
             else:
                 at, _, what, payload = declared[position]
                 position += 1
-                while (late := at - self.clock()) > 0:
+                while not self.as_fast_as_possible and (late := at - self.clock()) > 0:
                     if late > SPIN_US:
                         time.sleep((late - SPIN_US) / 1e6)
                 self.now = self.clock()  # when the engine sees it
@@ -553,8 +559,10 @@ class InferenceEngine:
         observe: called after every happening with the measured (device, host) KV bytes, once the
         pool's invariants have been checked against the arrays it holds (an AssertionError if not).
         """
+        check_declared_times(requests, interaction)
         plan = EnginePlan.of(self.execution.architecture.context, self.system, requests)
-        serving = _Serving(self.execution, self.system, plan, observe)
+        plan.check_memory(self.execution, self.system, len(requests))
+        serving = _Serving(self.execution, self.system, plan, observe, as_fast_as_possible)
         serving.slots, compiled, compile_wall_us = serving.programs.compile(serving.slots)
         ordered = [_Request(r, 0 if as_fast_as_possible else r.arrival_us) for r in requests]
         compiles: list[str] = []
@@ -575,6 +583,15 @@ class InferenceEngine:
             plan, compiled, compile_wall_us, len(compiles), as_fast_as_possible, served, tuple(serving.works),
             serving.busy_us, end_us, dict(serving.moved), dict(serving.counts),
         )  # fmt: skip
+
+
+def check_declared_times(requests: Sequence[InferenceRequest], interaction: CustomerInteraction | None) -> None:
+    """Refuse an arrival or action the wall clock would wait for past kvsim.workload.WALL_CLOCK_LIMIT_US
+    (whatever read the workload: `serve` reads a schema that already bounds them, a lab its own)."""
+    for request in requests:
+        check_wall_clock(request.arrival_us, f"request {request.request_id!r}: arrival_us")
+    for index, action in enumerate(interaction.actions if interaction else ()):
+        check_wall_clock(action.at_us, f"customer_interaction.actions[{index}].at_us")
 
 
 def _served(request: _Request) -> ServedRequest:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from inference.evidence import DECODE, PREFILL, CacheComputation, GenerationWork, tensor_observations
-from inference.execution import ModelExecution, advance, bucket
+from inference.execution import ModelExecution, advance, bucket, capacity_bucket
 from inference.policy import SAMPLE, STOP_BUDGET, STOP_CONTEXT, STOP_TURN_END, InferenceRequest
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from inference.sampling import (
@@ -40,6 +40,7 @@ from inference.sampling import (
 )
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
+from jgpt.limits import check_buffer
 from jgpt.model import forward
 
 STOP_REASONS = (None, STOP_TURN_END, STOP_BUDGET, STOP_CONTEXT)  # indexed by the loop's stop code
@@ -145,7 +146,7 @@ def generate(
     reference: record each work's max abs logit error against a full-prefix recompute.
     scores: keep raw logits and probabilities in every TokenSelection.
     """
-    plan = _plan(execution, requests, state, reference or scores)
+    plan = _plan(execution, requests, state, reference or scores, reference)
     return _generation(execution, requests, plan, _run_loop(execution, plan), LOOP_BOUNDARY, reference, scores)
 
 
@@ -165,7 +166,7 @@ def generate_stepwise(
     observe_step: record TensorObservations of every model operation at that step.
     on_select: called with (row, id) as each id is selected, for streaming.
     """
-    plan = _plan(execution, requests, state, reference or scores)
+    plan = _plan(execution, requests, state, reference or scores, reference)
     observe = None
     if observe_step is not None:
         if not 0 <= observe_step < plan.budgets.max():
@@ -181,15 +182,53 @@ def generate_stepwise(
     return _generation(execution, requests, plan, ran, STEP_BOUNDARY, reference, scores)
 
 
-def _plan(execution: ModelExecution, requests: Sequence[InferenceRequest], state: KVState | None, keep_logits: bool):
+def selectable(prompt: Sequence[int], budget: int, context: int) -> int:
+    """The most ids a row can select: its budget, or all the context leaves after its prompt (context -
+    prompt + 1: the last selected id is never processed), whichever is less.
+
+    Every buffer a run sizes by its steps is sized by this, never by a budget past the context: a budget
+    of 2^31 - 1 keeps its meaning (the row stops at the context, stop reason "context") without asking
+    for 2^31 columns of ids and logits.
+    """
+    return max(1, min(int(budget), context - len(prompt) + 1))
+
+
+def check_buffers(
+    execution: ModelExecution, prompts, steps: int, per_step: int, extra_state: int = 0, field: str = "max_new_tokens"
+) -> None:
+    """Refuse, naming `field`, a run whose buffers would pass jgpt.limits.BUFFER_LIMIT, before any is allocated:
+    per row, `per_step` bytes for each of its `steps` columns (ids, kept logits, candidates, a round's log),
+    and a KV state of the slots its prompt and steps reach, with `extra_state` more bytes per slot (a draft's
+    state, the reference recompute's logits)."""
+    a = execution.architecture
+    slots = capacity_bucket(min(a.context, max(map(len, prompts)) + steps - 1), a.context)
+    per_slot = execution.costs.kv_bytes_per_position + 4 + extra_state  # keys and values, and the slot's id
+    total = len(prompts) * (steps * per_step + slots * per_slot)
+    check_buffer(total, field, f"{len(prompts)} row(s) of {steps} selectable ids (as many as the context allows)")
+
+
+def _plan(
+    execution: ModelExecution,
+    requests: Sequence[InferenceRequest],
+    state: KVState | None,
+    keep_logits: bool,
+    reference: bool = False,
+):
     if not requests:
         raise ApiError("requests", "is empty; nothing to generate")
+    context = execution.architecture.context
     prompts = [r.prompt_ids for r in requests]
     budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
+    reach = [selectable(p, n, context) for p, n in zip(prompts, budgets)]
+    rule = SelectionRule.of(requests)
+    # Per column: the id, the logits kept, a sampled step's candidates; per slot: the reference's logits.
+    logits = 4 * execution.architecture.vocabulary
+    per_step = 4 + logits * keep_logits + 8 * TOP_CANDIDATES * (rule is not None)
+    check_buffers(execution, prompts, max(reach), per_step, logits * reference)
     # Slots for every position a row can process: its prompt and all selections but the last.
-    capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
+    capacity = max(len(p) + n - 1 for p, n in zip(prompts, reach))
     work_state, window_ids, counts, reused = execution.window(prompts, state, capacity)
-    return _Plan(work_state, window_ids, counts, budgets, reused, keep_logits, SelectionRule.of(requests))
+    return _Plan(work_state, window_ids, counts, budgets, max(reach), reused, keep_logits, rule)
 
 
 def _generation(execution, requests, plan: _Plan, ran: _Run, decode_boundary: str, reference, scores) -> Generation:
@@ -236,6 +275,7 @@ class _Plan:
     window_ids: np.ndarray  # [B, W]
     counts: np.ndarray  # [B] new ids per row
     budgets: np.ndarray  # [B]
+    steps: int  # the most ids any row can select (`selectable`): the loop's buffers' width
     reused: list[int]  # per row, the positions of its prompt the given state already held
     keep_logits: bool
     rule: SelectionRule | None  # None: every row greedy
@@ -257,7 +297,7 @@ class _Run:
 def _run_loop(execution: ModelExecution, plan: _Plan) -> _Run:
     loop = functools.partial(
         _decode_loop, execution.weights, execution.layer_weights, execution.architecture,
-        steps=bucket(int(plan.budgets.max()), 1 << 30), turn_end_id=execution.turn_end_id,
+        steps=bucket(plan.steps, execution.architecture.context + 1), turn_end_id=execution.turn_end_id,
         keep_logits=plan.keep_logits, unroll=execution.scan_unroll,
     )  # fmt: skip
     budgets = jnp.asarray(plan.budgets)

@@ -25,7 +25,7 @@ from jgpt.identity import write_atomically
 from jgpt.kv_state import KVState
 from jgpt.tokenizer import Tokenizer, Turn, turns_from_json
 from jgpt.validation import Integer, Integers, ListOf, Object, String
-from kvsim import INTERACTION
+from kvsim.workload import SERVED_INTERACTION, WALL_CLOCK_LIMIT_US
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1
@@ -37,10 +37,13 @@ _BODY = Object(
      "generation": Object({}, open=True, about="GenerationPolicy (docs/inference.md)")},
     about="InferenceRequest: its input as turns (with an optional text), text, or prompt_ids.",
 )  # fmt: skip
-ARRIVAL = Object({"request_id": String(non_empty=True), "arrival_us": Integer(), "request": _BODY})
+# Declared times are on the wall clock `serve` runs against: at most a day (kvsim.workload.WALL_CLOCK_LIMIT_US).
+ARRIVAL = Object(
+    {"request_id": String(non_empty=True), "arrival_us": Integer(maximum=WALL_CLOCK_LIMIT_US), "request": _BODY}
+)
 WORKLOAD = Object(
     {"kind": String(non_empty=True), "requests": ListOf(ARRIVAL, 1)},
-    {"customer_interaction": INTERACTION},
+    {"customer_interaction": SERVED_INTERACTION},
     about="Workload: ordered RequestArrivals, each with an InferenceRequest (`jgpt record`, `jgpt serve`).",
 )  # fmt: skip
 

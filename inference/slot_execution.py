@@ -29,6 +29,7 @@ from inference.execution import ModelExecution, advance, bucket, capacity_bucket
 from inference.policy import SAMPLE, InferenceRequest
 from inference.sampling import SelectionRule, select, select_jit
 from jgpt.kv_state import KVState
+from jgpt.limits import check_buffer
 from kvsim import CONTINUOUS_BATCHING, KVResidencySystemConfig
 
 
@@ -106,6 +107,24 @@ class EnginePlan:
 
     def slot_buffer_bytes(self, execution: ModelExecution) -> int:
         return self.slot_rows * self.slot_capacity * execution.costs.kv_bytes_per_position
+
+    def check_memory(self, execution: ModelExecution, system: KVResidencySystemConfig, requests: int) -> None:
+        """Refuse, before anything is allocated or compiled, a plan whose KV arrays would pass
+        jgpt.limits.BUFFER_LIMIT: the slot state (its keys, values and ids; a prefill's start state of one row),
+        then with it the states the pool may retain (at most its device and host budgets, and at most one
+        state of C slots per request)."""
+        per_slot = execution.costs.kv_bytes_per_position + 4
+        slots = (self.slot_rows + 1) * self.slot_capacity * per_slot
+        active = system.scheduling.max_active_requests
+        shape = f"a slot state of {self.slot_rows} rows of {self.slot_capacity} slots"
+        check_buffer(slots, "scheduling.max_active_requests", f"{active} active requests ({shape})")
+        if system.kv_cache.retention_policy == "none":
+            return
+        device, host = system.kv_cache.device_kv_bytes, system.kv_cache.host_kv_bytes
+        retained = min(device + host, requests * self.slot_capacity * execution.costs.kv_bytes_per_position)
+        field = f"kv_cache.{'device' if device >= host else 'host'}_kv_bytes"
+        what = f"the slot state ({slots:,} bytes) and up to {retained:,} bytes of states retained under both budgets"
+        check_buffer(slots + retained, field, what)
 
 
 @dataclasses.dataclass(frozen=True)

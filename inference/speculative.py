@@ -53,7 +53,7 @@ from inference.evidence import (
     SpeculationRound,
 )
 from inference.execution import ModelExecution, advance, bucket
-from inference.generation import Generation, stop_codes, stop_reason
+from inference.generation import Generation, check_buffers, selectable, stop_codes, stop_reason
 from inference.policy import SAMPLE, InferenceRequest
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from inference.sampling import SelectionRule, filtered_logits, request_stream, select, step_key
@@ -377,15 +377,22 @@ def generate_speculative(
     rule = SelectionRule.of(requests)
     prompts = [r.prompt_ids for r in requests]
     budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
-    capacity = max(len(p) + int(n) - 1 for p, n in zip(prompts, budgets))
+    context = target.architecture.context
+    reach = [selectable(p, n, context) for p, n in zip(prompts, budgets)]
+    steps = max(reach)
+    capacity = max(len(p) + n - 1 for p, n in zip(prompts, reach))
     model = None if isinstance(draft, PromptLookup) else draft
+    # Per column: an output id and a round's log (k drafted ids and the accepted count); per slot, the draft's
+    # state. A sampling draft model's q [B, k, V] lives only inside a round.
+    draft_slot = 0 if model is None else model.costs.kv_bytes_per_position + 4
+    check_buffers(target, prompts, steps + k + 1, 4 * (k + 2), draft_slot)
     if model is not None and model.architecture.context < min(capacity, target.architecture.context):
         raise ApiError("draft", f"has a context of {model.architecture.context} positions; this run needs {capacity}")
     target_start, window_ids, counts, _ = target.window(prompts, None, capacity)
     loop = functools.partial(
         _speculative_loop, target.weights, target.layer_weights, model and model.weights, model and model.layer_weights,
         target_architecture=target.architecture, draft_architecture=model and model.architecture, k=k,
-        steps=bucket(int(budgets.max()), 1 << 30), turn_end_id=target.turn_end_id, target_unroll=target.scan_unroll,
+        steps=bucket(steps, context + 1), turn_end_id=target.turn_end_id, target_unroll=target.scan_unroll,
         draft_unroll=model and model.scan_unroll, ngram=draft.ngram if isinstance(draft, PromptLookup) else 0,
     )  # fmt: skip
 

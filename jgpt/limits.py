@@ -27,3 +27,19 @@ def bounded(value: int, field: str, minimum: int, limit: int) -> int:
         return integer(value, field, minimum, limit)
     except ApiError:  # one message with the whole range: these fields are command-line options too
         raise ApiError(field, f"must be an integer in [{minimum}, {limit}], got {value!r}") from None
+
+
+# Bytes of the buffers an inference run allocates up front for its sizes (a generation's KV state, ids,
+# kept logits and draft logs; the engine's slot KV state and the states its pool may retain): 2^33 = 8 GiB,
+# the weights' own limit (PARAMETER_LIMIT float32 values). The shipped chat model needs a few MB; a budget
+# or a slot count sized past this ended in the OOM killer or an XLA out-of-memory traceback.
+BUFFER_LIMIT = 1 << 33
+
+
+def check_buffer(nbytes: int, field: str, what: str) -> None:
+    """Refuse, naming `field`, a buffer of `nbytes` past BUFFER_LIMIT, before anything is allocated for it."""
+    if nbytes > BUFFER_LIMIT:
+        raise ApiError(
+            field,
+            f"{what} would need {nbytes:,} bytes, more than the limit of {BUFFER_LIMIT:,} (jgpt.limits.BUFFER_LIMIT)",
+        )

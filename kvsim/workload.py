@@ -17,6 +17,10 @@ from jgpt.validation import Description, Integer, ListOf, Object, String, Tagged
 from kvsim.recorded import RecordedComputations
 
 CLOCK = "virtual_us"
+# The latest declared time (an arrival, an action) a run on the wall clock waits for: one day after its start.
+# kvsim's virtual clock takes any time up to 2^53 us; the InferenceEngine (`jgpt serve`, a lab's engine arms)
+# sleeps until each, and one of 2^53 us (285 years) held `serve` for ever, `--as-fast-as-possible` too.
+WALL_CLOCK_LIMIT_US = 86_400_000_000
 
 
 class ActionKind(StrEnum):
@@ -29,12 +33,20 @@ ACTION_KINDS = tuple(ActionKind)
 
 ARRIVAL = Object({"request_id": String(), "arrival_us": Integer()})
 WORKLOAD = Object({"kind": String(), "requests": ListOf(ARRIVAL)}, about="Workload: ordered RequestArrivals.")
-_ACTION: dict[str, Description] = {"kind": String(ACTION_KINDS), "at_us": Integer(), "request_id": String()}
-ACTION = Tagged("kind", {kind: Object(_ACTION | ({"output_bytes": Integer()} if kind == "consume" else {}))
-                         for kind in ACTION_KINDS})  # fmt: skip
-INTERACTION = Object(
-    {"actions": ListOf(ACTION)}, {"clock": String((CLOCK,))}, about="CustomerInteraction: submit, consume, cancel."
-)
+
+
+def _interaction(at_us: Integer) -> Object:
+    action: dict[str, Description] = {"kind": String(ACTION_KINDS), "at_us": at_us, "request_id": String()}
+    tagged = Tagged("kind", {kind: Object(action | ({"output_bytes": Integer()} if kind == "consume" else {}))
+                             for kind in ACTION_KINDS})  # fmt: skip
+    return Object(
+        {"actions": ListOf(tagged)}, {"clock": String((CLOCK,))}, about="CustomerInteraction: submit, consume, cancel."
+    )
+
+
+INTERACTION = _interaction(Integer())
+# A served workload's actions (`jgpt serve`): on the wall clock, so at most WALL_CLOCK_LIMIT_US.
+SERVED_INTERACTION = _interaction(Integer(maximum=WALL_CLOCK_LIMIT_US))
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,15 @@ class CustomerAction:
 class CustomerInteraction:
     clock: str
     actions: tuple[CustomerAction, ...]
+
+
+def check_wall_clock(time_us: int, field: str) -> None:
+    """Refuse, naming `field`, a declared time past WALL_CLOCK_LIMIT_US: no run on the wall clock waits for it."""
+    if time_us > WALL_CLOCK_LIMIT_US:
+        raise ApiError(
+            field,
+            f"{time_us} us is past {WALL_CLOCK_LIMIT_US} us (one day), the latest time a wall-clock run waits for",
+        )
 
 
 def recorded_workload(computations: RecordedComputations) -> Workload:
