@@ -35,6 +35,7 @@ from jgpt.errors import ApiError
 from jgpt.json_input import read_json
 from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
 from jgpt.validation import Anything, ListOf, Object, RelativePath, String, Text
+from kvsim.workload import check_wall_clock
 
 LABS = Path(__file__).with_name("labs")
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -171,6 +172,7 @@ class ExperimentDesign:
             else None,
         )
         _check_runners(design, at)
+        _check_wall_clock(design, at)
         return design
 
     def to_json(self) -> dict[str, Any]:
@@ -223,6 +225,20 @@ def _check_runners(design: ExperimentDesign, at) -> None:
         raise ApiError(
             at("calibration_workload"), "is served only to calibrate; no arm sets compute_service.model to calibrated"
         )
+
+
+def _check_wall_clock(design: ExperimentDesign, at) -> None:
+    """A workload the InferenceEngine serves (an engine arm's, a calibration's) is waited for on the wall clock:
+    every declared arrival and action at most kvsim.workload.WALL_CLOCK_LIMIT_US, refused before anything runs."""
+    engine = any(chosen(arm.execution.assignments, "execution.runner") == "engine" for arm in design.arms())
+    served = [("workload", design.workload)] if engine else []
+    for name, workload in [*served, ("calibration_workload", design.calibration_workload)]:
+        if workload is None:
+            continue
+        for request in workload.requests:
+            check_wall_clock(request.arrival_us, f"{at(name)}: request {request.request_id!r}: arrival_us")
+        for index, action in enumerate(workload.interaction.actions if workload.interaction else ()):
+            check_wall_clock(action.at_us, f"{at(name)}.actions[{index}].at_us")
 
 
 def _sweep(value: Any, settings: ExecutionSpec, field: str) -> tuple[SweepAxis, ...]:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 import inference.commands
@@ -313,6 +313,7 @@ def test_fuzz_generate_numeric_flags(flag, value, budget, as_json, loop_widths):
     argv += ["--json"] if as_json else []
     code, stdout, stderr = run_jgpt(argv)
     assert "Traceback" not in stderr + stdout, stderr
+    event(f"exit {code}")
     if code == 2:
         (line,) = error_lines(stderr)
         named = flag.removeprefix("--")
@@ -367,10 +368,27 @@ def test_fuzz_serve_extreme_times_and_system_numbers(tmp_path, monkeypatch, wher
     lowest = 0 if timed or where[-1] == "host_kv_bytes" else 1
     if not (isinstance(number, int) and lowest <= number <= (WALL_CLOCK_LIMIT_US if timed else 2**53)):
         assert_refused(argv, inputs=[w, s], watch=[out.parent], field=field)  # the number itself, by its path
+        event("refused: the number")
         return
     started = time.monotonic()
     if assert_clean(argv, inputs=[w, s], watch=[out.parent]) == 0:
         assert out.is_file() and time.monotonic() - started < 60
+        event("served")
     else:  # a valid number that sizes the KV arrays past the limit, refused naming the size it drives
         line = assert_refused(argv, inputs=[w, s], watch=[out.parent], field="BUFFER_LIMIT")
         assert "scheduling.max_active_requests" in line or "kv_cache." in line, line
+        event(f"refused: {line.split(': ')[2]}")
+
+
+@pytest.mark.parametrize("workload", ["workload", "calibration_workload"])
+def test_a_lab_served_on_the_engine_refuses_far_times_before_anything_runs(workload):
+    """kvsim-fidelity serves both workloads on the engine: its third turn, two days away, is refused
+    when the lab is read (kvsim arms alone take any time kvsim does)."""
+    from experiments.experiment_design import LABS, ExperimentDesign
+    from jgpt.json_input import read_json
+
+    lab = read_json(LABS / "kvsim-fidelity.json", "lab")
+    ExperimentDesign.from_json(lab)
+    lab[workload]["conversations"][0]["turn_gap_us"] = WALL_CLOCK_LIMIT_US
+    with pytest.raises(ApiError, match=rf"{workload}: request '.*\.2': arrival_us: \d+ us is past 86400000000 us"):
+        ExperimentDesign.from_json(lab)
