@@ -354,7 +354,8 @@ def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on
         elapsed = time.perf_counter() - started
         for b in np.flatnonzero(active):
             ids[b].append(int(chosen[b]))
-            logits[b].append(step_logits[b])
+            if plan.keep_logits:  # else a long run would hold [steps, V] for nothing
+                logits[b].append(step_logits[b])
             if plan.rule is not None:
                 seen[b].append((top[0][b], top[1][b]))
             seconds[b].append(elapsed)
