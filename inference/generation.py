@@ -207,6 +207,25 @@ def check_buffers(
     check_buffer(total, field, f"{len(prompts)} row(s) of {steps} selectable ids (as many as the context allows)")
 
 
+def check_generation(
+    execution: ModelExecution,
+    requests: Sequence[InferenceRequest],
+    keep_logits: bool,
+    reference: bool,
+    field: str = "max_new_tokens",
+) -> list[int]:
+    """Each request's `selectable` ids, once the run's buffers are known to fit (`check_buffers`): a caller
+    that runs requests one at a time (`record`) checks every one of them before running any."""
+    context = execution.architecture.context
+    reach = [selectable(r.prompt_ids, r.generation.max_new_tokens, context) for r in requests]
+    # Per column: the id, the logits kept, a sampled step's candidates; per slot: the reference's logits.
+    logits = 4 * execution.architecture.vocabulary
+    sampling = any(r.generation.selection == SAMPLE for r in requests)
+    per_step = 4 + logits * keep_logits + 8 * TOP_CANDIDATES * sampling
+    check_buffers(execution, [r.prompt_ids for r in requests], max(reach), per_step, logits * reference, field)
+    return reach
+
+
 def _plan(
     execution: ModelExecution,
     requests: Sequence[InferenceRequest],
@@ -216,19 +235,13 @@ def _plan(
 ):
     if not requests:
         raise ApiError("requests", "is empty; nothing to generate")
-    context = execution.architecture.context
     prompts = [r.prompt_ids for r in requests]
     budgets = np.asarray([r.generation.max_new_tokens for r in requests], np.int32)
-    reach = [selectable(p, n, context) for p, n in zip(prompts, budgets)]
-    rule = SelectionRule.of(requests)
-    # Per column: the id, the logits kept, a sampled step's candidates; per slot: the reference's logits.
-    logits = 4 * execution.architecture.vocabulary
-    per_step = 4 + logits * keep_logits + 8 * TOP_CANDIDATES * (rule is not None)
-    check_buffers(execution, prompts, max(reach), per_step, logits * reference)
+    reach = check_generation(execution, requests, keep_logits, reference)
     # Slots for every position a row can process: its prompt and all selections but the last.
     capacity = max(len(p) + n - 1 for p, n in zip(prompts, reach))
     work_state, window_ids, counts, reused = execution.window(prompts, state, capacity)
-    return _Plan(work_state, window_ids, counts, budgets, max(reach), reused, keep_logits, rule)
+    return _Plan(work_state, window_ids, counts, budgets, max(reach), reused, keep_logits, SelectionRule.of(requests))
 
 
 def _generation(execution, requests, plan: _Plan, ran: _Run, decode_boundary: str, reference, scores) -> Generation:

@@ -16,7 +16,7 @@ from typing import Any
 
 from inference.backend import ExecutionBackend, ExecutionProvenance
 from inference.execution import ModelExecution
-from inference.generation import generate_stepwise
+from inference.generation import check_generation, generate_stepwise
 from inference.policy import GenerationPolicy, InferenceRequest, check_prompt
 from inference.response import InferenceResponse
 from jgpt import progress
@@ -82,7 +82,9 @@ def record(
     """
     a = execution.architecture
     for request in requests:  # refuse a bad workload before running any of it
-        check_prompt(request.prompt_ids, a.vocabulary, a.context, f"request {request.request_id!r}: prompt_ids")
+        at = f"request {request.request_id!r}"
+        check_prompt(request.prompt_ids, a.vocabulary, a.context, f"{at}: prompt_ids")
+        check_generation(execution, [request], reference, reference, f"{at}: generation.max_new_tokens")
     backend = ExecutionBackend.current(execution.identity.precision)
     # The reuse rule (docs/kvsim.md): an ended request retains one state, every position it computed,
     # unless that very sequence is already retained; a hit takes the state. Keyed by its token ids.

@@ -141,6 +141,26 @@ def test_kept_logits_count_against_the_limit(monkeypatch, nothing_compiles):
     assert_refused(["generate", "--json", "--max-new-tokens", BIGGEST, "reverse abcd"], field="max_new_tokens")
 
 
+def test_record_clamps_the_same_way(tmp_path):
+    document = {"kind": "bounds", "requests": [
+        {"request_id": "r", "arrival_us": 0, "request": {"text": "reverse abcd", "generation": {"max_new_tokens": BIGGEST}}}
+    ]}  # fmt: skip
+    w, _, out = _files(tmp_path, document, _system())
+    code, _, stderr = run_jgpt(["record", w, "--out", out, "--quiet"])
+    assert code == 0, stderr
+    (recorded,) = json.loads(out.read_text())["requests"]
+    assert recorded["outcome"]["unused_budget"] == BIGGEST - len(recorded["output_ids"])
+
+
+def test_record_refuses_a_request_past_the_limit_before_running_any(tmp_path, monkeypatch, nothing_compiles):
+    monkeypatch.setattr(jgpt.limits, "BUFFER_LIMIT", 600_000)  # the reference's logits of 114 steps do not fit
+    document = _workload(2, budget=4)
+    document["requests"][1]["request"]["generation"]["max_new_tokens"] = BIGGEST
+    w, _, out = _files(tmp_path, document, _system())
+    assert_refused(["record", w, "--out", out], inputs=[w], watch=[out.parent],
+                   field="request 'r1': generation.max_new_tokens")  # fmt: skip
+
+
 # -- the engine's slot state and pool -----------------------------------------------------------------------
 
 
