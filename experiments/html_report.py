@@ -20,17 +20,23 @@ import base64
 import hashlib
 import html
 import json
+import os
 import shutil
+import stat
+import struct
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
-from experiments.experiment_execution import replay, summary, verified_file
+from experiments.experiment_execution import _named_paths, replay, summary, verified_file
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
 from experiments.report_figures import draw_plots, simulated_arms
+from jgpt.errors import ApiError
 from jgpt.identity import write_atomically
 from jgpt.json_input import parse_json
+from jgpt.output_paths import output_file
 from jgpt.paths import confined
 
 SECTIONS = (
@@ -49,10 +55,16 @@ SECTIONS = (
 
 
 def write_report(record_path: Path, out: Path) -> Path:
-    """Check the record replays, then write the page to `out` (atomically)."""
+    """Check the record replays and that `out` is none of the files the page is made of, then write the page
+    to `out` (atomically)."""
     record_path = Path(record_path)
     record = replay(record_path)
     directory = record_path.parent
+    # Confined: a plot that links out of the directory would embed that file in the page (a key, a password file).
+    plots = {name: confined(directory, f"plots/{name}", "plots") for name in _plot_names(record)}
+    # Known once the record is: the page must not replace a file it reads (a plot, a file the record names).
+    named = [confined(directory, path, "record") for path in _named_paths(record)]
+    out = output_file(out, "--out", [record_path, *named, *plots.values()])
     recording = record["recordings"][0]
     observations = _read(directory, recording["observations"], "observations")
     computations = _read(directory, recording["computations"], "computations")
@@ -74,26 +86,75 @@ def write_report(record_path: Path, out: Path) -> Path:
         "map": default_inference_map().to_json(),
         "events": _events_of(record, directory, inspected),
     }
-    plots = directory / "plots"
     with tempfile.TemporaryDirectory() as scratch:
-        # Confined: a plot that links out of the directory would embed that file in the page (a key, a password file).
-        if not all(confined(directory, f"plots/{name}", "plots").is_file() for name in _plot_names(record)):
-            plots = Path(scratch) / "plots"  # a record run without plots: draw them for the page only
+        if not all(path.is_file() for path in plots.values()):
+            # A record run without plots: draw them for the page only.
             for _, arm in simulated_arms(record):  # only the files the record names, verified by the replay above
                 shutil.copyfile(
                     confined(directory, arm["cache_run"]["path"], "cache_run.path"),
                     confined(scratch, arm["cache_run"]["path"], "cache_run.path"),
                 )
             draw_plots(record, Path(scratch))
-        page = _page(record, data, plots)
-    out = Path(out)
-    write_atomically(out, page.encode())
+            plots = {name: Path(scratch) / "plots" / name for name in plots}
+        images = {name: embedded_png(path, f"plots/{name}") for name, path in plots.items()}
+    write_atomically(out, _page(record, data, images).encode())
     return out
 
 
-def _image(path: Path, alt: str) -> str:
-    encoded = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
+def embedded_png(path: Path, field: str) -> bytes:
+    """A plot's bytes for the page: a regular file of at most PLOT_BYTE_LIMIT bytes (judged by its size before
+    a byte is read) holding a PNG whose header declares at most PLOT_SIDE_LIMIT pixels a side and
+    PLOT_PIXEL_LIMIT in all; anything else is an ApiError naming `field` (the plot's path in the record's
+    directory). An 8 GB sparse file used to exhaust the memory, a 300 MB one made a 420 MB page."""
+    try:
+        # No link is followed (the path is resolved already) and a FIFO put there cannot block the open.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        raise ApiError(field, f"cannot read the plot: {error.strerror}") from None
+    with os.fdopen(descriptor, "rb") as file:
+        status = os.fstat(file.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise ApiError(field, "is not a regular file")
+        if status.st_size > PLOT_BYTE_LIMIT:
+            raise ApiError(field, f"is {status.st_size} bytes, more than the {PLOT_BYTE_LIMIT} a plot may be")
+        data = file.read(PLOT_BYTE_LIMIT + 1)  # a file that grows after the check is still read no further
+    if len(data) > PLOT_BYTE_LIMIT:
+        raise ApiError(field, f"grew past the {PLOT_BYTE_LIMIT} bytes a plot may be while it was read")
+    _check_png(data, field)
+    return data
+
+
+# Per plot: the largest jgpt draws is about 200 KB; base64 makes the page 4/3 of its plots.
+PLOT_BYTE_LIMIT = 8 << 20
+# Matplotlib's Agg cannot draw 2^16 pixels a side; the area bounds what a browser decodes (256 MiB as RGBA).
+PLOT_SIDE_LIMIT = (1 << 16) - 1
+PLOT_PIXEL_LIMIT = 1 << 26
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: no data, and its CRC
+# Colour type -> the bit depths PNG allows for it (ISO/IEC 15948, 11.2.2).
+_PNG_DEPTHS = {0: {1, 2, 4, 8, 16}, 2: {8, 16}, 3: {1, 2, 4, 8}, 4: {8, 16}, 6: {8, 16}}
+
+
+def _check_png(data: bytes, field: str) -> None:
+    """A whole PNG: its signature, an IHDR chunk first whose CRC and values are valid, and IEND last."""
+    if not data.startswith(_PNG_SIGNATURE):
+        raise ApiError(field, "is not a PNG (no PNG signature)")
+    header = data[8:33]  # length, "IHDR", 13 bytes of values, CRC
+    if len(header) < 25 or header[:8] != b"\x00\x00\x00\x0dIHDR":
+        raise ApiError(field, "is not a PNG (no IHDR chunk after the signature)")
+    if zlib.crc32(header[4:21]) != int.from_bytes(header[21:25], "big"):
+        raise ApiError(field, "is not a PNG (the IHDR chunk's CRC does not match)")
+    width, height, depth, colour, compression, filtering, interlace = struct.unpack(">IIBBBBB", header[8:21])
+    if not (1 <= width <= PLOT_SIDE_LIMIT and 1 <= height <= PLOT_SIDE_LIMIT and width * height <= PLOT_PIXEL_LIMIT):
+        raise ApiError(
+            field,
+            f"declares {width}x{height} pixels; a plot has 1 to {PLOT_SIDE_LIMIT} a side "
+            f"and at most {PLOT_PIXEL_LIMIT} in all",
+        )
+    if depth not in _PNG_DEPTHS.get(colour, ()) or compression or filtering or interlace > 1:
+        raise ApiError(field, "is not a PNG (its IHDR chunk holds values PNG does not define)")
+    if not data.endswith(_PNG_END):
+        raise ApiError(field, "is not a whole PNG (it does not end with an IEND chunk)")
 
 
 def _events_of(record: dict[str, Any], directory: Path, request_ids: set[str]) -> list[list[dict[str, Any]]]:
@@ -110,15 +171,20 @@ def _read(directory: Path, entry: dict[str, Any], field: str) -> Any:
     return parse_json(verified_file(directory, entry, field), field)
 
 
+def _image(data: bytes, alt: str) -> str:
+    encoded = base64.b64encode(data).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
+
+
 def _plot_names(record: dict[str, Any]) -> list[str]:
     return ["arms.png", "inference-map.png", *(f"arm-{i}-timeline.png" for i, _ in simulated_arms(record))]
 
 
-def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
+def _page(record: dict[str, Any], data: dict[str, Any], images: dict[str, bytes]) -> str:
     lab = record["lab"]
     timelines = "".join(
         f"<details{' open' if i == 0 else ''}><summary>{html.escape(arm['label'])}</summary>"
-        f"{_image(plots / f'arm-{i}-timeline.png', 'kvsim timeline ' + arm['label'])}</details>"
+        f"{_image(images[f'arm-{i}-timeline.png'], 'kvsim timeline ' + arm['label'])}</details>"
         for i, arm in simulated_arms(record)
     )
     contract = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in lab["contract"].items())
@@ -128,9 +194,9 @@ def _page(record: dict[str, Any], data: dict[str, Any], plots: Path) -> str:
     nav = "".join(f'<a href="#{key}-section">{html.escape(title)}</a>' for key, title in SECTIONS)
     payload = json.dumps(data, separators=(",", ":")).translate(_SCRIPT_SAFE)
     bodies = {
-        "arms": '<div id="arms-table" class="scroll"></div>' + _image(plots / "arms.png", "arms compared"),
+        "arms": '<div id="arms-table" class="scroll"></div>' + _image(images["arms.png"], "arms compared"),
         "kvsim": '<div id="events-panel"></div>' + timelines,
-        "map": _image(plots / "inference-map.png", "inference map") + '<div id="map-list"></div>',
+        "map": _image(images["inference-map.png"], "inference map") + '<div id="map-list"></div>',
         "contract": f"<dl>{contract}</dl><h3>Sources</h3><ul>{sources}</ul>",
     }
     sections = "".join(
