@@ -51,6 +51,9 @@ OPTIONAL_TERMS = (FINISH, SPREAD, AFTER_OTHER)
 SPREAD_POINTS, SPREAD_TAIL = 41, 0.005
 POSITION_BIN = 32  # decode residuals are reported per this many context positions a row held
 SIGNIFICANT_DIGITS = 6  # fitted parameters are written with this many, and read back as those exact decimals
+# A work's wall_us is its end_us - start_us (the engine writes exactly that); a writer that rounds each of the
+# three from its own clock reading may be 1 us off.
+WALL_TOLERANCE_US = 1
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,15 @@ def _work(value: Any, field: str) -> dict:
     for name in ("rows", "executed_rows", "window", "reused_positions", "matmul_flops", "logical_memory_bytes", "bytes",
                  "start_us", "end_us", "wall_us"):  # fmt: skip
         validation.integer(work[name], f"{field}.{name}")
+    # The fit reads wall_us and the idle times between works read start_us and end_us: a work whose wall
+    # contradicts them would be fitted as two different works.
+    start, end, wall = work["start_us"], work["end_us"], work["wall_us"]
+    if end < start or abs(wall - (end - start)) > WALL_TOLERANCE_US:
+        raise ApiError(
+            f"{field}.wall_us",
+            f"{wall} contradicts start_us {start} and end_us {end} (end - start = {end - start}; "
+            f"they may differ by at most {WALL_TOLERANCE_US} us)",
+        )
     return work
 
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from jgpt import progress
 from jgpt.command_line import ArgumentParser
 from jgpt.errors import ApiError
-from jgpt.identity import read_bytes, write_atomically
+from jgpt.identity import READ_LIMIT, read_bytes, write_atomically
 from jgpt.output_paths import output_directory, output_file
+from jgpt.validation import LIMIT
 from kvsim import analytic, traces
 from kvsim.cache_run import (
     first_difference,
@@ -31,9 +33,30 @@ from kvsim.inputs import load_input
 from kvsim.perfetto import trace_chunks
 from kvsim.record_lines import StreamedRun, is_streamed, pulled, replay_lines, streamed_view, whole_view, write_lines
 from kvsim.record_view import check_viewable
-from kvsim.recorded import document_json
+from kvsim.recorded import RecordedComputations, document_json, parse_document
 from kvsim.summary import summary_table
 from kvsim.synthetic import REQUEST_LIMIT, conversations
+
+# The analytic model's sizes, as `import-hf` bounds a config's (jgpt.hf_import.DIMENSION_LIMIT); their
+# products are bounded too (`_model`).
+DIMENSION_LIMIT = 1 << 20
+PRECISION_BYTES_LIMIT = 8  # float64
+# Simulated runs `predict --seeds` takes the median of (each a whole simulation; bench/fidelity.py uses 5).
+SEEDS_LIMIT = 1000
+# Every numeric option's range (the name as argparse stores it): checked before anything is read or
+# allocated. --block-tokens is also at most --context.
+OPTION_RANGES = {
+    "requests": (1, REQUEST_LIMIT),
+    "seed": (0, LIMIT),
+    "seeds": (1, SEEDS_LIMIT),
+    "block_tokens": (1, DIMENSION_LIMIT),
+    "layers": (1, DIMENSION_LIMIT),
+    "width": (1, DIMENSION_LIMIT),
+    "ffn": (1, DIMENSION_LIMIT),
+    "vocabulary": (1, DIMENSION_LIMIT),
+    "context": (1, DIMENSION_LIMIT),
+    "precision_bytes": (1, PRECISION_BYTES_LIMIT),
+}
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
@@ -114,7 +137,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
         metavar="N",
         help=f"requests (turns of multi-turn conversations), at most {REQUEST_LIMIT:,}",
     )
-    synth.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the synthetic conversations (>= 0)")
+    synth.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of the synthetic conversations (0 to 2^53)"
+    )
     synth.add_argument(
         "--out",
         type=Path,
@@ -154,7 +179,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         default=SPREAD_REPEATS,
         metavar="N",
         help="for a service with a spread: the prediction is each figure's median over N simulated "
-        f"runs, the spread's seed counting up (default {SPREAD_REPEATS}, as bench/fidelity.py)",
+        f"runs, the spread's seed counting up (default {SPREAD_REPEATS}, as bench/fidelity.py; at most {SEEDS_LIMIT})",
     )
     forecast.add_argument(
         "--out",
@@ -168,23 +193,61 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("analytic model (counts only, no weights)")
-    group.add_argument("--layers", type=int, default=4, metavar="N", help="transformer blocks")
-    group.add_argument("--width", type=int, default=128, metavar="N", help="channels of the residual stream")
-    group.add_argument("--ffn", type=int, default=512, metavar="N", help="hidden units of each feed-forward block")
-    group.add_argument("--vocabulary", type=int, default=260, metavar="N", help="token ids the model knows")
-    group.add_argument("--precision-bytes", type=int, default=4, metavar="N", help="bytes per KV element")
+    limit = f"at most {DIMENSION_LIMIT:,}"
+    group.add_argument("--layers", type=int, default=4, metavar="N", help=f"transformer blocks ({limit})")
+    group.add_argument("--width", type=int, default=128, metavar="N", help=f"channels of the residual stream ({limit})")
     group.add_argument(
-        "--context", type=int, default=4096, metavar="N", help="positions a request may use (prompt plus output)"
+        "--ffn", type=int, default=512, metavar="N", help=f"hidden units of each feed-forward block ({limit})"
     )
+    group.add_argument("--vocabulary", type=int, default=260, metavar="N", help=f"token ids the model knows ({limit})")
+    group.add_argument(
+        "--precision-bytes",
+        type=int,
+        default=4,
+        metavar="N",
+        help=f"bytes per KV element (at most {PRECISION_BYTES_LIMIT})",
+    )
+    group.add_argument(
+        "--context",
+        type=int,
+        default=4096,
+        metavar="N",
+        help=f"positions a request may use, prompt plus output ({limit})",
+    )
+
+
+def _check_ranges(args: argparse.Namespace) -> None:
+    """Every numeric option the action has within OPTION_RANGES, before anything is read or allocated: an
+    unbounded --seeds was a MemoryError traceback, model sizes made documents kvsim then refused."""
+    for name, (minimum, maximum) in OPTION_RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not minimum <= value <= maximum:
+            flag = "--" + name.replace("_", "-")
+            raise ApiError(flag, f"must be at least {minimum} and at most {maximum}, got {value}")
 
 
 def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
-    for name in ("layers", "width", "ffn", "vocabulary", "precision_bytes", "context"):
-        if getattr(args, name) < 1:
-            raise ApiError(f"--{name.replace('_', '-')}", "must be positive")
-    return analytic.AnalyticModel(
+    """The analytic model of the options; refused when a count it gives one request is past what kvsim reads."""
+    model = analytic.AnalyticModel(
         args.layers, args.width, args.ffn, args.vocabulary, args.precision_bytes, args.context
     )
+    # The largest counts: a whole context's prefill FLOPs (more than any one position's or decode step's; a
+    # position's grow by the same step each) and a decode step's bytes at the last position (every weight and
+    # the whole context's KV).
+    context, first = model.context, model.position_flops(0)
+    flops = first * context + (model.position_flops(1) - first) * context * (context - 1) // 2 + model.logits_flops
+    memory = model.weight_bytes + model.context * model.kv_bytes_per_position
+    if max(flops, memory) > LIMIT:
+        options = " ".join(
+            f"--{name.replace('_', '-')} {getattr(args, name)}"
+            for name in ("layers", "width", "ffn", "vocabulary", "precision_bytes", "context")
+        )
+        raise ApiError(
+            "analytic model",
+            f"{options} give a request {flops} FLOPs and {memory} bytes, past the 2^53 kvsim reads; choose "
+            "smaller sizes",
+        )
+    return model
 
 
 def _json_bytes(value) -> bytes:
@@ -193,6 +256,7 @@ def _json_bytes(value) -> bytes:
 
 def main(command: str, argv: list[str]) -> int:
     args = _parser(command).parse_args(argv)
+    _check_ranges(args)
     if args.action == "run":
         if args.out:
             output_file(args.out, "--out", [args.input])
@@ -254,30 +318,61 @@ def main(command: str, argv: list[str]) -> int:
         return 0
     if args.action in ("calibrate", "predict"):
         return _fidelity(args)
+    if args.action == "import-trace" and args.block_tokens > args.context:
+        raise ApiError("--block-tokens", f"must be in [1, --context {args.context}], got {args.block_tokens}")
     model = _model(args)
     output_file(args.out, "--out", [getattr(args, "trace", None)])
     if args.action == "import-trace":
-        if not 1 <= args.block_tokens <= model.context:
-            raise ApiError("--block-tokens", f"must be in [1, --context {model.context}], got {args.block_tokens}")
         text = read_bytes(args.trace, "TRACE").decode("utf-8", errors="replace")
-        items = (
-            traces.mooncake(text, args.block_tokens, model.context)
-            if args.format == "mooncake"
-            else traces.azure(text, model.context)
-        )
+        trace = traces.read_trace(args.format, text, args.block_tokens, model.context)
+        if not trace.items:
+            raise ApiError("TRACE", "no requests")
+        items, field, named = trace.items, "TRACE", _trace_field(trace, args.format)
         source = f"{args.format} trace {args.trace.name}"
     else:
-        if not 1 <= args.requests <= REQUEST_LIMIT:
-            raise ApiError("--requests", f"must be in [1, {REQUEST_LIMIT}], got {args.requests}")
-        if args.seed < 0:  # random.Random(-n) is random.Random(n): two seeds, one workload
-            raise ApiError("--seed", f"must be >= 0, got {args.seed}")
-        items = conversations(args.requests, args.seed)
+        items, field, named = conversations(args.requests, args.seed), "--requests", _unnamed
         source = f"kvsim.synthetic conversations(requests={args.requests}, seed={args.seed})"
-    if not items:
-        raise ApiError("TRACE", "no requests")
-    write_atomically(args.out, _json_bytes(document_json(analytic.analytic_computations(model, items, source))))
+    write_atomically(args.out, _readable(analytic.analytic_computations(model, items, source), field, named))
     print(f"{len(items)} requests written to {args.out}")
     return 0
+
+
+def _readable(computations: RecordedComputations, field: str, named: Callable[[ApiError], ApiError | None]) -> bytes:
+    """The document's bytes, once kvsim's own reader has accepted them (what an import writes, `kvsim run` must
+    read): a refusal names where the refused value came from (`named(error)`), else `field`."""
+    document = document_json(computations)
+    try:
+        parse_document(document)
+    except ApiError as error:
+        raise named(error) or ApiError(field, f"makes a document kvsim refuses: {error}") from None
+    data = _json_bytes(document)
+    if len(data) > READ_LIMIT:
+        raise ApiError(field, f"makes a {len(data)}-byte document, more than the {READ_LIMIT} kvsim reads")
+    return data
+
+
+_REQUEST_MEMBER = re.compile(r"^computations\.requests\[(\d+)\]\.([a-z_]+)")
+
+
+def _unnamed(error: ApiError) -> None:
+    return None
+
+
+def _trace_field(trace: traces.Trace, form: str) -> Callable[[ApiError], ApiError | None]:
+    """A refusal of the converted document as the trace line and column the refused value came from."""
+
+    def named(error: ApiError) -> ApiError | None:
+        found = _REQUEST_MEMBER.match(error.field)
+        if found is None:
+            return None
+        line, member = trace.lines[int(found[1])], found[2]
+        column = traces.COLUMNS[form].get(member)
+        return ApiError(
+            line if column is None else f"{line}.{column}",
+            f"converts to {error.field.removeprefix('computations.')}, which kvsim refuses: {error.reason}",
+        )
+
+    return named
 
 
 def _streamed(inputs: dict, out: Path) -> dict:
@@ -323,8 +418,6 @@ def _fidelity(args: argparse.Namespace) -> int:
         print(fit_table(fits, notes))
         print(f"service fragment written to {args.out}")
         return 0
-    if args.seeds < 1:
-        raise ApiError("--seeds", f"must be at least 1, got {args.seeds}")
     if args.out:
         output_file(args.out, "--out", [args.measured, args.service])
     run = load_measured_run(args.measured, "MEASURED")

@@ -9,8 +9,9 @@ Accepted inputs (documented in docs/kvsim.md):
   (TIMESTAMP is `YYYY-MM-DD HH:MM:SS[.fraction]`); it declares no sharing, so
   every prompt is distinct.
 
-Every request must fit the analytic model's context (prompt plus output ids), and a
-trace holds at most TOKEN_LIMIT ids in all: the importer materializes every id.
+Every request must fit the analytic model's context (prompt plus output ids), arrive
+within 2^53 us of the first (what kvsim reads), and a trace holds at most TOKEN_LIMIT ids
+in all, its Mooncake blocks included: the importer materializes every id.
 
 Block h's ids are the bytes of a generator seeded by h, so two requests share
 exactly the leading blocks their traces say they share. Outputs are
@@ -25,16 +26,42 @@ from __future__ import annotations
 import csv
 import io
 import random
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
-from jgpt.validation import Integer, Integers, Number, Object
+from jgpt.validation import LIMIT, Integer, Integers, Number, Object
 from kvsim.analytic import Conversation, framing_ids
 
 FORMATS = ("mooncake", "azure")
-# Ids held in memory for one import (prompts and outputs): about 8 bytes each, so 256 MiB.
-TOKEN_LIMIT = 1 << 25
+# Ids one import materializes (prompts, outputs, Mooncake blocks). The document written holds up to about
+# 100 bytes per id (a decode step's counts), so 2^22 ids stay well within the 1 GiB kvsim reads
+# (jgpt.identity.READ_LIMIT); building it takes about 600 bytes per id, 2.4 GB at the limit.
+TOKEN_LIMIT = 1 << 22
+# The trace column each member of an imported request comes from, by format: a document kvsim would refuse
+# is refused naming the line and column it was converted from.
+COLUMNS = {
+    "mooncake": {"arrival_us": "timestamp", "prompt_ids": "input_length", "prefill_costs": "input_length",
+                 "output_ids": "output_length", "max_new_tokens": "output_length", "outcome": "output_length",
+                 "decode_steps": "output_length"},
+    "azure": {"arrival_us": "TIMESTAMP", "prompt_ids": "ContextTokens", "prefill_costs": "ContextTokens",
+              "output_ids": "GeneratedTokens", "max_new_tokens": "GeneratedTokens", "outcome": "GeneratedTokens",
+              "decode_steps": "GeneratedTokens"},
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace's requests and, for each, where it was read (`trace line N`)."""
+
+    items: list[Conversation]
+    lines: list[str]
+
+
+def read_trace(form: str, text: str, block_tokens: int, context: int) -> Trace:
+    rows = _mooncake(text, block_tokens, context) if form == "mooncake" else _azure(text, context)
+    return Trace([item for _, item in rows], [at for at, _ in rows])
 
 
 def _block(seed: str, tokens: int) -> tuple[int, ...]:
@@ -52,6 +79,10 @@ MOONCAKE_ROW = Object(
 
 
 def mooncake(text: str, block_tokens: int = 512, context: int = 4096) -> list[Conversation]:
+    return [item for _, item in _mooncake(text, block_tokens, context)]
+
+
+def _mooncake(text: str, block_tokens: int, context: int) -> list[tuple[str, Conversation]]:
     rows, blocks, used = [], {}, 0
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -67,19 +98,20 @@ def mooncake(text: str, block_tokens: int = 512, context: int = 4096) -> list[Co
             )
         for h in hashes:
             if h not in blocks:
+                used = _within_limit(used + block_tokens, at)
                 blocks[h] = _block(f"block:{h}", block_tokens)
         prompt = tuple(token for h in hashes for token in blocks[h])[:length]
-        rows.append((int(timestamp * 1000), prompt, output, hashes))
+        rows.append((_arrival(int(timestamp * 1000), f"{at}.timestamp"), prompt, output, hashes, at))
     items, turn_end = [], framing_ids()["turn_end"]
     continuations = _continuations(rows)
-    for index, (arrival, prompt, output, _) in enumerate(rows):
+    for index, (arrival, prompt, output, _, at) in enumerate(rows):
         request_id = f"r{index}"
         if index in continuations:
             follower = rows[continuations[index]][1]
             ids = (*follower[len(prompt) : len(prompt) + output - 1], turn_end)
         else:
             ids = _output(request_id, output, turn_end)
-        items.append(Conversation(request_id, arrival, prompt, ids, output, complete=True))
+        items.append((at, Conversation(request_id, arrival, prompt, ids, output, complete=True)))
     return items
 
 
@@ -90,7 +122,7 @@ def _continuations(rows: list[tuple]) -> dict[int, int]:
     earliest: dict[int, int] = {}  # chained hash of a block prefix -> first request (seen so far) with it
     found = {}
     for index in range(len(rows) - 1, -1, -1):
-        _, prompt, output, hashes = rows[index]
+        _, prompt, output, hashes, _ = rows[index]
         keys, key = [], 0
         for h in hashes:
             key = hash((key, h))
@@ -104,6 +136,10 @@ def _continuations(rows: list[tuple]) -> dict[int, int]:
 
 
 def azure(text: str, context: int = 4096) -> list[Conversation]:
+    return [item for _, item in _azure(text, context)]
+
+
+def _azure(text: str, context: int) -> list[tuple[str, Conversation]]:
     reader = csv.DictReader(io.StringIO(text))
     try:
         return _azure_rows(reader, context)
@@ -111,12 +147,12 @@ def azure(text: str, context: int = 4096) -> list[Conversation]:
         raise ApiError(f"trace line {reader.line_num + 1}", f"unreadable CSV: {error}") from None
 
 
-def _azure_rows(reader: csv.DictReader, context: int) -> list[Conversation]:
+def _azure_rows(reader: csv.DictReader, context: int) -> list[tuple[str, Conversation]]:
     header = reader.fieldnames or ()
     missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(header)
     if missing:
         raise ApiError("trace header", f"missing column {sorted(missing)[0]}")
-    items: list[Conversation] = []
+    items: list[tuple[str, Conversation]] = []
     start, used, turn_end = None, 0, framing_ids()["turn_end"]
     for number, row in enumerate(reader, 2):
         at = f"trace line {number}"
@@ -132,20 +168,17 @@ def _azure_rows(reader: csv.DictReader, context: int) -> list[Conversation]:
         _fits(prompt_tokens, generated, context, at, ("ContextTokens", "GeneratedTokens"))
         used = _within_limit(used + prompt_tokens + generated, at)
         start = moment if start is None else start
-        arrival = (moment - start) // _MICROSECOND
-        if arrival < 0:
-            raise ApiError(f"{at}.TIMESTAMP", "timestamps must not go back before the first row")
+        arrival = _arrival((moment - start) // _MICROSECOND, f"{at}.TIMESTAMP")
         request_id = f"r{len(items)}"
-        items.append(
-            Conversation(
-                request_id,
-                arrival,
-                _block(f"prompt:{request_id}", prompt_tokens),
-                _output(request_id, generated, turn_end),
-                generated,
-                complete=True,
-            )
+        conversation = Conversation(
+            request_id,
+            arrival,
+            _block(f"prompt:{request_id}", prompt_tokens),
+            _output(request_id, generated, turn_end),
+            generated,
+            complete=True,
         )
+        items.append((at, conversation))
     return items
 
 
@@ -164,6 +197,15 @@ def _fits(prompt: int, output: int, context: int, at: str, names: tuple[str, str
             f"{at}.{name}",
             f"{prompt} prompt and {output} output tokens exceed the model's context {context} (see --context)",
         )
+
+
+def _arrival(arrival_us: int, field: str) -> int:
+    """An arrival kvsim reads: 0 (the first row's, for Azure) to 2^53 us (285 years)."""
+    if arrival_us < 0:
+        raise ApiError(field, "timestamps must not go back before the first row")
+    if arrival_us > LIMIT:
+        raise ApiError(field, f"gives an arrival of {arrival_us} us, past the 2^53 us (285 years) kvsim reads")
+    return arrival_us
 
 
 def _within_limit(used: int, at: str) -> int:
