@@ -53,6 +53,16 @@ SECTIONS = (
     ("contract", "Abstraction contract and sources"),
 )
 
+# Per plot: the largest jgpt draws is about 200 KB; base64 makes the page 4/3 of its plots.
+PLOT_BYTE_LIMIT = 8 << 20
+# Matplotlib's Agg cannot draw 2^16 pixels a side; the area bounds what a browser decodes (256 MiB as RGBA).
+PLOT_SIDE_LIMIT = (1 << 16) - 1
+PLOT_PIXEL_LIMIT = 1 << 26
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: no data, and its CRC
+# Colour type -> the bit depths PNG allows for it (ISO/IEC 15948, 11.2.2).
+_PNG_DEPTHS = {0: {1, 2, 4, 8, 16}, 2: {8, 16}, 3: {1, 2, 4, 8}, 4: {8, 16}, 6: {8, 16}}
+
 
 def write_report(record_path: Path, out: Path) -> Path:
     """Check the record replays and that `out` is none of the files the page is made of, then write the page
@@ -122,17 +132,6 @@ def embedded_png(path: Path, field: str) -> bytes:
         raise ApiError(field, f"grew past the {PLOT_BYTE_LIMIT} bytes a plot may be while it was read")
     _check_png(data, field)
     return data
-
-
-# Per plot: the largest jgpt draws is about 200 KB; base64 makes the page 4/3 of its plots.
-PLOT_BYTE_LIMIT = 8 << 20
-# Matplotlib's Agg cannot draw 2^16 pixels a side; the area bounds what a browser decodes (256 MiB as RGBA).
-PLOT_SIDE_LIMIT = (1 << 16) - 1
-PLOT_PIXEL_LIMIT = 1 << 26
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: no data, and its CRC
-# Colour type -> the bit depths PNG allows for it (ISO/IEC 15948, 11.2.2).
-_PNG_DEPTHS = {0: {1, 2, 4, 8, 16}, 2: {8, 16}, 3: {1, 2, 4, 8}, 4: {8, 16}, 6: {8, 16}}
 
 
 def _check_png(data: bytes, field: str) -> None:
