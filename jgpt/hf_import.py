@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -251,21 +253,38 @@ _FAMILIES: dict[
 _MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
+def _model_file(directory: Path, name: str, field: str | None = None) -> Path | None:
+    """`directory/name` when it is a regular file inside the directory (a link may lead to one there),
+    None when there is nothing of that name. A link out of the directory, a directory, a FIFO or a device
+    is refused naming the file: each used to be read through the link, or taken for an absent file."""
+    field = field or name
+    path = confined(directory, name, field)
+    if not os.path.lexists(directory / name):
+        return None
+    if not path.exists():
+        raise ApiError(field, f"{directory / name} is a symbolic link to nothing")
+    if not path.is_file():
+        raise ApiError(field, f"{directory / name} is a directory, not a file")
+    return path
+
+
 def _weight_files(directory: Path) -> list[Path]:
     """model.safetensors, or the shards its index names (as save_pretrained writes large models)."""
-    single, index = directory / "model.safetensors", directory / INDEX
-    if single.is_file():
+    if single := _model_file(directory, "model.safetensors"):
         return [single]
-    if index.is_file():
+    if index := _model_file(directory, INDEX):
         weight_map = read_json(index, INDEX)
         weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
             raise ApiError(INDEX, "is not a safetensors index: it needs a weight_map of tensor names to shard files")
-        shards = [confined(directory, name, INDEX) for name in sorted(set(weight_map.values()))]
-        missing = [shard.name for shard in shards if not shard.is_file()]
+        names = sorted(set(weight_map.values()))
+        for name in names:  # every name is judged before any file is looked at
+            confined(directory, name, INDEX)
+        shards = [(name, _model_file(directory, name, INDEX)) for name in names]
+        missing = [name for name, shard in shards if shard is None]
         if missing:
             raise ApiError(INDEX, f"names {missing[0]}, which {directory} does not hold")
-        return shards
+        return [shard for _, shard in shards if shard is not None]
     raise ApiError("directory", f"{directory} has no model.safetensors (nor {INDEX})")
 
 
@@ -288,6 +307,7 @@ def _check_shapes(
                 raise
             raise ApiError(path.name, f"cannot be read: {error}") from None
     optional = [("lm_head.weight", (architecture.vocabulary, architecture.width))] if "lm_head.weight" in found else []
+    expected: set[str] = set()
     # Lazily: a config claiming a million layers stops at the first tensor the files lack.
     for name, shape in itertools.chain(optional, shapes(architecture)):
         if name not in found:
@@ -296,6 +316,27 @@ def _check_shapes(
             raise ApiError(
                 "safetensors", f"tensor {name!r} has shape {list(found[name])}; config.json implies {list(shape)}"
             )
+        expected.add(name)
+    # A tensor the config does not describe (a layer past num_hidden_layers) would be dropped without a word,
+    # importing a truncated model. Only the buffers older transformers saved beside a layer may be left over.
+    unused = sorted(name for name in found.keys() - expected if not _is_buffer(name, architecture.layers))
+    if unused:
+        raise ApiError(
+            "safetensors",
+            f"tensor {unused[0]!r} is not part of the model config.json describes "
+            f"({len(unused)} such; does config.json give fewer layers than the weights hold?)",
+        )
+
+
+# Non-parameters that older transformers versions saved: GPT-2's causal mask buffers, Llama's rotary frequencies.
+_BUFFER = re.compile(r"h\.(\d+)\.attn\.(?:masked_)?bias|(?:layers\.(\d+)\.self_attn\.)?rotary_emb\.inv_freq")
+
+
+def _is_buffer(name: str, layers: int) -> bool:
+    """Whether `name` is a buffer of one of the `layers` layers (a buffer of a layer beyond them is not)."""
+    match = _BUFFER.fullmatch(name)
+    layer = match and (match.group(1) or match.group(2))
+    return bool(match) and (not layer or int(layer) < layers)
 
 
 def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, InitializationProvenance]:
@@ -303,10 +344,11 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
     from safetensors.numpy import load_file
 
     directory = Path(directory)
-    config_path = directory / "config.json"
-    if not config_path.is_file():
+    config_path = _model_file(directory, "config.json")
+    if config_path is None:
         raise ApiError("directory", f"{directory} has no config.json")
     weight_files = _weight_files(directory)
+    _model_file(directory, "tokenizer.json")  # refused now, before any tensor is read, if it is not a file
     config = read_json(config_path, "config.json", allow_non_finite=True)
     if not isinstance(config, dict):
         raise ApiError("config.json", "must be a JSON object")
@@ -361,11 +403,10 @@ def _tokenizer(directory: Path, architecture: Architecture):
     """The Tokenizer of tokenizer.json when present, checked now rather than when the model first generates."""
     from jgpt.tokenizer import Tokenizer
 
-    path = directory / "tokenizer.json"
-    if not path.is_file():
+    if _model_file(directory, "tokenizer.json") is None:
         return None
-    try:
-        tokenizer = Tokenizer.load(path)
+    try:  # read by its name in the directory, so that its companions are looked for beside it there
+        tokenizer = Tokenizer.load(directory / "tokenizer.json")
     except ApiError as error:
         raise ApiError(
             "tokenizer.json", f"{error.reason} (move it aside to import the model without a tokenizer)"

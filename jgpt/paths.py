@@ -27,7 +27,10 @@ def confined(base: str | os.PathLike, relative: Any, field: str) -> Path:
     if re.search(UNSAFE_PATH, relative):
         raise ApiError(field, f"{relative!r} must be a relative path inside its directory (no absolute path, no '..')")
     root = Path(base).resolve()
-    target = (root / PurePosixPath(relative)).resolve()  # follows symlinks, dangling ones too
+    try:
+        target = (root / PurePosixPath(relative)).resolve()  # follows symlinks, dangling ones too
+    except (RuntimeError, OSError):  # a link loop (RuntimeError before Python 3.13, ELOOP after)
+        raise ApiError(field, f"{relative!r} is a loop of symbolic links") from None
     if not target.is_relative_to(root):
         raise ApiError(field, f"{relative!r} leads outside its directory through a symbolic link")
     if target.exists() and not (
