@@ -52,7 +52,7 @@ from experiments.record_integrity import check_recording
 from jgpt import progress
 from jgpt.architecture import architecture_from_json
 from jgpt.errors import ApiError
-from jgpt.identity import read_bytes
+from jgpt.identity import output_mode, read_bytes
 from jgpt.json_input import parse_json
 from jgpt.paths import confined
 from jgpt.validation import is_integer
@@ -196,7 +196,7 @@ def run_lab(
                 write_report(stage / RECORD, stage / "report.html")
         if out.exists():
             shutil.rmtree(out)
-        stage.chmod(0o755)
+        stage.chmod(output_mode(out, directory=True))  # mkdtemp makes it private whatever the umask
         stage.rename(out)
         stage.mkdir()  # for the context manager to remove
     written = sorted(path for path in out.rglob("*") if path.is_file())

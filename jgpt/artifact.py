@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,9 @@ import numpy as np
 
 from jgpt.architecture import Architecture, architecture_from_json
 from jgpt.errors import ApiError
-from jgpt.identity import file_sha256, require_finite, sha256_json
+from jgpt.identity import file_sha256, require_finite, sha256_json, write_atomically
 from jgpt.json_input import read_json
+from jgpt.output_paths import library_write, recover_replaced, replace_directory, staged
 from jgpt.paths import confined
 from jgpt.tokenizer import Tokenizer
 from jgpt.validation import is_integer
@@ -127,7 +127,7 @@ def _save_weights(directory: Path, weights: ModelWeights) -> None:
     # One process's write: of a run over several processes (jax.distributed) process 0 alone saves the
     # artifact, and orbax would wait at its barriers for the others.
     alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(), active_processes={jax.process_index()})
-    with ocp.StandardCheckpointer(multiprocessing_options=alone) as checkpointer:
+    with library_write(), ocp.StandardCheckpointer(multiprocessing_options=alone) as checkpointer:
         checkpointer.save(directory, tensors)
         checkpointer.wait_until_finished()
 
@@ -185,17 +185,13 @@ def save_artifact(
     """
     path = Path(path).absolute()  # orbax accepts absolute paths only
     check_weights(weights, architecture)
+    recover_replaced(path, _is_artifact)
     if path.exists() or path.is_symlink():
         if not overwrite:
             raise ApiError("out", f"{path} already exists")
         _require_replaceable(path)
     provenance_json = _provenance_json(provenance)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    except OSError as error:
-        raise ApiError("out", f"cannot create {path}: {error.strerror}") from None
-    try:
+    with staged(path, "out") as staging:
         _save_weights(staging / WEIGHTS, weights)
         tokenizer_sha256 = None
         if tokenizer is not None:
@@ -216,18 +212,8 @@ def save_artifact(
             "assets": [asset.to_json() for asset in _assets(staging)],
         }
         manifest["manifest_sha256"] = sha256_json(manifest)
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        staging.chmod(0o755)  # mkdtemp makes it private; an artifact is meant to be shared
-        if path.exists():
-            retired = staging.with_name(f"{staging.name}.replaced")
-            path.rename(retired)  # the old artifact leaves only once the new one is complete
-            staging.rename(path)
-            shutil.rmtree(retired)
-        else:
-            staging.rename(path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        write_atomically(staging / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+        replace_directory(staging, path)
     return load_artifact(path)
 
 
@@ -242,6 +228,14 @@ def _require_replaceable(path: Path) -> None:
     foreign = sorted(entry.name for entry in path.iterdir() if entry.name not in parts)
     if foreign:
         raise ApiError("out", f"{path} also holds {foreign[0]!r}, which is not part of an artifact; not replacing it")
+
+
+def _is_artifact(path: Path) -> bool:
+    try:
+        _require_replaceable(path)
+    except (ApiError, OSError):
+        return False
+    return True
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -316,7 +310,7 @@ def _refuse_unlisted(path: Path, weights: Path, assets: tuple[ModelAsset, ...]) 
     listed = {asset.path for asset in assets}
     for root, directories, files in os.walk(weights):
         for name in [*files, *(d for d in directories if os.path.islink(os.path.join(root, d)))]:
-            relative = Path(root, name).relative_to(path).as_posix()
+            relative = (WEIGHTS / Path(root, name).relative_to(weights)).as_posix()
             if relative not in listed:
                 raise ApiError("checkpoint_sha256", f"{relative} in {path} is not an asset its manifest lists")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jgpt.errors import ApiError
-from jgpt.identity import require_finite
+from jgpt.identity import output_mode, require_finite
 from jgpt.json_input import read_json
 from jgpt.paths import confined
 from jgpt.validation import integer, integers
@@ -184,7 +184,7 @@ def write_catalog(catalog: ModelCatalog) -> None:
     try:
         with os.fdopen(handle, "w") as f:
             f.write(text)
-        os.chmod(temp, 0o644)
+        os.chmod(temp, output_mode(catalog.path))  # mkstemp creates 0600 whatever the umask
         os.replace(temp, catalog.path)
     except BaseException:
         os.unlink(temp)

@@ -14,16 +14,20 @@ tokenizer_config.json that sets `split_special_tokens`, so transformers encodes 
 "<|user|>" as its bytes, as jgpt does; EOS is TURN_END. A model without a tokenizer
 exports jgpt's pure-byte one, which is what it reads.
 
-The directory is staged next to `out` and renamed into place: a reader never sees half
-an export, and an existing non-empty directory is replaced only with `force`.
+The directory is staged next to `out` and renamed into place (jgpt/output_paths.py): a
+reader never sees half an export, a full disk leaves nothing behind, and a signal cannot
+fall between the two renames of a replacement. An existing non-empty directory is replaced
+only with `force`, and only when it is a previous export: it holds nothing but the files an
+export writes, and its model.safetensors carries the export's mark in its metadata.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+import stat
+import struct
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,19 @@ import numpy as np
 
 from jgpt.architecture import Architecture, LlamaArchitecture
 from jgpt.errors import ApiError
+from jgpt.hf_tokenizer import COMPANIONS
 from jgpt.identity import write_atomically
-from jgpt.output_paths import output_directory
+from jgpt.output_paths import output_directory, recover_replaced, replace_directory, staged
 from jgpt.tokenizer import Tokenizer
 
 GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
+WEIGHTS = "model.safetensors"
+# What an export writes; `--force` replaces a directory holding these and nothing else.
+EXPORT_FILES = frozenset({"config.json", "generation_config.json", WEIGHTS, "tokenizer.json", *COMPANIONS})
+# transformers reads `format`; `jgpt_export` marks the directory as jgpt's own, which `--force` may replace.
+EXPORT_METADATA = {"format": "pt", "jgpt_export": "jgpt-hf-export-v1"}
+# The start of an export's safetensors header: its metadata comes first, in key order.
+_MARK = json.dumps({"__metadata__": dict(sorted(EXPORT_METADATA.items()))}, separators=(",", ":")).encode()[:-1]
 
 
 def gpt2_config(a: Architecture, eos_id: int) -> dict[str, Any]:
@@ -168,8 +180,6 @@ def tokenizer_files(tokenizer: Tokenizer, context: int) -> dict[str, bytes]:
 
 def export_hf(model: str | os.PathLike, out: str | os.PathLike, *, force: bool = False) -> Path:
     """Write the artifact (catalog id or directory) `model` as a Hugging Face directory `out`."""
-    from safetensors.numpy import save_file
-
     from jgpt.catalog import load_model
 
     target = _check_out(Path(out), force)
@@ -192,42 +202,72 @@ def export_hf(model: str | os.PathLike, out: str | os.PathLike, *, force: bool =
         ),
         **tokenizer_files(tokenizer, a.context),
     }
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        save_file(
-            {name: np.ascontiguousarray(t) for name, t in tensors.items()},
-            staging / "model.safetensors",
-            metadata={"format": "pt"},
-        )
+    with staged(target, "out") as staging:
+        write_atomically(staging / WEIGHTS, safetensors_chunks(tensors, EXPORT_METADATA))
         for name, data in files.items():
             write_atomically(staging / name, data)
-        staging.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared
-        _replace(target, staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        replace_directory(staging, target)
     return target
 
 
+def safetensors_chunks(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> Iterator[bytes]:
+    """The safetensors file of float32 `tensors` laid out as the library lays it out (tensors in name order,
+    the header padded to 8 bytes), one tensor at a time: no second copy of the model in memory, and every
+    byte written by `write_atomically`, which turns a full disk into one line. The metadata is written in
+    key order: the library's own writer orders two or more keys at random, so its bytes would vary."""
+    names = sorted(tensors)
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    for name in names:
+        end = offset + tensors[name].size * 4
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, end]}
+        offset = end
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    yield struct.pack("<Q", len(text)) + text
+    for name in names:
+        yield np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
+
+
 def _check_out(out: Path, force: bool) -> Path:
+    """Where the export may go: a missing or empty directory, or with `force` a previous export of jgpt's
+    holding nothing else. Never the working directory or one holding it, $HOME or the root, whose
+    replacement would delete whatever they hold (`--out . --force` used to delete the current directory)."""
     output_directory(out, "out")
     if out.is_symlink():
         raise ApiError("out", f"{out} is a symbolic link; give a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ApiError("out", f"{out} is not empty; --force replaces it")
-    return out.absolute()
+    target = Path(os.path.abspath(out))  # `.` and `..` spelled out, so that the name is the directory's own
+    resolved = target.resolve()
+    if Path.cwd().resolve().is_relative_to(resolved):
+        raise ApiError("out", f"{out} is the current directory or holds it; give a new directory")
+    if resolved in (Path(resolved.anchor), Path(os.path.expanduser("~")).resolve()):  # never raises, unlike home()
+        raise ApiError("out", f"{out} is {resolved}; give a new directory")
+    recover_replaced(target, is_export)
+    if target.is_dir() and any(target.iterdir()):
+        if not force:
+            raise ApiError("out", f"{out} is not empty; --force replaces a previous export")
+        if not is_export(target):
+            raise ApiError(
+                "out", f"{out} is not a previous export of jgpt's (or holds other files); --force replaces only one"
+            )
+    return target
 
 
-def _replace(target: Path, staging: Path) -> None:
-    """The old directory leaves only once the new one is complete."""
-    if not target.exists():
-        staging.rename(target)
-        return
-    retired = staging.with_name(f"{staging.name}.replaced")
-    target.rename(retired)
-    staging.rename(target)
-    shutil.rmtree(retired)
+def is_export(directory: Path) -> bool:
+    """Whether `directory` holds what an export writes and nothing else: regular files of the export's names
+    with config.json and a model.safetensors whose header carries the export's mark."""
+    try:
+        entries = list(directory.iterdir())
+        if directory.is_symlink() or not entries:
+            return False
+        if not all(entry.name in EXPORT_FILES and stat.S_ISREG(entry.lstat().st_mode) for entry in entries):
+            return False
+        if not (directory / "config.json").is_file():
+            return False
+        with open(directory / WEIGHTS, "rb") as file:
+            return file.read(len(_MARK) + 8)[8:] == _MARK
+    except OSError:
+        return False
 
 
 def _json(value: Any) -> bytes:

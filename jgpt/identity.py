@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -103,10 +104,57 @@ def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> None:
     try:
         with os.fdopen(descriptor, "wb") as stream:
             stream.writelines([data] if isinstance(data, bytes) else data)
-        os.chmod(temporary, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
+        os.chmod(temporary, output_mode(path))  # mkstemp creates 0600 whatever the umask
         os.replace(temporary, path)
     except BaseException as error:
         os.unlink(temporary)
         if isinstance(error, OSError):
             raise ApiError(str(path), f"cannot write: {error.strerror}") from None
         raise
+
+
+def umask() -> int:
+    """The process's umask, read without changing it: `os.umask` sets one to read it, and a file another
+    thread created meanwhile would get the wrong mode."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        status = ""
+    if found := re.search(r"^Umask:\s*([0-7]+)$", status, re.MULTILINE):
+        return int(found.group(1), 8)
+    mask = os.umask(0o022)  # no /proc (not Linux): the race above is accepted there
+    os.umask(mask)
+    return mask
+
+
+def output_mode(path: str | os.PathLike, directory: bool = False) -> int:
+    """The permission bits for an output written at `path`: those of the file (or directory) it replaces,
+    else what the umask gives a new one, as `open` or `mkdir` would. Temporary files and directories
+    (mkstemp, mkdtemp) are private whatever the umask, so each output gets this mode before it is renamed."""
+    try:
+        existing = os.lstat(path)
+    except OSError:
+        existing = None
+    kind = stat.S_ISDIR if directory else stat.S_ISREG
+    if existing is not None and kind(existing.st_mode):
+        return stat.S_IMODE(existing.st_mode)
+    return (0o777 if directory else 0o666) & ~umask()
+
+
+# How a native library (safetensors, tensorstore under orbax) reports the system's refusal in its message.
+_LIBRARY_ERRNO = re.compile(r"os error (\d+)|os_error_code='?(\d+)")
+
+
+def system_refusal(error: BaseException) -> str | None:
+    """The system's reason (`No space left on device`) when `error`, or an exception it was raised from,
+    is an OSError or a native library's error carrying an errno; None for any other failure."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno:
+            return current.strerror or os.strerror(current.errno)
+        if found := _LIBRARY_ERRNO.search(str(current)):
+            return os.strerror(int(found.group(1) or found.group(2)))
+        current = current.__cause__ or current.__context__
+    return None

@@ -24,8 +24,18 @@ def truncate_after(path: Path, step: int) -> None:
 
 
 def append(path: Path, record: dict) -> None:
-    with path.open("a") as file:
-        file.write(json.dumps(record) + "\n")
+    """Add one whole line: a write the system refuses (a full disk) takes back what it wrote, so that a resumed
+    run does not read half a record."""
+    line = (json.dumps(record) + "\n").encode()
+    with path.open("ab", buffering=0) as file:  # unbuffered: nothing is left to flush after a refusal
+        size = file.tell()
+        try:
+            written = 0
+            while written < len(line):  # a write to a nearly full disk may take part of the line
+                written += file.write(line[written:]) or 0
+        except OSError:
+            file.truncate(size)
+            raise
 
 
 def plot(metrics_path: Path, png_path: Path) -> None:
@@ -48,6 +58,11 @@ def plot(metrics_path: Path, png_path: Path) -> None:
     axis.legend()
     figure.tight_layout()
     temporary = png_path.with_name(png_path.stem + ".tmp.png")
-    figure.savefig(temporary, dpi=100)
-    plt.close(figure)
-    os.replace(temporary, png_path)
+    try:
+        figure.savefig(temporary, dpi=100)
+        os.replace(temporary, png_path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk leaves no half-drawn curve
+        raise
+    finally:
+        plt.close(figure)

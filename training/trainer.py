@@ -25,8 +25,9 @@ import orbax.checkpoint as ocp
 from tqdm import tqdm
 
 from jgpt.errors import ApiError, raise_if_terminated, termination_deferred
-from jgpt.identity import canonical_json, write_atomically
+from jgpt.identity import canonical_json, system_refusal, write_atomically
 from jgpt.json_input import read_json
+from jgpt.output_paths import library_write
 from jgpt.weights import ModelWeights, initialize
 from training import corpus as corpora
 from training import metrics, optimizer, sharding
@@ -138,6 +139,23 @@ def _checkpoint_manager(run: RunDirectory) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(run.checkpoints.absolute(), options=options, item_names=("state", "best"))
 
 
+def _save_checkpoint(manager: ocp.CheckpointManager, run: RunDirectory, step: int, state, best: dict) -> None:
+    """Write checkpoint `step` whole, or leave none: SIGTERM waits for the save, and a save that fails
+    (a full disk, which orbax reports in a traceback) removes its temporary directory, keeps the earlier
+    checkpoints and is one ApiError naming the directory."""
+    try:
+        with termination_deferred(), library_write():
+            manager.save(
+                step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), best=ocp.args.StandardSave(best))
+            )
+    except BaseException as error:
+        for unfinished in run.checkpoints.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(unfinished, ignore_errors=True)
+        if reason := system_refusal(error):
+            raise ApiError("out", f"cannot write checkpoint {run.checkpoints / str(step)}: {reason}") from None
+        raise
+
+
 def _best_record(weights, loss: float, step: int) -> dict:
     return {"weights": sharding.to_host(weights), "development_loss": np.array(loss), "step": np.array(step)}
 
@@ -239,11 +257,7 @@ def train(
             if main and len(record) > 1:
                 metrics.append(run.metrics, record)
             if step % config.checkpoint_every == 0 or step == config.steps:
-                with termination_deferred():  # a checkpoint is written whole: SIGTERM waits for the save
-                    manager.save(
-                        step,
-                        args=ocp.args.Composite(state=ocp.args.StandardSave(state), best=ocp.args.StandardSave(best)),
-                    )
+                _save_checkpoint(manager, run, step, state, best)
             bar.update(1)
         bar.close()
     finally:

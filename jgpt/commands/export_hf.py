@@ -24,7 +24,12 @@ def parser(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument("model", metavar="ARTIFACT", help="catalog id or artifact directory")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the Hugging Face directory to write")
-    p.add_argument("--force", action="store_true", help="replace DIR when it exists and is not empty (default: refuse)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace DIR when it is a previous export holding nothing else (never another directory, the "
+        "current one or one holding it)",
+    )
     return p
 
 
