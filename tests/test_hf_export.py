@@ -234,14 +234,20 @@ def test_an_imported_models_own_tokenizer_goes_back_out_as_it_came(tmp_path):
 
 
 def test_export_refuses_a_non_empty_directory_unless_forced_and_replaces_it_whole(tmp_path):
+    """--force replaces a previous export only (tests/test_hostile_model_io.py has the rest of the rule)."""
     artifact = perturbed_artifact("gpt-gelu-tanh", tmp_path / "artifact")
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
-    code, _, err = run_jgpt(["export-hf", artifact.path, "--out", out])
-    assert code == 2 and err.count("\n") == 1 and "--force" in err and "Traceback" not in err
-    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    for force in ([], ["--force"]):
+        code, _, err = run_jgpt(["export-hf", artifact.path, "--out", out, *force])
+        assert code == 2 and err.count("\n") == 1 and "--force" in err and "Traceback" not in err
+        assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    (out / "mine.txt").unlink()
+    assert run_jgpt(["export-hf", artifact.path, "--out", out])[0] == 0
+    (out / "config.json").write_text("{}")
     assert run_jgpt(["export-hf", artifact.path, "--out", out, "--force"])[0] == 0
+    assert (out / "config.json").read_text() != "{}"
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json",
         "generation_config.json",
@@ -251,7 +257,7 @@ def test_export_refuses_a_non_empty_directory_unless_forced_and_replaces_it_whol
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact", "out"]  # no staging left
     code, _, err = run_jgpt(["export-hf", artifact.path, "--out", tmp_path, "--force"])
-    assert code == 2 and "the artifact being exported" in err and (tmp_path / "artifact" / "manifest.json").is_file()
+    assert code == 2 and ": error: out: " in err and (tmp_path / "artifact" / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize(
