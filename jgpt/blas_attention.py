@@ -4,8 +4,8 @@ XLA on CPU runs attention's batched products ([B * H] matrices of [T, D] x [D, T
 about 90 GFLOP/s on the large bench config, where numpy's OpenBLAS runs the same batches at 117-142, and it
 writes the [B, H, T, T] scores, weights and their gradients to memory between the mask, the softmax and its
 backward: 250-330 ms of a 1.3 s large train step, against 210 ms for torch's causal flash attention
-(docs/training.md, Speed). This kernel (`blas_attention.cc`, an XLA FFI handler compiled and loaded as
-`jgpt.blas_matmul`'s) computes one block of query rows at a time: the block's scores against the keys up to
+(docs/training.md, Speed). This kernel (`blas_attention.cc`, an XLA FFI handler compiled and loaded through
+`jgpt.kernel_cache`) computes one block of query rows at a time: the block's scores against the keys up to
 its last token only (the later key blocks are skipped, as in `causal_blocks`), its softmax in a per-thread
 buffer, and its value mix, each product a single-threaded sgemm, the (batch row, key/value head) pairs split
 over XLA's intra-op pool. The [T, T] weights are never stored: the backward pass recomputes each block's
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgpt import blas_matmul
+from jgpt import blas_matmul, kernel_cache
 from jgpt.errors import ApiError
 
 F32 = jnp.float32
@@ -84,7 +84,7 @@ def _kernel() -> ctypes.CDLL | None:
     if blas is None:
         return None
     try:
-        library = ctypes.CDLL(str(blas_matmul.compiled(SOURCE)))
+        library = kernel_cache.load(SOURCE)
     except (OSError, subprocess.CalledProcessError) as error:
         warnings.warn(f"jgpt: the BLAS attention kernel is unavailable: {error}", stacklevel=2)
         return None

@@ -18,10 +18,8 @@ either operand transposed as stored, so no layout is converted: the weights stay
 `[I, O]` and the optimizer, the artifact and the HF parity see them as always.
 
 The kernel is compiled on first use with the system's C++ compiler (`$CXX`, else
-`g++`) against the FFI headers jaxlib ships, into `~/.cache/jgpt/kernels` (or
-`$XDG_CACHE_HOME/jgpt/kernels`), named by the SHA-256 of its source, the jaxlib
-version and the command; written atomically, so a concurrent first use compiles
-twice at worst. Where it cannot be built or loaded (no compiler, a numpy without
+`g++`) and cached per user, loaded only once verified (`jgpt.kernel_cache`, which
+every kernel loads through). Where it cannot be built or loaded (no compiler, a numpy without
 its bundled OpenBLAS, a backend other than CPU) `available()` is False and the
 train step keeps the pure-JAX products, which stay the reference (parity tested
 to 1e-5 relative).
@@ -32,19 +30,16 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import hashlib
-import os
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
 
+from jgpt import kernel_cache
 from jgpt.weights import ModelWeights
 
 F32 = jnp.float32
@@ -125,7 +120,7 @@ def _kernel() -> ctypes.CDLL | None:
     if blas is None:
         return None
     try:
-        library = ctypes.CDLL(str(compiled(SOURCE)))
+        library = kernel_cache.load(SOURCE)
     except (OSError, subprocess.CalledProcessError) as error:
         warnings.warn(f"jgpt: BLAS products unavailable, the train step keeps XLA's dot: {error}", stacklevel=2)
         return None
@@ -140,7 +135,7 @@ def registered(source: Path, target: str, handler: str, supported: str) -> ctype
     `supported` function says this CPU cannot run it, or it cannot be built (the caller keeps XLA's operations,
     silently: where the kernel was never meant to run, as here). Used by `jgpt.blas_matvec` and `jgpt.fused_decode`."""
     try:
-        library = ctypes.CDLL(str(compiled(source)))
+        library = kernel_cache.load(source)
     except (OSError, subprocess.CalledProcessError):
         return None
     if not getattr(library, supported)():
@@ -157,28 +152,3 @@ def numpy_openblas(symbols: tuple[str, ...]) -> ctypes.CDLL | None:
         if all(hasattr(library, symbol) for symbol in symbols):
             return library
     return None
-
-
-def compiled(source: Path) -> Path:
-    """The shared library of the kernel `source`, compiled here the first time (atomically: built aside, then
-    renamed; also used by `jgpt.blas_attention`)."""
-    command = [os.environ.get("CXX", "g++"), "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
-               "-I", str(Path(jax.ffi.include_dir()))]  # fmt: skip
-    # The headers beside the source are what its quoted includes can reach (jgpt/one_row.h).
-    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
-    text = source.read_bytes() + headers + jaxlib.__version__.encode() + " ".join(command).encode()
-    key = hashlib.sha256(text).hexdigest()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    library = base / "jgpt" / "kernels" / f"{source.stem}-{key[:16]}.so"
-    if library.exists():
-        return library
-    library.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=library.parent, prefix=f".{library.name}.", suffix=".tmp")
-    os.close(descriptor)
-    try:
-        subprocess.run([*command, "-o", temporary, str(source)], check=True, capture_output=True)
-        os.replace(temporary, library)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    return library

@@ -13,8 +13,8 @@ of an `OutputMajor` matrix `[O, I]` into one contiguous block per thread of XLA'
 own intra-op pool (so no second pool competes for the cores) and runs each block as
 an AVX-512 loop over four rows at a time, prefetching the next four. OpenBLAS's
 sgemv in the same blocks was no faster than XLA, so no BLAS is called despite the
-module's name, which it shares with `jgpt.blas_matmul`, whose compiler and cache it
-uses.
+module's name, which it shares with `jgpt.blas_matmul`; it is built, cached and loaded
+as every kernel is (`jgpt.kernel_cache`).
 
 `available()` is False, and `OutputMajor.product` silently keeps XLA's dot, where
 the kernel cannot run: a backend other than CPU, a CPU without AVX-512F (checked at

@@ -131,7 +131,7 @@ def _accelerator_backend() -> bool:
 def entry() -> None:
     """The console script: on Linux with XLA's CPU backend, restart once with `MALLOC_TUNABLES`, then run
     `main` with the persistent compilation cache on (`jgpt.compilation_cache`)."""
-    cache = compilation_cache.environment(os.environ)
+    cache = compilation_cache.checked_environment(os.environ)
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     missing = [f"{name}={value}" for name, value in MALLOC_TUNABLES.items() if name not in tunables]
     if sys.platform == "linux" and missing and not _accelerator_backend():
