@@ -7,13 +7,22 @@ jax or any package behind a command.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+# The console script (`jgpt`, and its restart `python -m jgpt.cli`) holds SIGINT and SIGTERM back from its
+# first line until `run_guarded` has set the command's handlers, which then receive a signal sent at any moment
+# of start-up (the mask and a pending signal survive the restart's exec). Left to Python's defaults, a signal
+# there killed the process with no message (SIGTERM) or raised inside jaxlib's initialization: an ImportError
+# traceback, a segmentation fault, or a swallowed Ctrl-C. Not when a program imports this module.
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "jgpt":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
 import atexit
 import importlib
 import importlib.util
-import os
 import pkgutil
-import signal
-import sys
 import threading
 from typing import NoReturn
 
@@ -97,8 +106,8 @@ def _dispatch(args: list[str]) -> int:
     if name not in COMMANDS:
         print(USAGE + f"jgpt: error: unknown command {name!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return run_guarded(f"jgpt {name}", lambda: module.main(name, rest))
+    # The command's module (and jax with it) is imported under the command's signal handlers.
+    return run_guarded(f"jgpt {name}", lambda: importlib.import_module(COMMANDS[name][0]).main(name, rest))
 
 
 # XLA on CPU allocates a step's temporaries afresh at every call; glibc maps large blocks
