@@ -94,7 +94,10 @@ def require_fixed(directory: Path) -> None:
     a library opens the directory by its path (JAX's cache) rather than through `open_private`'s descriptor."""
     above = {*Path(os.path.abspath(directory)).parents, *Path(os.path.realpath(directory)).parents}
     for ancestor in sorted(above):
-        status = os.stat(ancestor)
+        try:
+            status = os.stat(ancestor)
+        except OSError as error:
+            raise CacheRefused(ancestor, error.strerror or str(error)) from None
         if status.st_uid not in (0, os.geteuid()):
             raise CacheRefused(ancestor, f"owned by uid {status.st_uid}, neither this user nor root")
         if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not status.st_mode & stat.S_ISVTX:

@@ -54,6 +54,7 @@ from jgpt.cache_directory import CacheRefused, cache_home, not_own, open_private
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 LIBRARY_MODE, RECORD_MODE = 0o700, 0o600
 RECORD_SUFFIX = ".sha256"
+CACHE_PARTS = ("jgpt", "kernels")  # below the user's cache home
 RECORD_LIMIT = 4096  # a record is 64 hex digits, two spaces, the name and a newline
 
 
@@ -78,7 +79,7 @@ def build_of(source: Path) -> Build:
 
 def cache_path() -> Path:
     """Where the kernels are cached for this user."""
-    return cache_home(os.environ) / "jgpt" / "kernels"
+    return cache_home(os.environ).joinpath(*CACHE_PARTS)
 
 
 def load(source: Path) -> ctypes.CDLL:
@@ -87,7 +88,7 @@ def load(source: Path) -> ctypes.CDLL:
     where it cannot be built or loaded."""
     build = build_of(source)
     try:
-        directory = open_private(cache_home(os.environ), ("jgpt", "kernels"))
+        directory = open_private(cache_home(os.environ), CACHE_PARTS)
     except CacheRefused as refusal:
         warn_once(f"kernel cache {refusal}; building {source.name} in a private temporary directory instead")
         return _loaded(_compiled(build))
@@ -119,12 +120,12 @@ def _verified(directory: int, path: Path, name: str) -> int | None:
     library = _own_file(directory, path, name)
     if library is None:
         return None
-    recorded = _own_file(directory, path, name + RECORD_SUFFIX)
+    recorded, verified = _own_file(directory, path, name + RECORD_SUFFIX), False
     if recorded is not None:
         with os.fdopen(recorded, "rb") as file:
-            text = file.read(RECORD_LIMIT)
-        if text == record(digest_of(library), name):
-            return library
+            verified = file.read(RECORD_LIMIT) == record(digest_of(library), name)
+    if verified:
+        return library
     os.close(library)
     return None
 
