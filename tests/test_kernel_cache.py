@@ -38,6 +38,13 @@ REPO = Path(__file__).resolve().parent.parent
 OTHER = 65534  # nobody: the uid of a file another user planted
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="planting a file owned by another uid needs root")
+
+
+def _require_compilers() -> None:
+    if not (shutil.which(os.environ.get("CXX", "g++")) and shutil.which("gcc")):
+        pytest.skip("needs a C and a C++ compiler")
+
+
 PROBE = 'extern "C" int jgpt_cache_probe() { return 42; }\n'
 PLANTED = r"""
 #include <stdio.h>
@@ -72,6 +79,7 @@ class Kit:
 def kit(tmp_path_factory):
     """The tiny kernel's source, its genuine library (built once by the real compiler, through the cache),
     the planted library and a fake compiler copying the genuine one."""
+    _require_compilers()
     root = tmp_path_factory.mktemp("kit")
     source = root / "source" / "probe.cc"
     source.parent.mkdir()
@@ -161,6 +169,7 @@ REAL_KERNEL = textwrap.dedent("""
 @pytest.fixture(scope="session")
 def real_cache(tmp_path_factory):
     """A cache home holding the real one-row kernel, compiled once per session."""
+    _require_compilers()
     home = tmp_path_factory.mktemp("real-kernel")
     with mock.patch.dict(os.environ, {"XDG_CACHE_HOME": str(home)}):
         kernel_cache.load(blas_matvec.SOURCE)
