@@ -22,7 +22,6 @@ sandbox, never as code, and nothing is ever loaded with `trust_remote_code`.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
@@ -34,8 +33,9 @@ from typing import Any
 import numpy as np
 import tokenizers
 
+from jgpt import sandbox
 from jgpt.encoding import BPE_MERGE, BYTE, UTF8_SEQUENCE, Encoding, Span, bounded_text_spans, control_span
-from jgpt.errors import ApiError, library_failure
+from jgpt.errors import ApiError, library_failure, one_line
 from jgpt.identity import write_atomically
 from jgpt.json_input import parse_json
 from jgpt.paths import confined
@@ -95,6 +95,7 @@ class HFTokenizer(Tokenizer):
             if os.path.lexists(directory / name)
         }
         config = _config(companions.get(CONFIG), source)
+        _check_regexes(spec, source)
         text = _library(document, source)
         text.encode_special_tokens = True  # typed special-token text stays text
         framing = _library(document, source)
@@ -106,7 +107,7 @@ class HFTokenizer(Tokenizer):
         )
         bos = config.get("bos_token")
         bos = bos.get("content") if isinstance(bos, dict) else bos
-        return cls(
+        tokenizer = cls(
             document,
             hashlib.sha256(document).hexdigest(),
             context_limit,
@@ -116,11 +117,14 @@ class HFTokenizer(Tokenizer):
             eos_id,
             specials,
             template,
-            bos if isinstance(bos, str) else "",
+            _checked(bos, f"{CONFIG}:bos_token") if isinstance(bos, str) else "",
             merges,
             fallback,
             framing,
         )
+        if template is not None:
+            tokenizer._check_template(TEMPLATE if TEMPLATE in companions else f"{CONFIG}:chat_template")
+        return tokenizer
 
     def save(self, path) -> None:
         """tokenizer.json's exact bytes, and each companion beside it, atomically."""
@@ -168,7 +172,7 @@ class HFTokenizer(Tokenizer):
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of text as the tokenizer's own pipeline gives them, without special tokens."""
-        return self._library.encode(_checked(text, "text"), add_special_tokens=False).ids
+        return _encoded(self._library, _checked(text, "text"), "text", special=False).ids
 
     def encode_turns(self, turns: Sequence[Turn], *, open_turn: str | None = None) -> Encoding:
         """With a chat template: the turns rendered by it (open_turn adds its generation prompt).
@@ -189,7 +193,7 @@ class HFTokenizer(Tokenizer):
         return self._encoding(ids, spans, turns, texts, open_turn)
 
     def _plain(self, text: str) -> tuple[list[int], list[Span]]:
-        encoding = self._library.encode(text, add_special_tokens=True)
+        encoding = _encoded(self._library, text, "turns[0].text", special=True)
         ids = encoding.ids
         special = np.asarray(encoding.special_tokens_mask, dtype=bool)
         spans: list[Span] = []
@@ -209,13 +213,13 @@ class HFTokenizer(Tokenizer):
         text separately with them split, so no typed text can become framing."""
         eos = self._library.id_to_token(self.eos_id)
         assert eos is not None, "HFTokenizer.of read eos_id from the vocabulary"
-        rendered = _render(
-            template,
-            [{"role": turn.role, "content": f"\x00jgpt-turn-{n}\x00"} for n, turn in enumerate(turns)],
-            generation_prompt,
-            eos,
-            self.bos_token,
-        )
+        context = {
+            "messages": [{"role": turn.role, "content": f"\x00jgpt-turn-{n}\x00"} for n, turn in enumerate(turns)],
+            "add_generation_prompt": generation_prompt,
+            "eos_token": eos,
+            "bos_token": self.bos_token,
+        }
+        rendered = _checked(sandbox.render(template, context, "chat_template"), "chat_template")
         parts = _TURN_MARK.split(rendered)  # template text, turn index, template text, ...
         order = [int(n) for n in parts[1::2]]
         if order != list(range(len(turns))):
@@ -227,15 +231,24 @@ class HFTokenizer(Tokenizer):
         spans: list[Span] = []
         byte_offset = 0
         for n, framing in enumerate(parts[0::2]):
-            for token_id in self._framing.encode(framing, add_special_tokens=False).ids if framing else ():
+            for token_id in _encoded(self._framing, framing, "chat_template", special=False).ids if framing else ():
                 spans.append(control_span(token_id, len(ids), n))
                 ids.append(token_id)
             if n < len(turns):
-                encoding = self._library.encode(texts[n], add_special_tokens=False)
+                encoding = _encoded(self._library, texts[n], f"turns[{n}].text", special=False)
                 spans += self._text_spans(encoding.ids, encoding.offsets, texts[n], len(ids), byte_offset, n)
                 ids += encoding.ids
                 byte_offset += len(texts[n].encode("utf-8"))
         return ids, spans
+
+    def _check_template(self, origin: str) -> None:
+        """Render the template on the conversations every chat command starts with, so that a template
+        that cannot frame them is refused when the tokenizer is loaded (by import-hf) rather than at each use."""
+        for roles in (("user",), ("user", "assistant", "user")):
+            try:
+                self.encode_turns([Turn(role, "Hello.") for role in roles], open_turn="assistant")
+            except ApiError as error:
+                raise ApiError("chat_template", f"{origin} {error.reason}") from None
 
     def _text_spans(
         self, ids: list[int], offsets: list[tuple[int, int]], text: str, token_offset: int, byte_offset: int, turn: int
@@ -280,7 +293,12 @@ class HFTokenizer(Tokenizer):
             kept = int(np.flatnonzero(np.concatenate([[True], ~self.fallback[checked]]))[-1])
         else:  # ByteLevel decodes all bytes at once: hold the tokens past the last whole character
             kept = int(np.searchsorted(ends, len(data) - len(pending), side="right"))
-        text = self._library.decode(checked[:kept].tolist(), skip_special_tokens=False)
+        try:
+            text = self._library.decode(checked[:kept].tolist(), skip_special_tokens=False)
+        except BaseException as error:
+            if not library_failure(error):
+                raise
+            raise ApiError("ids", f"tokenizer.json's decoder fails on them: {_first_line(error)}") from None
         note = None
         if problem:
             reason, byte = problem
@@ -292,7 +310,8 @@ _LIBRARY_VERSION = f"tokenizers {tokenizers.__version__}"
 
 
 def _checked(text: str, field_name: str) -> str:
-    """Text as given (the tokenizer normalizes it itself), refusing what has no UTF-8."""
+    """Text as given (the tokenizer normalizes it itself), refusing what has no UTF-8: the library
+    raises a TypeError on a lone surrogate, so none may reach it (no encoding of one is right)."""
     if not isinstance(text, str):
         raise ApiError(field_name, f"must be a string, got {type(text).__name__}")
     try:
@@ -311,6 +330,22 @@ def _byte_offsets(text: str) -> np.ndarray:
     code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     widths = 1 + (code_points >= 0x80) + (code_points >= 0x800) + (code_points >= 0x10000)
     return np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
+
+
+def _encoded(library: tokenizers.Tokenizer, text: str, field_name: str, *, special: bool) -> tokenizers.Encoding:
+    """The library's encoding of text; its failures (a Rust panic, e.g. a regex past Oniguruma's
+    backtracking limit on this text) refused naming the field."""
+    try:
+        return library.encode(text, add_special_tokens=special)
+    except BaseException as error:
+        if not library_failure(error):
+            raise
+        raise ApiError(field_name, f"tokenizer.json's pipeline fails on it: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _library(document: bytes, source: str) -> tokenizers.Tokenizer:
@@ -378,6 +413,8 @@ def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str
         if token.get("special", False):
             specials[token["id"]] = token["content"]
             by_id[token["id"]] = b""  # framing: spells no text bytes
+        elif not _is_unicode(token["content"]):
+            raise reject(f"added token {token['content']!r} is not valid Unicode (a lone surrogate)")
         else:
             by_id.setdefault(token["id"], token["content"].encode("utf-8"))
     if set(by_id) != set(range(len(by_id))):
@@ -391,6 +428,8 @@ def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str
 def _spelled(piece: str, byte_level: bool, reject) -> bytes:
     if not piece:
         raise reject("the vocab has an empty piece")
+    if not _is_unicode(piece):
+        raise reject(f"vocab entry {piece!r} is not valid Unicode (a lone surrogate)")
     if byte_level:
         if not all(char in _BYTE_OF_CHAR for char in piece):
             raise reject(f"vocab entry {piece!r} is not a byte-level piece")
@@ -424,6 +463,7 @@ def _token_id(value: Any, library: tokenizers.Tokenizer, field_name: str) -> int
     content = value.get("content") if isinstance(value, dict) else value
     if not isinstance(content, str):
         raise ApiError(field_name, f"must name a token (jgpt stops generation there), got {value!r}")
+    _checked(content, field_name)
     token_id = library.token_to_id(content)
     if token_id is None:
         raise ApiError(field_name, f"{content!r} is not a token of tokenizer.json")
@@ -448,95 +488,61 @@ def _text_file(data: bytes, name: str) -> str:
         raise ApiError(name, f"is not valid UTF-8 at byte {error.start}") from None
 
 
-# The largest number a chat template may pass to an operation that sizes its result (a repetition, a
-# width, a power's exponent): far past any conversation's framing, far below what exhausts a machine.
-TEMPLATE_SIZE_LIMIT = 1 << 16
-# A width or precision of six digits, or `%*d` (one taken from the arguments), in a %-format or a {}-format.
-_WIDE_FORMAT = re.compile(r"%[-#0 +]*(\*|\d{6,}|\d*\.(\*|\d{6,}))|\{[^{}]*:[^{}]*\d{6,}")
-
-
-def _render(template: str, messages: list[dict[str, str]], generation_prompt: bool, eos: str, bos: str) -> str:
-    """A chat template rendered in jinja2's immutable sandbox: it reads the messages, calls nothing of ours,
-    and cannot make a result sized by a number (`"a" * 10**10`, `9 ** 10**9`, `"a".ljust(10**10)`): those
-    would exhaust the memory, or the CPU in a big-integer power that no signal interrupts."""
-    from jinja2 import TemplateError
-
-    def raise_exception(message):
-        raise ApiError("chat_template", f"refuses the turns: {message}")
-
-    environment = _sandbox()(trim_blocks=True, lstrip_blocks=True)
-    environment.globals["raise_exception"] = raise_exception
+def _is_unicode(text: str) -> bool:
+    """Whether text has a UTF-8 encoding (no lone surrogate, which JSON's \\ud800 escape can write)."""
     try:
-        return environment.from_string(template).render(
-            messages=messages, add_generation_prompt=generation_prompt, eos_token=eos, bos_token=bos
-        )
-    except ApiError:
-        raise
-    except TemplateError as error:
-        raise ApiError("chat_template", f"cannot be rendered: {error}") from None
-    except Exception as error:  # the template's own arithmetic (1/0, "%d" % "x"), or memory it asked for
-        raise ApiError("chat_template", f"cannot be rendered: {type(error).__name__}: {error}") from None
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
-@functools.cache
-def _sandbox() -> type:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class BoundedSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**", "%"})
-
-        def __init__(self, **options):
-            super().__init__(**options)
-            self.filters = {name: _bounded_call(f) for name, f in self.filters.items()}
-            self.tests = {name: _bounded_call(f) for name, f in self.tests.items()}
-
-        def call_binop(self, context, operator, left, right):
-            if operator == "**" and isinstance(right, int) and abs(right) > 64:
-                raise ApiError("chat_template", f"raises to the power {right}, more than 64")
-            sequence = next((a for a in (left, right) if isinstance(a, (str, list, tuple))), None)
-            if (
-                operator == "*"
-                and sequence is not None
-                and isinstance(count := right if sequence is left else left, int)
-            ):
-                _check_size(len(sequence) * abs(count))
-            if operator == "%" and isinstance(left, str):
-                _check_format(left)
-            return super().call_binop(context, operator, left, right)
-
-        def call(__self, __context, __obj, *args, **kwargs):  # jinja2's own names: any keyword is an argument
-            _check_arguments(args, kwargs)
-            return super().call(__context, __obj, *args, **kwargs)
-
-        def wrap_str_format(self, value):  # `"{:>99999999}".format`, as it is looked up
-            owner = getattr(value, "__self__", None)
-            if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map"):
-                _check_format(owner)
-            return super().wrap_str_format(value)
-
-    return BoundedSandbox
+# A regex in tokenizer.json (a Split pre-tokenizer's, a Replace normalizer's or decoder's pattern) longer
+# than this is refused: real ones (GPT-4o's, Llama 3's, Qwen's, DeepSeek's) hold a few hundred characters.
+REGEX_LIMIT = 4096
+# Each probe text is one character this many times, as is and followed by one that ends no match.
+PROBE_LENGTH = 1024
+_PROBE_CHARACTERS = "aA1 \n\t.'é日👋\x00"  # letters, digits, spaces and punctuation the usual classes name
+_PROBED_CHARACTERS_LIMIT = 128
 
 
-def _bounded_call(function):
-    @functools.wraps(function)  # keeps jinja2's pass_context / pass_environment marks
-    def bounded(*args, **kwargs):
-        _check_arguments(args, kwargs)
-        return function(*args, **kwargs)
+def _check_regexes(spec: dict[str, Any], source: str) -> None:
+    """A regex the file declares (compiled by the library's Oniguruma) can backtrack for ever on some text,
+    or past Oniguruma's retry limit, where the library panics. Each is bounded in size; then the file's
+    normalizer, pre-tokenizer and decoder run in the sandbox process (jgpt.sandbox: CPU, memory and
+    wall-clock bounds) on runs of each common character and of each one the regexes name, so that a
+    pattern that backtracks exponentially or polynomially on such runs is refused when the tokenizer
+    loads rather than on a user's text. A failure that still escapes at use is refused there (`_encoded`)."""
+    pipeline = {key: spec.get(key) for key in ("normalizer", "pre_tokenizer", "decoder")}
+    patterns = list(_regexes(pipeline))
+    if not patterns:
+        return  # the library's built-in pre-tokenizers (ByteLevel, Whitespace) are its own code
+    for pattern in patterns:
+        if not isinstance(pattern, str) or len(pattern) > REGEX_LIMIT or not _is_unicode(pattern):
+            raise ApiError(
+                "tokenizer",
+                f"{source}: a Regex must be valid Unicode text of at most {REGEX_LIMIT} characters, "
+                f"got {one_line(repr(pattern)[:80])}",
+            )
+    characters = list(dict.fromkeys(_PROBE_CHARACTERS + "".join(patterns)))[:_PROBED_CHARACTERS_LIMIT]
+    texts = [character * PROBE_LENGTH + end for character in characters for end in ("", "\x01")]
+    try:
+        sandbox.probe(pipeline, texts, "tokenizer")
+    except ApiError as error:
+        raise ApiError(
+            "tokenizer",
+            f"{source}: its normalizer, pre-tokenizer or decoder {error.reason} "
+            f"on a probe text ({PROBE_LENGTH} repetitions of one character)",
+        ) from None
 
-    return bounded
 
-
-def _check_arguments(args: tuple, kwargs: dict) -> None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, int) and not isinstance(value, bool):
-            _check_size(abs(value))
-
-
-def _check_format(text: str) -> None:
-    if _WIDE_FORMAT.search(text):
-        raise ApiError("chat_template", "formats with a width of six digits or one taken from the arguments")
-
-
-def _check_size(number: int) -> None:
-    if number > TEMPLATE_SIZE_LIMIT:
-        raise ApiError("chat_template", f"sizes a result by {number}, more than {TEMPLATE_SIZE_LIMIT}")
+def _regexes(value: Any):
+    """Every {"Regex": pattern} value inside a parsed tokenizer.json component."""
+    if isinstance(value, dict):
+        if "Regex" in value:
+            yield value["Regex"]
+        for child in value.values():
+            yield from _regexes(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _regexes(child)

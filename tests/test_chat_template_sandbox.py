@@ -1,9 +1,11 @@
-"""A foreign chat template is data: whatever it computes, encoding turns with it renders them or is
-refused naming `chat_template`, and quickly.
+"""A foreign chat template is data: whatever it computes, loading the tokenizer (which renders it once)
+and encoding turns with it render them or are refused naming `chat_template`, and quickly.
 
 jinja2's sandbox keeps a template from reaching Python, but not from asking for a result sized by a
 number: `"a" * 10**10` or `"a"|center(10**10)` exhausted the memory, `9 ** 999999999` held the CPU in
-a big-integer power no signal interrupts, and `1/0` or `"%d" % "x"` ended in a traceback.
+a big-integer power no signal interrupts, and `1/0` or `"%d" % "x"` ended in a traceback. The template
+now renders in the sandbox process (jgpt.sandbox), whose memory, CPU time, wall clock and output are
+bounded by the kernel and the parent, whatever the template computes.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jgpt.errors import ApiError
-from jgpt.hf_tokenizer import TEMPLATE_SIZE_LIMIT
+from jgpt.sandbox import CPU_SECONDS, OUTPUT_LIMIT, WALL_SECONDS
 from jgpt.tokenizer import Tokenizer, Turn
 from tests.hostile import FUZZ
 
 FRAMING = "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"
 NUMBERS = st.one_of(
     st.integers(-(2**40), 2**40),
-    st.sampled_from([0, 1, -1, TEMPLATE_SIZE_LIMIT, TEMPLATE_SIZE_LIMIT + 1, 10**10, 999999999]),
+    st.sampled_from([0, 1, -1, 1 << 16, (1 << 16) + 1, OUTPUT_LIMIT, OUTPUT_LIMIT + 1, 10**10, 999999999]),
 )
 METHODS = ("ljust", "rjust", "center", "zfill", "expandtabs")
 FILTERS = ("center", "indent", "truncate", "wordwrap", "batch", "slice", "round")
@@ -66,9 +68,19 @@ def tokenizer_dir(tmp_path_factory):
     return directory
 
 
+@pytest.fixture
+def one_cpu_second(monkeypatch):
+    """The fuzz tests' CPU bound: one second, so that the cases that exceed it stay cheap."""
+    from jgpt import sandbox
+
+    monkeypatch.setattr(sandbox, "CPU_SECONDS", 1)
+
+
 @FUZZ
 @given(expression=expressions(), where=st.sampled_from(["before", "inside"]))
-def test_a_chat_template_computing_anything_renders_or_is_refused_naming_it_quickly(tokenizer_dir, expression, where):
+def test_a_chat_template_computing_anything_renders_or_is_refused_naming_it_quickly(
+    tokenizer_dir, one_cpu_second, expression, where
+):
     template = (
         f"{{{{ {expression} }}}}{FRAMING}"
         if where == "before"
@@ -77,27 +89,34 @@ def test_a_chat_template_computing_anything_renders_or_is_refused_naming_it_quic
     (tokenizer_dir / "tokenizer_config.json").write_text(
         json.dumps({"eos_token": "<|endoftext|>", "chat_template": template})
     )
-    tokenizer = Tokenizer.load(tokenizer_dir / "tokenizer.json")
     start = time.perf_counter()
     try:
+        tokenizer = Tokenizer.load(tokenizer_dir / "tokenizer.json")
         encoding = tokenizer.encode_turns([Turn("user", "hi"), Turn("assistant", "yo")])
     except ApiError as error:
         assert error.field == "chat_template", error
     else:
-        assert len(encoding.ids) <= 4 * TEMPLATE_SIZE_LIMIT + 8  # what one expression may add, twice, in ids
-    assert time.perf_counter() - start < 10, "a template's computation was not bounded"
+        assert len(encoding.ids) <= 4 * OUTPUT_LIMIT + 8  # a byte-level id per byte of the framing, 4 a character
+    # Three renders (two at load), each within the wall-clock bound, and the sandbox process's restart.
+    assert time.perf_counter() - start < 3 * WALL_SECONDS + 10, "a template's computation was not bounded"
+
+
+MEMORY, CPU, OUTPUT = (
+    "needs more than 256 MiB of memory",
+    f"takes more than ({CPU_SECONDS} s of CPU|{WALL_SECONDS} s)",
+    (f"renders more than {OUTPUT_LIMIT} characters"),
+)
 
 
 @pytest.mark.parametrize(("expression", "phrase"), [
-    ('"a" * 3000000000', "sizes a result by 3000000000"), ('("a" * 60000) * 60000', "sizes a result by 3600000000"),
-    ("9 ** 999999999", "raises to the power 999999999"), ('"a"|center(10000000000)', "sizes a result by 10000000000"),
-    ('"a".ljust(10000000000)', "sizes a result by 10000000000"), ('"{:>99999999}".format(1)', "formats with a width"),
-    ('"%09999999d" % 1', "formats with a width"), ("1 / 0", "ZeroDivisionError"), ('"%s" % ()', "TypeError"),
+    ('"a" * 3000000000', MEMORY), ('("a" * 60000) * 60000', MEMORY), ("9 ** 999999999", CPU),
+    ('"a"|center(10000000000)', MEMORY), ('"a".ljust(10000000000)', MEMORY), ('"{:>99999999}".format(1)', OUTPUT),
+    ('"%09999999d" % 1', OUTPUT), ("1 / 0", "ZeroDivisionError"), ('"%s" % ()', "TypeError"),
 ])  # fmt: skip
 def test_the_templates_that_broke_it_are_refused_naming_the_reason(tokenizer_dir, expression, phrase):
     (tokenizer_dir / "tokenizer_config.json").write_text(
         json.dumps({"eos_token": "<|endoftext|>", "chat_template": f"{{{{ {expression} }}}}{FRAMING}"})
     )
     with pytest.raises(ApiError, match=phrase) as error:
-        Tokenizer.load(tokenizer_dir / "tokenizer.json").encode_turns([Turn("user", "hi")])
-    assert error.value.field == "chat_template"
+        Tokenizer.load(tokenizer_dir / "tokenizer.json")
+    assert error.value.field == "chat_template" and "tokenizer_config.json:chat_template" in error.value.reason
