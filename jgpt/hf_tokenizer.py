@@ -17,7 +17,10 @@ Protection against forged framing holds here too: text is encoded with special t
 split (`encode_special_tokens`), so typed "</s>" or "<|endoftext|>" is text, never the
 special id. Only the framing (the post-processor's specials, a chat template's own text)
 yields special ids. A chat template is data: it is rendered in jinja2's immutable
-sandbox, never as code, and nothing is ever loaded with `trust_remote_code`.
+sandbox, never as code, in the sandbox process (jgpt/sandbox.py) whose memory, CPU time,
+wall clock and output are bounded whatever it computes; it is rendered once when the
+tokenizer loads, so a template that cannot frame a conversation is refused by import-hf.
+Nothing is ever loaded with `trust_remote_code`.
 """
 
 from __future__ import annotations
@@ -244,9 +247,12 @@ class HFTokenizer(Tokenizer):
     def _check_template(self, origin: str) -> None:
         """Render the template on the conversations every chat command starts with, so that a template
         that cannot frame them is refused when the tokenizer is loaded (by import-hf) rather than at each use."""
+        assert self.chat_template is not None
         for roles in (("user",), ("user", "assistant", "user")):
-            try:
-                self.encode_turns([Turn(role, "Hello.") for role in roles], open_turn="assistant")
+            try:  # no context limit applies: the template is judged, not the conversation's length
+                self._templated(
+                    self.chat_template, [Turn(role, "Hello.") for role in roles], ["Hello."] * len(roles), True
+                )
             except ApiError as error:
                 raise ApiError("chat_template", f"{origin} {error.reason}") from None
 

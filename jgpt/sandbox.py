@@ -21,6 +21,7 @@ under a millisecond for a real template); one that was ended is started afresh a
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import selectors
@@ -37,7 +38,9 @@ from jgpt.errors import ApiError
 MEMORY_LIMIT = 256 << 20  # the child's address space: about 35 MiB of it is Python, jinja2 and tokenizers
 CPU_SECONDS = 2  # a real template renders in a millisecond, a probe of every regex in a few
 WALL_SECONDS = 10  # a child starved of CPU on a busy machine still answers
-OUTPUT_LIMIT = 1 << 16  # characters of framing: a real template renders a few hundred, a default system prompt a few thousand
+OUTPUT_LIMIT = (
+    1 << 16
+)  # characters of framing: a real template renders a few hundred, a default system prompt a few thousand
 START_SECONDS = 60  # the child's start: an interpreter and jinja2 on a loaded machine
 
 _PROGRAM = Path(__file__).with_name("sandbox_child.py")
@@ -49,14 +52,20 @@ class _Child:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
+        self.owner = os.getpid()  # a forked copy of this process starts its own child: never the parent's pipes
+        atexit.register(self.close)
 
     def exchange(self, request: dict[str, Any], field: str) -> Any:
         with self.lock:
-            process = self.process if self.process and self.process.poll() is None else self._started(field)
+            process = self._running() or self._started(field)
             reply = self._reply(process, json.dumps({**request, "cpu_seconds": CPU_SECONDS}) + "\n", field)
         if "refused" in reply:
             raise ApiError(field, reply["refused"])
         return reply["result"]
+
+    def _running(self) -> subprocess.Popen | None:
+        process = self.process
+        return process if process is not None and process.poll() is None and self.owner == os.getpid() else None
 
     def _started(self, field: str) -> subprocess.Popen:
         environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
@@ -67,13 +76,26 @@ class _Child:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,  # a Rust panic's message: the refusal carries it
                 env=environment,
+                start_new_session=True,  # a Ctrl-C at the terminal is this process's to handle, not the child's
             )
         except OSError as error:
             raise ApiError(field, f"cannot start the sandbox process: {error.strerror or error}") from None
-        self.process = process
+        self.process, self.owner = process, os.getpid()
         if self._line(process, START_SECONDS) is None:
             raise ApiError(field, f"the sandbox process did not start: {self._ended(process)}")
         return process
+
+    def close(self) -> None:
+        """End the child at exit: it ends by itself when its input closes."""
+        process, self.process = self.process, None
+        if process is not None and self.owner == os.getpid() and process.poll() is None:
+            assert process.stdin is not None
+            process.stdin.close()
+            try:
+                process.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
     def _reply(self, process: subprocess.Popen, request: str, field: str) -> dict[str, Any]:
         try:
