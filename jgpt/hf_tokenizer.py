@@ -416,11 +416,11 @@ def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str
             raise reject(
                 f"added token {token['content']!r} takes id {token['id']}, which the vocab gives another piece"
             )
+        if not _is_unicode(token["content"]):
+            raise reject(f"added token {token['content']!r} is not valid Unicode (a lone surrogate)")
         if token.get("special", False):
             specials[token["id"]] = token["content"]
             by_id[token["id"]] = b""  # framing: spells no text bytes
-        elif not _is_unicode(token["content"]):
-            raise reject(f"added token {token['content']!r} is not valid Unicode (a lone surrogate)")
         else:
             by_id.setdefault(token["id"], token["content"].encode("utf-8"))
     if set(by_id) != set(range(len(by_id))):

@@ -31,6 +31,7 @@ class Refused(Exception):
 def main(memory_bytes: int, output_limit: int) -> None:
     for limit in (resource.RLIMIT_CORE, resource.RLIMIT_FSIZE):
         resource.setrlimit(limit, (0, 0))
+    memory_bytes = _within_hard(resource.RLIMIT_AS, memory_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     sys.stdout.write('{"result": "ready"}\n')
     sys.stdout.flush()
@@ -45,7 +46,13 @@ def _limit_cpu(seconds: int) -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     used = math.ceil(usage.ru_utime + usage.ru_stime)
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)  # kept: an unprivileged process cannot raise it again
-    resource.setrlimit(resource.RLIMIT_CPU, (used + seconds, hard))
+    resource.setrlimit(resource.RLIMIT_CPU, (_within_hard(resource.RLIMIT_CPU, used + seconds), hard))
+
+
+def _within_hard(limit: int, value: int) -> int:
+    """value, or the hard limit this process inherited if that is lower (a soft limit cannot exceed it)."""
+    _, hard = resource.getrlimit(limit)
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
 
 
 def _answer(request: dict[str, Any], memory_bytes: int, output_limit: int) -> dict[str, Any]:

@@ -150,6 +150,11 @@ def test_a_lone_surrogate_in_a_vocabulary_piece_or_added_token_is_refused(tmp_pa
     with pytest.raises(ApiError, match="lone surrogate") as error:
         _load(tmp_path, config={"eos_token": "</s>"}, spec=llama)
     assert error.value.field == "tokenizer"
+    for special in (True, False):
+        token = {"id": len(gpt2_json["model"]["vocab"]), "content": "\udfff", "special": special}
+        with pytest.raises(ApiError, match="lone surrogate") as error:
+            _load(tmp_path, spec={**gpt2_json, "added_tokens": [*gpt2_json["added_tokens"], token]})
+        assert error.value.field == "tokenizer"
 
 
 def test_nul_and_other_unusual_characters_encode_as_their_bytes(directory):
