@@ -71,7 +71,8 @@ class _Child:
         environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
         try:
             process = subprocess.Popen(
-                [sys.executable, "-I", str(_PROGRAM), str(MEMORY_LIMIT), str(OUTPUT_LIMIT)],
+                # -P: the script's directory (jgpt/, whose module names could shadow a library's) is not on the path
+                [sys.executable, "-P", str(_PROGRAM), str(MEMORY_LIMIT), str(OUTPUT_LIMIT)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,  # a Rust panic's message: the refusal carries it

@@ -1,6 +1,6 @@
 """The sandbox process's program: renders chat templates and tries tokenizer regexes under limits.
 
-jgpt.sandbox runs this file as `python -I sandbox_child.py MEMORY_BYTES OUTPUT_LIMIT`. It reads one JSON
+jgpt.sandbox runs this file as `python -P sandbox_child.py MEMORY_BYTES OUTPUT_LIMIT`. It reads one JSON
 request a line from stdin and writes one JSON reply a line to stdout: {"result": ...} or {"refused":
 reason}. It imports nothing of jgpt (the script's own directory is not on its path), only jinja2 and
 tokenizers, so it starts in a tenth of a second and holds a few tens of MB.
