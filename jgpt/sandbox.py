@@ -38,9 +38,8 @@ from jgpt.errors import ApiError
 MEMORY_LIMIT = 256 << 20  # the child's address space: about 35 MiB of it is Python, jinja2 and tokenizers
 CPU_SECONDS = 2  # a real template renders in a millisecond, a probe of every regex in a few
 WALL_SECONDS = 10  # a child starved of CPU on a busy machine still answers
-OUTPUT_LIMIT = (
-    1 << 16
-)  # characters of framing: a real template renders a few hundred, a default system prompt a few thousand
+# Characters of framing: a real template renders a few hundred, one with a default system prompt a few thousand.
+OUTPUT_LIMIT = 1 << 16
 START_SECONDS = 60  # the child's start: an interpreter and jinja2 on a loaded machine
 
 _PROGRAM = Path(__file__).with_name("sandbox_child.py")

@@ -104,7 +104,7 @@ def test_a_chat_template_computing_anything_renders_or_is_refused_naming_it_quic
 MEMORY, CPU, OUTPUT = (
     "needs more than 256 MiB of memory",
     f"takes more than ({CPU_SECONDS} s of CPU|{WALL_SECONDS} s)",
-    (f"renders more than {OUTPUT_LIMIT} characters"),
+    f"renders more than {OUTPUT_LIMIT} characters",
 )
 
 
