@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -29,12 +30,18 @@ def confined(base: str | os.PathLike, relative: Any, field: str) -> Path:
     root = Path(base).resolve()
     try:
         target = (root / PurePosixPath(relative)).resolve()  # follows symlinks, dangling ones too
-    except (RuntimeError, OSError):  # a link loop (RuntimeError before Python 3.13, ELOOP after)
+    except RuntimeError:  # a link loop before Python 3.13
         raise ApiError(field, f"{relative!r} is a loop of symbolic links") from None
+    except OSError as error:  # ELOOP from 3.13 on; ENAMETOOLONG for a component past the file system's limit
+        raise ApiError(field, f"{relative!r} cannot be looked up: {error.strerror}") from None
     if not target.is_relative_to(root):
         raise ApiError(field, f"{relative!r} leads outside its directory through a symbolic link")
-    if target.exists() and not (
-        target.is_file() or target.is_dir()
-    ):  # a FIFO would block its reader, a device never end
+    try:
+        mode = target.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return target  # a missing file is the reader's to report, the same whether or not it exists elsewhere
+    except OSError as error:
+        raise ApiError(field, f"{relative!r} cannot be looked up: {error.strerror}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block its reader, a device never end
         raise ApiError(field, f"{relative!r} is neither a file nor a directory")
     return target

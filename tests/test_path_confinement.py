@@ -72,6 +72,13 @@ def test_path_confinement_refuses_a_fifo_or_device_inside_the_directory(tmp_path
     assert confined(base, "weights", "f").is_dir()
 
 
+@pytest.mark.parametrize("relative", ["a" * 300, "a/" * 2100 + "a"])
+def test_path_confinement_refuses_a_name_the_file_system_cannot_look_up_naming_the_field(tmp_path, relative):
+    """A crafted manifest's 300-character asset name raised OSError (ENAMETOOLONG) out of `load_artifact`."""
+    with pytest.raises(ApiError, match=r"^assets\[0\].path: '.*' cannot be looked up: File name too long"):
+        confined(tmp_path, relative, "assets[0].path")
+
+
 @FUZZ
 @given(
     relative=st.lists(st.sampled_from(["a", "/", ".", "..", "\\", "b/", "link/", "sub/", "\x00"]), max_size=8).map(
