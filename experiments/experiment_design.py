@@ -35,7 +35,7 @@ from jgpt.errors import ApiError
 from jgpt.json_input import read_json
 from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
 from jgpt.validation import Anything, ListOf, Object, RelativePath, String, Text
-from kvsim.workload import check_wall_clock
+from kvsim import check_wall_clock
 
 LABS = Path(__file__).with_name("labs")
 REPOSITORY = Path(__file__).resolve().parents[1]

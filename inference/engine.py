@@ -54,8 +54,7 @@ from inference.state_manager import (
 )
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVState
-from kvsim import CustomerInteraction, KVResidencySystemConfig, parse_interaction
-from kvsim.workload import check_wall_clock
+from kvsim import CustomerInteraction, KVResidencySystemConfig, check_wall_clock, parse_interaction
 
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
 DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"

@@ -25,7 +25,7 @@ from jgpt.identity import write_atomically
 from jgpt.kv_state import KVState
 from jgpt.tokenizer import Tokenizer, Turn, turns_from_json
 from jgpt.validation import Integer, Integers, ListOf, Object, String
-from kvsim.workload import SERVED_INTERACTION, WALL_CLOCK_LIMIT_US
+from kvsim import SERVED_INTERACTION, WALL_CLOCK_LIMIT_US
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1

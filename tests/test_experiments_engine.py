@@ -125,9 +125,15 @@ def test_an_edited_measured_run_is_refused(fidelity, tmp_path):
     with pytest.raises(ApiError) as caught:
         replay(directory / "record.json")
     assert caught.value.field == f"record.arms[{_engine_arm(record)}].measured_run"
-    # The same edit with the hash and size updated: the totals no longer derive from the works.
+    # The same edit with the hash and size updated: the work's wall time contradicts its start and end.
     measured = json.loads(original)
     measured["works"][0]["wall_us"] += 1000
+    _rewrite(directory, record, name, measured)
+    with pytest.raises(ApiError) as caught:
+        replay(directory / "record.json")
+    assert caught.value.field.endswith("works[0].wall_us")
+    # Its end moved with it: the work is consistent, but the totals no longer derive from the works.
+    measured["works"][0]["end_us"] += 1000
     _rewrite(directory, record, name, measured)
     with pytest.raises(ApiError) as caught:
         replay(directory / "record.json")

@@ -28,6 +28,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -333,7 +334,17 @@ def small_disk(directory: Path, size: int):
     try:
         yield directory
     finally:
-        subprocess.run(["umount", str(directory)], check=True)
+        _unmount(directory)
+
+
+def _unmount(directory: Path) -> None:
+    """Unmount, waiting out a moment of "target is busy": a library's worker thread that ended may not have
+    closed its file yet when the command has returned (seen once in 200 real imports); detach it at last."""
+    for _ in range(20):
+        if subprocess.run(["umount", str(directory)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    subprocess.run(["umount", "--lazy", str(directory)], check=True)
 
 
 def export_bytes(exported: Path) -> int:
