@@ -5,7 +5,8 @@ file, or an http(s) prefix) and ModelDescriptors. A descriptor's `weights` asset
 names the artifact directory under `base_url` with the artifact's canonical
 `checkpoint_sha256`; its `tokenizer` asset names the tokenizer file. At most one
 model has role "default". Nothing is downloaded: an http(s) store resolves only to
-artifacts already present in the local cache.
+artifacts already present in the local cache. An installed wheel carries the same
+files as `jgpt/checkpoints/`, verified by the same hashes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,16 @@ from jgpt.json_input import read_json
 from jgpt.paths import confined
 from jgpt.validation import integer, integers
 
-DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "checkpoints" / "catalog.json"
+
+def shipped_catalog() -> Path:
+    """The catalog of the models jgpt ships: in an installed wheel, the package jgpt.checkpoints (which
+    pyproject.toml maps from the checkout's checkpoints/); in a checkout, checkpoints/ itself."""
+    package = Path(__file__).resolve().parent
+    installed = package / "checkpoints" / "catalog.json"
+    return installed if installed.is_file() else package.parent / "checkpoints" / "catalog.json"
+
+
+DEFAULT_CATALOG = shipped_catalog()
 CACHE_ENV = "JGPT_CACHE"
 DEFAULT_ROLE = "default"
 
