@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +32,14 @@ from jgpt.output_paths import library_write
 from jgpt.weights import ModelWeights, initialize
 from training import corpus as corpora
 from training import metrics, optimizer, sharding
+from training.batches import TokenRows, TokenStream
 from training.config import TrainingConfig, from_json
 from training.evaluation import DEVELOPMENT_BATCH, development_loss
 from training.provenance import TrainingProvenance, source_sha256
 from training.run_lock import LOCK
 from training.step import (
     BLAS_ATTENTION_REFUSED,
+    TrainState,
     make_development_step,
     make_train_step,
     start,
@@ -156,6 +159,51 @@ def _save_checkpoint(manager: ocp.CheckpointManager, run: RunDirectory, step: in
         raise
 
 
+@dataclass(frozen=True)
+class StartedRun:
+    """A configured run at step 0, before anything is written: what `train` steps through and what
+    tests/test_training_recipe.py reproduces the shipped recipe's first steps with.
+
+    `train_step(state, data) -> (state, metrics)` donates `state`; `data` is the corpus's training split
+    placed on every device.
+    """
+
+    state: TrainState
+    state_sharding: TrainState
+    train_step: Callable[[TrainState, TokenRows | TokenStream], tuple[TrainState, dict[str, jax.Array]]]
+    development_step: Callable
+    data: TokenRows | TokenStream
+
+
+def start_run(config: TrainingConfig, corpus: corpora.PreparedCorpus, mesh) -> StartedRun:
+    """The initial state and the jitted steps of `config` on `mesh` (the config's checks passed)."""
+    optimizer_ = optimizer.adamw(config)
+    key = jax.random.key(config.seed)
+    batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    weights, _ = initialize(config.architecture, config.seed)
+    state = start(weights, optimizer_)
+    state_sharding = sharding.state_shardings(state, mesh)
+    train_step = make_train_step(
+        config.architecture,
+        optimizer_,
+        jax.random.fold_in(key, DATA_STREAM),
+        config.batch_size,
+        batch_sharding,
+        config.unroll,
+        state_sharding,
+        config.products == "blas",
+        config.attention,
+    )
+    development_step = make_development_step(config.architecture, batch_sharding, config.unroll)
+    return StartedRun(
+        jax.device_put(state, state_sharding),
+        state_sharding,
+        train_step,
+        development_step,
+        jax.device_put(corpus.train, replicated),
+    )
+
+
 def _best_record(weights, loss: float, step: int) -> dict:
     return {"weights": sharding.to_host(weights), "development_loss": np.array(loss), "step": np.array(step)}
 
@@ -167,12 +215,10 @@ def train(
     main = sharding.main_process()
     mesh = sharding.mesh(model_axis)
     sharding.check_batch_size(config.batch_size, mesh)
-    blas_products = config.products == "blas"
-    if blas_products and not uses_blas(sharding.batch_sharding(mesh)):
+    if config.products == "blas" and not uses_blas(sharding.batch_sharding(mesh)):
         raise ApiError("products", "blas needs one CPU device where jgpt.blas_matmul builds; use xla")
     if config.attention == "causal_blas" and not uses_blas_attention(sharding.batch_sharding(mesh)):
         raise ApiError("attention", BLAS_ATTENTION_REFUSED)
-    architecture = config.architecture
     corpus = corpora.prepare(config)
     run = RunDirectory(Path(config.out))
     _check_run_directory(run, config, resume)
@@ -183,25 +229,8 @@ def train(
         run.root.mkdir(parents=True, exist_ok=True)
         _sweep_staging(run)
         _write_json(run.config, config.to_json())
-    optimizer_ = optimizer.adamw(config)
-    key = jax.random.key(config.seed)
-    batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-    weights, _ = initialize(architecture, config.seed)
-    state = start(weights, optimizer_)
-    state_sharding = sharding.state_shardings(state, mesh)
-    state = jax.device_put(state, state_sharding)
-    train_step = make_train_step(
-        architecture,
-        optimizer_,
-        jax.random.fold_in(key, DATA_STREAM),
-        config.batch_size,
-        batch_sharding,
-        config.unroll,
-        state_sharding,
-        blas_products,
-        config.attention,
-    )
-    development_step = make_development_step(architecture, batch_sharding, config.unroll)
+    started = start_run(config, corpus, mesh)
+    state, state_sharding, train_step = started.state, started.state_sharding, started.train_step
     development_batch = DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
 
     best = _best_record(state.weights, math.inf, 0)
@@ -221,11 +250,10 @@ def train(
                 metrics.truncate_after(run.metrics, int(state.step))
         elif main and run.metrics.exists():
             run.metrics.unlink()
-        data = jax.device_put(corpus.train, replicated)
 
         def evaluate(weights) -> tuple[float, float]:
             return development_loss(
-                development_step, weights, corpus.development, corpus.development_bytes, development_batch
+                started.development_step, weights, corpus.development, corpus.development_bytes, development_batch
             )
 
         tokens_per_step = config.batch_size * config.window
@@ -234,7 +262,7 @@ def train(
         clock, clock_step = time.perf_counter(), int(state.step)
         while (step := int(state.step)) < config.steps:
             raise_if_terminated()
-            state, step_metrics = train_step(state, data)
+            state, step_metrics = train_step(state, started.data)
             step += 1
             record = {"step": step}
             if step % config.log_every == 0 or step == config.steps:
