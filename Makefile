@@ -3,8 +3,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Huge-page mallocs kept in one heap for XLA's per-step temporaries (see MALLOC_TUNABLES in jgpt/cli.py).
-export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=0x10000000000
+# The malloc tunables of jgpt.process_settings (docs/process-settings.md) for every command below: the user's
+# own GLIBC_TUNABLES first, then those it does not name.
+export GLIBC_TUNABLES := $(shell $(PYTHON) -m jgpt.process_settings)
 
 .PHONY: demo test lint bench clean chromium
 

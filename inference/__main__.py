@@ -3,7 +3,6 @@
 import sys
 
 from inference.commands import SUMMARIES, main
-from jgpt.cli import exit_now
 from jgpt.errors import run_guarded
 
 if __name__ == "__main__":
@@ -11,4 +10,4 @@ if __name__ == "__main__":
     if not args or args[0] not in SUMMARIES:
         print(f"usage: python -m inference {{{','.join(SUMMARIES)}}} [ARGS...]", file=sys.stderr)
         sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
-    exit_now(run_guarded(f"python -m inference {args[0]}", lambda: main(args[0], args[1:])))
+    sys.exit(run_guarded(f"python -m inference {args[0]}", lambda: main(args[0], args[1:])))

@@ -1,3 +1,5 @@
-from jgpt.cli import exit_now, main
+import sys
 
-exit_now(main())
+from jgpt.cli import main
+
+sys.exit(main())

@@ -19,14 +19,11 @@ import sys
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "jgpt":
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
-import atexit
 import importlib
 import importlib.util
 import pkgutil
-import threading
-from typing import NoReturn
 
-from jgpt import command_line, compilation_cache
+from jgpt import command_line, compilation_cache, process_settings
 from jgpt.errors import run_guarded
 
 # name -> (module with `main(command, argv) -> int`, summary)
@@ -110,21 +107,6 @@ def _dispatch(args: list[str]) -> int:
     return run_guarded(f"jgpt {name}", lambda: importlib.import_module(COMMANDS[name][0]).main(name, rest))
 
 
-# XLA on CPU allocates a step's temporaries afresh at every call; glibc maps large blocks
-# in 4 KiB pages, and faulting them in cost a third of a training step's CPU time
-# (282k page faults/s). Transparent huge pages cut that 18x, but each step still faulted its
-# blocks in afresh (about 360 faults per small bench step, 1,000 huge pages per large one, some
-# stalled on compaction), from whichever arena the executing thread had: one arena, no mmap'd
-# blocks and no trimming keep freed temporaries in the heap for the next step (0 faults per step).
-# Start-up tunables, each added unless the user set it.
-MALLOC_TUNABLES = {
-    "glibc.malloc.hugetlb": "1",
-    "glibc.malloc.arena_max": "1",
-    "glibc.malloc.mmap_max": "0",
-    "glibc.malloc.trim_threshold": "0x10000000000",
-}
-
-
 def _accelerator_backend() -> bool:
     """Whether JAX will start on a GPU or TPU, where the huge-page restart buys nothing. Asked before jax
     is imported: the first platform `JAX_PLATFORMS` names, else whether a GPU or TPU plugin is installed
@@ -138,37 +120,17 @@ def _accelerator_backend() -> bool:
 
 
 def entry() -> None:
-    """The console script: on Linux with XLA's CPU backend, restart once with `MALLOC_TUNABLES`, then run
-    `main` with the persistent compilation cache on (`jgpt.compilation_cache`)."""
+    """The console script: on Linux with XLA's CPU backend, restart once with the malloc tunables of
+    `jgpt.process_settings` (glibc reads them only as a process starts), then run `main` with the persistent
+    compilation cache on (`jgpt.compilation_cache`)."""
     cache = compilation_cache.checked_environment(os.environ)
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    missing = [f"{name}={value}" for name, value in MALLOC_TUNABLES.items() if name not in tunables]
-    if sys.platform == "linux" and missing and not _accelerator_backend():
-        environment = {**os.environ, **cache, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, *missing)))}
+    unset = process_settings.missing(os.environ.get(process_settings.VARIABLE, ""))
+    if process_settings.applies() and unset and not _accelerator_backend():
+        environment = {**process_settings.launch_environment(os.environ), **cache}
         os.execve(sys.executable, [sys.executable, "-m", "jgpt.cli", *sys.argv[1:]], environment)
     os.environ.update(cache)  # before any command imports jax, which reads them once
-    exit_now(main())
-
-
-def exit_now(code: int) -> NoReturn:
-    """End the process once the command is done, without the interpreter's teardown: finalizing jax's
-    modules and XLA's client took about 0.4 s after every `jgpt generate`. Exit handlers still run
-    (jax.distributed's shutdown, logging), the streams are flushed first, and a Python thread still
-    working (a checkpoint being written) gets the ordinary exit, which waits for it."""
-    if any(
-        thread.is_alive() and not thread.daemon
-        for thread in threading.enumerate()
-        if thread is not threading.main_thread()
-    ):
-        sys.exit(code)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing left to say there
-            pass
-    os._exit(code)
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    sys.exit(main())

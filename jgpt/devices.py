@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jgpt import process_settings
 from jgpt.errors import ApiError
 
 
@@ -31,6 +32,7 @@ class Devices:
     process_count: int
     local_device_count: int
     devices: tuple[DeviceView, ...]
+    process_settings: str  # whether the malloc tunables are in force (jgpt.process_settings.describe)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -42,6 +44,7 @@ class Devices:
                 f"process {self.process_index} of {self.process_count}: {self.local_device_count} local device(s), "
                 f"{len(self.devices)} in all"
             ),
+            self.process_settings,
         ]
         for d in self.devices:
             memory = "" if d.memory_bytes is None else f"  {d.memory_bytes / 2**30:.1f} GiB"
@@ -72,6 +75,7 @@ def describe() -> Devices:
         process_count=jax.process_count(),
         local_device_count=jax.local_device_count(),
         devices=tuple(_view(d) for d in jax.devices()),
+        process_settings=process_settings.describe(),
     )
 
 

@@ -1,6 +1,7 @@
 """`python -m training train|eval ...`: the same commands as `jgpt train` and `jgpt eval`."""
 
-from jgpt.cli import exit_now
+import sys
+
 from training.commands import module_main
 
-exit_now(module_main())
+sys.exit(module_main())
