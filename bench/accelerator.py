@@ -36,6 +36,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from run_conditions import run_conditions
 
 from inference.execution import ModelExecution
 from inference.generation import generate
@@ -227,6 +228,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2 if on_cpu else 10, help="timed train steps per precision")
     parser.add_argument("--new-tokens", type=int, default=8 if on_cpu else 64, help="decode steps per run")
     args = parser.parse_args()
+    print(run_conditions())
     batch, context = (1, 128) if on_cpu else (8, 1024)
 
     print(describe().table())

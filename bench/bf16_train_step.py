@@ -27,6 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from run_conditions import run_conditions
 
 from jgpt import bf16_matmul
 from jgpt.weights import initialize
@@ -66,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
+    print(run_conditions())
     config = TrainingConfig()
     variants = {
         "float32": variant_step(config, "float32", native=True),

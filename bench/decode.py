@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from run_conditions import run_conditions
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from inference.execution import ModelExecution, window_bucket
@@ -321,6 +322,7 @@ def main() -> None:
     parser.add_argument("--kernel", action="store_true", help="also jgpt with XLA's dot for one row (kernel off)")
     parser.add_argument("--repeats", type=int, help="batch-1 repeats (default 3, --quick 2)")
     args = parser.parse_args()
+    print(run_conditions())
     repeats = args.repeats or (2 if args.quick else 3)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch {torch.__version__}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip

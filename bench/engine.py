@@ -41,6 +41,7 @@ import numpy as np
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
+from bench.run_conditions import run_conditions  # noqa: E402
 from bench.workloads import burst_workload, chat_workload, system  # noqa: E402
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
@@ -182,6 +183,7 @@ def main() -> None:
     parser.add_argument("--workload", action="store_true", help="serve the chat workload and the burst instead")
     parser.add_argument("--quick", action="store_true", help="smaller runs")
     args = parser.parse_args()
+    print(run_conditions())
     artifact = load_model(read_catalog().default_id())
     tokenizer = artifact.tokenizer()
     execution = ModelExecution.from_artifact(artifact, tokenizer)

@@ -58,6 +58,7 @@ _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
 import inference.engine  # noqa: E402
+from bench.run_conditions import run_conditions  # noqa: E402
 from bench.workloads import burst_workload, chat_workload, sweep_workload, system  # noqa: E402
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
@@ -209,6 +210,7 @@ def main() -> None:
         "--scale", type=int, default=SCALE, help=f"predicted workloads this many times as long (default {SCALE})"
     )
     args = parser.parse_args()
+    print(run_conditions())
     if args.from_dir is not None:
         if args.write_docs or args.gc_compare:
             parser.error("--from-dir serves nothing: it takes neither --write-docs nor --gc-compare")

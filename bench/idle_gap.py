@@ -24,6 +24,7 @@ import argparse
 import time
 
 import numpy as np
+from run_conditions import run_conditions
 
 from inference.execution import ModelExecution
 from jgpt.catalog import load_model
@@ -53,6 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spin", action="store_true", help="wait by spinning, not sleeping")
     args = parser.parse_args()
+    print(run_conditions())
     wait = spin if args.spin else time.sleep
 
     artifact = load_model("chat")

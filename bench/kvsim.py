@@ -35,6 +35,7 @@ from pathlib import Path
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
+from bench.run_conditions import run_conditions  # noqa: E402
 from jgpt.identity import write_atomically  # noqa: E402
 from kvsim import parse_system, record_chunks, simulate  # noqa: E402
 from kvsim.analytic import AnalyticModel, analytic_computations, analytic_stream  # noqa: E402
@@ -159,6 +160,7 @@ def main() -> None:
         return why_batch()
     if args.streamed_one:
         return streamed_one(args.streamed_one, args.policy, args.record_dir, args.keep)
+    print(run_conditions())
     if args.sizes:
         in_memory(args.sizes, args.policy)
     if args.streamed:

@@ -40,6 +40,7 @@ from pathlib import Path
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
+from bench.run_conditions import run_conditions  # noqa: E402
 from kvsim.calibration import load_measured_run  # noqa: E402
 
 CALIBRATION = "calibration"
@@ -157,6 +158,7 @@ def main() -> None:
         "directories", type=Path, nargs="+", help="measured runs of bench/fidelity.py (WORKLOAD-POLICY-N.json)"
     )
     args = parser.parse_args()
+    print(run_conditions())
     benches = [read_runs(directory) for directory in args.directories]
     keys = [(f"warmth, tau {t / 1000:g} ms", lambda r, t=t: warmth_keys(r, t)) for t in TAUS_US]
     keys += [(f"same shape, within {g} us", lambda r, g=g: same_shape_keys(r, g)) for g in GAPS_US]

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from run_conditions import run_conditions
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from inference.execution import ModelExecution
@@ -194,6 +195,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="held-out exercises of the chat workload")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    print(run_conditions())
     print(
         f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
     )

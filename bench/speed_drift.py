@@ -28,6 +28,7 @@ import numpy as np
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
+from bench.run_conditions import run_conditions  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
 from inference.slot_execution import EnginePlan, SlotExecution  # noqa: E402
 from jgpt.catalog import load_model  # noqa: E402
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6, help="trials per shape, one after another")
     parser.add_argument("--states", type=int, default=6, help="slot states interleaved within a trial")
     args = parser.parse_args()
+    print(run_conditions())
     artifact = load_model("chat")
     execution = ModelExecution.from_artifact(artifact, artifact.tokenizer())
     print("one-row decode step, dispatch to ready, median us: per slot state within a trial | the trial's")

@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from run_conditions import run_conditions
 from torch import nn
 
 from jgpt import blas_attention, blas_matmul
@@ -297,6 +298,7 @@ def main() -> None:
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile of the peer")
     parser.add_argument("--scan", action="store_true", help="also time jgpt with a rolled layer scan (unroll=1)")
     args = parser.parse_args()
+    print(run_conditions())
     blas = blas_matmul.available()
     print(f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} device(s); "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads; "
