@@ -3,7 +3,7 @@
 A figure from a shared 2-core machine means little without them: the CPU and how many of its cores this
 process may use, the load average at the start, the commit (with `+dirty` when tracked files differ from it)
 and whether the malloc tunables were in force (`jgpt.process_settings`: glibc takes them only at a process's
-start, and they move a CPU train step by a third; docs/process-settings.md).
+start, and a small CPU train step ran up to 2x slower without them; docs/process-settings.md).
 
 Scripts run as `python bench/NAME.py` find this module beside them (`from run_conditions import ...`); the
 ones that put the repository first on sys.path instead import `bench.run_conditions`.
