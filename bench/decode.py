@@ -27,10 +27,10 @@ the best of its repeats: on a shared machine that is what each side can do, and
 the ratios compare runs made minutes apart at most; batch 1 prints each side's
 median too.
 
---kernel adds jgpt with XLA's operations for one row (`one_row_kernel=False`, what
-`JGPT_MATVEC_KERNEL=0` makes the default) beside the default, which runs a batch-1
-step's blocks by `jgpt.fused_decode` and its output projection by `jgpt.blas_matvec`
-on CPU: the kernels' before/after, alternating in every repeat, and at batch 1 a run
+--kernel adds jgpt under the xla kernel plan (`--kernels xla`, the pure-JAX reference)
+beside the default auto plan, which runs a batch-1 step's blocks by
+`jgpt.kernels.fused_decode` and its output projection by `jgpt.kernels.blas_matvec` on
+a CPU with AVX-512F (each side's label names the plan it ran): the kernels' before/after, alternating in every repeat, and at batch 1 a run
 of jgpt alone (no HF between), the two alternating for 5x the repeats, with medians,
 each repeat right after a read probe (the best of XLA's jitted sum and the one-row
 kernel over 1 GiB): the median of each run's fraction of its own repeat's floor is
@@ -60,8 +60,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from inference.execution import ModelExecution, window_bucket
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from jgpt import blas_matvec
 from jgpt.hf_import import convert
+from jgpt.kernels import blas_matvec
+from jgpt.kernels.plan import Kernels
 from jgpt.kv_state import StateIdentity
 from jgpt.layer_strategy import LayerStrategy
 from jgpt.output_major import OutputMajor
@@ -73,12 +74,13 @@ SIZES = {
 NO_END = -1  # no id ends a bench run early: both sides decode exactly N tokens
 BATCH = 16
 EQUAL_PROMPT = 32
-# The default first, then XLA's one-row dot in its place (--kernel), then the stored layout and the scan (--strategies).
+# (layer strategy, kernel plan name): the default first, then the xla plan in its place (--kernel), then the stored
+# layout and the scan (--strategies).
 STRATEGIES = (
-    LayerStrategy.for_backend(),
-    LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=False),
-    LayerStrategy.unrolled_layers(),
-    LayerStrategy.scan(),
+    (LayerStrategy.for_backend(), "auto"),
+    (LayerStrategy.for_backend(), "xla"),
+    (LayerStrategy.unrolled_layers(), "auto"),
+    (LayerStrategy.scan(), "auto"),
 )
 # Dense products of GPT-2 small: (inputs, outputs) of a query/key/value, feed-forward and output projection.
 PRODUCT_SHAPES = ((768, 768), (768, 3072), (3072, 768), (768, 50257))
@@ -94,13 +96,14 @@ def hf_model(config: dict, seed: int = 0) -> GPT2LMHeadModel:
     return model.eval()
 
 
-def jgpt_execution(model: GPT2LMHeadModel, strategy: LayerStrategy) -> ModelExecution:
-    """The same weights in jgpt, through its own Hugging Face import."""
+def jgpt_execution(model: GPT2LMHeadModel, strategy: LayerStrategy, kernels: str = "auto") -> ModelExecution:
+    """The same weights in jgpt, through its own Hugging Face import, under the kernel plan `kernels` names."""
     with tempfile.TemporaryDirectory() as directory:
         model.save_pretrained(directory)
         architecture, weights, _ = convert(directory)
     weights = jax.tree.map(jnp.asarray, weights)
-    return ModelExecution(weights, architecture, StateIdentity("bench", "bench", "float32"), NO_END, strategy)
+    identity = StateIdentity("bench", "bench", "float32")
+    return ModelExecution(weights, architecture, identity, NO_END, strategy, Kernels.named(kernels))
 
 
 def prompts(batch: int, vocabulary: int, equal: bool = False) -> list[list[int]]:
@@ -319,7 +322,7 @@ def main() -> None:
     parser.add_argument(
         "--strategies", action="store_true", help="jgpt under every layer strategy, not the default only"
     )
-    parser.add_argument("--kernel", action="store_true", help="also jgpt with XLA's dot for one row (kernel off)")
+    parser.add_argument("--kernel", action="store_true", help="also jgpt under the xla kernel plan (kernels off)")
     parser.add_argument("--repeats", type=int, help="batch-1 repeats (default 3, --quick 2)")
     args = parser.parse_args()
     print(run_conditions())
@@ -334,7 +337,8 @@ def main() -> None:
         new_tokens = (32 if args.quick else 128) if small else (8 if args.quick else 32)
         model = hf_model(config)
         strategies = STRATEGIES if args.strategies else STRATEGIES[: 2 if args.kernel else 1]
-        executions = [(jgpt_execution(model, strategy), str(strategy)) for strategy in strategies]
+        executions = [(jgpt_execution(model, strategy, kernels), f"{strategy}, --kernels {kernels}")
+                      for strategy, kernels in strategies]  # fmt: skip
         default = executions[0][0]
         print(f"\n{name}: {new_tokens} new tokens, greedy, KV cache on")
         single = prompts(1, config["vocab_size"])

@@ -5,11 +5,11 @@ untied head), the same AdamW (weight decay off for biases, norms and
 embeddings) with global-norm clipping, on the same batch shape of random byte
 tokens. jgpt runs in every combination of its dense products (`jgpt train --products`:
 `xla`, XLA's own dot, the pure-JAX reference and the default; `blas`, the
-`jgpt.blas_matmul` kernel on a CPU) and its attention (`--attention`: `full`,
+`jgpt.kernels.blas_matmul` kernel on a CPU) and its attention (`--attention`: `full`,
 the default, which computes every score and masks the later keys;
 `causal_blocks`, which skips the key blocks after each block of queries, as
 torch's causal flash attention skips them; `causal_blas`, those blocks by the
-`jgpt.blas_attention` kernel, which never stores the [T, T] weights). Each
+`jgpt.kernels.blas_attention` kernel, which never stores the [T, T] weights). Each
 side runs warm-up steps, then the sides take turns, a few timed steps each,
 until each has run `--steps`; the figure is the median step time (tokens per second over it).
 
@@ -47,8 +47,9 @@ import torch
 from run_conditions import run_conditions
 from torch import nn
 
-from jgpt import blas_attention, blas_matmul
 from jgpt.architecture import ModelArchitecture
+from jgpt.kernels import blas_attention, blas_matmul
+from jgpt.kernels.plan import XLA, Kernels
 from jgpt.weights import initialize
 from training import sharding
 from training.batches import TokenStream
@@ -181,7 +182,7 @@ def median_step_seconds(step, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def jgpt_step(shape: Shape, unroll: bool | int, blas_products: bool | None = None, attention: str = "full"):
+def jgpt_step(shape: Shape, unroll: bool | int, kernels: Kernels = XLA):
     architecture = shape.architecture
     mesh = sharding.data_mesh()
     optimizer = adamw(CONFIG)
@@ -194,8 +195,7 @@ def jgpt_step(shape: Shape, unroll: bool | int, blas_products: bool | None = Non
         shape.batch,
         sharding.batch_sharding(mesh),
         unroll,
-        blas_products=blas_products,
-        attention=attention,
+        kernels=kernels,
     )
     state = jax.device_put(start(initialize(architecture, 0)[0], optimizer), sharding.replicated(mesh))
     box = [state]
@@ -302,7 +302,7 @@ def main() -> None:
     blas = blas_matmul.available()
     print(f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} device(s); "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads; "
-          f"jgpt's dense products by {'BLAS (jgpt.blas_matmul)' if blas else 'XLA'}")  # fmt: skip
+          f"jgpt's dense products by {'BLAS (jgpt.kernels.blas_matmul)' if blas else 'XLA'}")  # fmt: skip
     for shape in [SHAPES[args.only]] if args.only else SHAPES.values():
         tokens = shape.batch * shape.context
         print(f"\n{shape.name}: layers={shape.layers} heads={shape.heads} width={shape.width} "
@@ -311,10 +311,10 @@ def main() -> None:
         if args.products:
             print_product_rates(rates)
         attentions = ATTENTIONS if blas_attention.available() else ATTENTIONS[:2]
-        steps = {f"jgpt {products} {attention}": jgpt_step(shape, True, products == "blas", attention)
+        steps = {f"jgpt {products} {attention}": jgpt_step(shape, True, Kernels(products, attention))
                  for products in (PRODUCTS if blas else ["xla"]) for attention in attentions}  # fmt: skip
         if args.scan:
-            steps["jgpt scan"] = jgpt_step(shape, unroll=1)
+            steps["jgpt scan"] = jgpt_step(shape, 1, Kernels(products="blas" if blas else "xla"))
         peers = ["torch eager"] + (["torch compile"] if args.torch_compile else [])
         steps |= {name: torch_step(shape, compiled=name == "torch compile") for name in peers}
         results = alternating_medians(steps, args.warmup, args.steps)

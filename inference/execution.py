@@ -12,7 +12,9 @@ every snapshot stays valid.
 
 How the layers run inside a step, and the layout the execution holds its weights in, is
 the execution's LayerStrategy, by default the one `LayerStrategy.for_backend()` picks for
-the backend JAX runs on (`jgpt/layer_strategy.py`).
+the backend JAX runs on (`jgpt/layer_strategy.py`). Which steps run by jgpt's kernels is its
+kernel plan (`jgpt.kernels.plan.Kernels`, by default `Kernels.auto()`), narrowed once, when the
+execution is bound, to what can run on its weights, and a jit-static argument of every step.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from inference.costs import WorkCosts
 from inference.policy import check_prompt
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
+from jgpt.kernels.plan import XLA, Kernels
 from jgpt.kv_state import KVState, StateIdentity
 from jgpt.layer_strategy import LayerStrategy, LayerView
 from jgpt.model import forward
@@ -73,6 +76,7 @@ def advance(
     counts: jax.Array,  # int32 [B]: new ids per row, 0 <= counts <= W
     unroll: int | bool,
     layer_weights: LayerView | None = None,
+    kernels: Kernels = XLA,
 ) -> tuple[jax.Array, KVState]:
     """Logits [B, V] of each row's last new id, and the state extended by the new ids.
 
@@ -85,7 +89,7 @@ def advance(
     last = None if W == 1 else jnp.maximum(counts - 1, 0)  # a decode step's one id is its last
     out = forward(
         weights, architecture, window_ids, positions=positions, cache=state.buffers, unroll=unroll,
-        layer_weights=layer_weights, logits_at=last,
+        layer_weights=layer_weights, logits_at=last, kernels=kernels.calls(),
     )  # fmt: skip
     logits = out.logits[:, 0]  # [B, V]
     write = lambda row, ids, slots: row.at[slots].set(ids, mode="drop")
@@ -98,12 +102,14 @@ def advance(
     return logits, state
 
 
-_advance = jax.jit(advance, static_argnames=("architecture", "unroll"))
+_advance = jax.jit(advance, static_argnames=("architecture", "unroll", "kernels"))
 
 
-@functools.partial(jax.jit, static_argnames=("architecture", "unroll"))
-def _full_prefix_logits(weights, architecture, token_ids, unroll, layer_weights):
-    return forward(weights, architecture, token_ids, unroll=unroll, layer_weights=layer_weights).logits
+@functools.partial(jax.jit, static_argnames=("architecture", "unroll", "kernels"))
+def _full_prefix_logits(weights, architecture, token_ids, unroll, layer_weights, kernels: Kernels):
+    return forward(
+        weights, architecture, token_ids, unroll=unroll, layer_weights=layer_weights, kernels=kernels.calls()
+    ).logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +119,8 @@ class ModelExecution:
     The weights are held once, stacked, in the strategy's layout (`LayerStrategy.held_weights`, applied when
     the execution is made): on CPU every projection and the output projection transposed to OutputMajor in
     place of the stored array. The unrolled-layers strategy runs over a per-layer view of them
-    (`layer_weights`), which on CPU shares their memory.
+    (`layer_weights`), which on CPU shares their memory. `kernels` is the plan as this execution runs it
+    (`Kernels.for_execution`), what its evidence records.
     """
 
     weights: ModelWeights
@@ -121,12 +128,16 @@ class ModelExecution:
     identity: StateIdentity
     turn_end_id: int = TURN_END_ID
     strategy: LayerStrategy = dataclasses.field(default_factory=LayerStrategy.for_backend)
+    kernels: Kernels = dataclasses.field(default_factory=Kernels.auto)
 
     def __post_init__(self):
         object.__setattr__(self, "weights", self.strategy.held_weights(self.weights))
+        object.__setattr__(self, "kernels", self.kernels.for_execution(self.architecture, self.strategy.output_major))
 
     @classmethod
-    def from_artifact(cls, artifact, tokenizer, strategy: LayerStrategy | None = None) -> ModelExecution:
+    def from_artifact(
+        cls, artifact, tokenizer, strategy: LayerStrategy | None = None, kernels: Kernels | None = None
+    ) -> ModelExecution:
         """Bind a loaded ModelArtifact; its states carry the checkpoint's and the tokenizer's identity."""
         identity = StateIdentity(
             checkpoint_sha256=artifact.checkpoint_sha256,
@@ -134,7 +145,8 @@ class ModelExecution:
             precision=artifact.architecture.precision,
         )
         strategy = strategy or LayerStrategy.for_backend()
-        return cls(artifact.weights, artifact.architecture, identity, tokenizer.turn_end_id, strategy)
+        kernels = Kernels.auto() if kernels is None else kernels
+        return cls(artifact.weights, artifact.architecture, identity, tokenizer.turn_end_id, strategy, kernels)
 
     @functools.cached_property
     def layer_weights(self) -> LayerView | None:
@@ -200,8 +212,9 @@ class ModelExecution:
         """The jitted work: `counts[b]` ids of `window_ids[b]` processed after row b's prefix."""
         window_ids, counts = jnp.asarray(window_ids, jnp.int32), jnp.asarray(counts, jnp.int32)
         return _advance(
-            self.weights, self.architecture, state, window_ids, counts, self.scan_unroll, self.layer_weights
-        )
+            self.weights, self.architecture, state, window_ids, counts, self.scan_unroll, self.layer_weights,
+            self.kernels,
+        )  # fmt: skip
 
     def decode(self, state: KVState, token_ids: Sequence[int | np.integer]) -> tuple[jax.Array, KVState]:
         """Process one id per row after the row's prefix: logits [B, V] and the continued state."""
@@ -225,7 +238,7 @@ class ModelExecution:
         for b, sequence in enumerate(sequences):
             ids[b, : len(sequence)] = sequence
         logits = _full_prefix_logits(
-            self.weights, self.architecture, jnp.asarray(ids), self.scan_unroll, self.layer_weights
+            self.weights, self.architecture, jnp.asarray(ids), self.scan_unroll, self.layer_weights, self.kernels
         )
         return np.asarray(logits)[:, :longest]
 

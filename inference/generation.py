@@ -69,11 +69,14 @@ def stop_codes(xp, selected_id, selected, budget, prefix_length, context, turn_e
 
 
 @functools.partial(
-    jax.jit, static_argnames=("architecture", "steps", "turn_end_id", "keep_logits", "unroll"), donate_argnames="state"
+    jax.jit,
+    static_argnames=("architecture", "steps", "turn_end_id", "keep_logits", "unroll", "kernels"),
+    donate_argnames="state",
 )
 def _decode_loop(
-    weights, layer_weights, architecture, state, first_logits, budget, rule, *, steps, turn_end_id, keep_logits, unroll
-):
+    weights, layer_weights, architecture, state, first_logits, budget, rule, *, steps, turn_end_id, keep_logits,
+    unroll, kernels,
+):  # fmt: skip
     """Select and process ids until every row stops. Returns (output ids [B, steps], selected [B],
     stop codes [B], logits [B, steps, V] or None, candidates or None, final state).
 
@@ -102,7 +105,7 @@ def _decode_loop(
     def step(carry):
         state, last, selected, stop, outputs, logits_seen, seen = carry
         active = (stop == 0).astype(jnp.int32)
-        logits, state = advance(weights, architecture, state, last[:, None], active, unroll, layer_weights)
+        logits, state = advance(weights, architecture, state, last[:, None], active, unroll, layer_weights, kernels)
         chosen = select(logits, rule, selected)
         rows = jnp.arange(B)
         column = jnp.where(active == 1, selected, steps)  # out of range: dropped for stopped rows
@@ -311,7 +314,7 @@ def _run_loop(execution: ModelExecution, plan: _Plan) -> _Run:
     loop = functools.partial(
         _decode_loop, execution.weights, execution.layer_weights, execution.architecture,
         steps=bucket(plan.steps, execution.architecture.context + 1), turn_end_id=execution.turn_end_id,
-        keep_logits=plan.keep_logits, unroll=execution.scan_unroll,
+        keep_logits=plan.keep_logits, unroll=execution.scan_unroll, kernels=execution.kernels,
     )  # fmt: skip
     budgets = jnp.asarray(plan.budgets)
     # Compile both programs first (a budget of one ends the loop at once), so times exclude compilation.
@@ -389,7 +392,7 @@ def _run_steps(execution: ModelExecution, plan: _Plan, observe_step, observe, on
     return _Run(ids, [stop_reason(c) for c in stop], kept, seconds, state, observations, candidates)
 
 
-_observed_forward = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"))
+_observed_forward = jax.jit(forward, static_argnames=("architecture", "observe", "unroll", "kernels"))
 
 
 def _observe(execution, state, window, counts, *, run_id, requests, step):
@@ -398,7 +401,7 @@ def _observe(execution, state, window, counts, *, run_id, requests, step):
     positions = state.lengths[:, None] + jnp.arange(window.shape[1], dtype=jnp.int32)
     out = _observed_forward(
         execution.weights, execution.architecture, window, positions=positions, cache=state.buffers, observe=True,
-        unroll=execution.scan_unroll, layer_weights=execution.layer_weights,
+        unroll=execution.scan_unroll, layer_weights=execution.layer_weights, kernels=execution.kernels.calls(),
     )  # fmt: skip
     return {
         b: tensor_observations(

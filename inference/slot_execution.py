@@ -57,19 +57,21 @@ def _insert_row(slots, one, row):
     return _put_rows(slots, one, row)
 
 
-@functools.partial(jax.jit, static_argnames=("architecture", "rows", "unroll"), donate_argnames="slots")
-def _decode_rows(weights, layer_weights, architecture, slots, ids, counts, rule, steps, *, rows, unroll):
+@functools.partial(jax.jit, static_argnames=("architecture", "rows", "unroll", "kernels"), donate_argnames="slots")
+def _decode_rows(weights, layer_weights, architecture, slots, ids, counts, rule, steps, *, rows, unroll, kernels):
     """One decode step of the first `rows` rows; rows with count 0 keep their length. rule: None (greedy)
     or the rows' SelectionRule, with `steps` the index of the id each row selects."""
-    logits, part = advance(weights, architecture, _rows(slots, 0, rows), ids[:, None], counts, unroll, layer_weights)
+    part = _rows(slots, 0, rows)
+    logits, part = advance(weights, architecture, part, ids[:, None], counts, unroll, layer_weights, kernels)
     return select(logits, rule, steps), _put_rows(slots, part, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("architecture", "unroll"), donate_argnames="slots")
-def _decode_row(weights, layer_weights, architecture, slots, row, token, rule, step, *, unroll):
+@functools.partial(jax.jit, static_argnames=("architecture", "unroll", "kernels"), donate_argnames="slots")
+def _decode_row(weights, layer_weights, architecture, slots, row, token, rule, step, *, unroll, kernels):
     """One decode step of one row alone (serialized service)."""
     one = jnp.ones((1,), jnp.int32)
-    logits, part = advance(weights, architecture, _rows(slots, row, 1), token.reshape(1, 1), one, unroll, layer_weights)
+    part = _rows(slots, row, 1)
+    logits, part = advance(weights, architecture, part, token.reshape(1, 1), one, unroll, layer_weights, kernels)
     return select(logits, rule, step.reshape(1)), _put_rows(slots, part, row)
 
 
@@ -136,7 +138,8 @@ class SlotExecution:
 
     def _bound(self, program, *args, **static):
         e = self.execution
-        return program(e.weights, e.layer_weights, e.architecture, *args, unroll=e.scan_unroll, **static)
+        return program(e.weights, e.layer_weights, e.architecture, *args, unroll=e.scan_unroll, kernels=e.kernels,
+                       **static)  # fmt: skip
 
     def empty_slots(self) -> KVState:
         return self.execution.empty_state(self.plan.slot_rows, self.plan.slot_capacity)

@@ -58,6 +58,7 @@ from inference.policy import SAMPLE, InferenceRequest
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from inference.sampling import SelectionRule, filtered_logits, request_stream, select, step_key
 from jgpt.errors import ApiError
+from jgpt.kernels.plan import XLA, Kernels
 from jgpt.kv_state import KVState
 from jgpt.model import forward
 from jgpt.validation import is_integer
@@ -71,7 +72,7 @@ PREFILL_BOUNDARY = "host: dispatch of the target's compiled prefill to its logit
 ACCEPT, RESIDUAL = 1, 2
 
 
-def verify_window(weights, layer_weights, architecture, state: KVState, window_ids, unroll):
+def verify_window(weights, layer_weights, architecture, state: KVState, window_ids, unroll, kernels: Kernels = XLA):
     """The target's logits [B, W, V] after every id of `window_ids` [B, W], and the state that has processed
     all of them (lengths + W); rollback keeps a shorter length of this same value."""
     W = window_ids.shape[1]
@@ -84,6 +85,7 @@ def verify_window(weights, layer_weights, architecture, state: KVState, window_i
         cache=state.buffers,
         unroll=unroll,
         layer_weights=layer_weights,
+        kernels=kernels.calls(),
     )
     write = lambda row, ids, slots: row.at[slots].set(ids, mode="drop")
     state = state.replace(
@@ -212,12 +214,13 @@ def lookup(token_ids, lengths, last, k: int, ngram: int, filler: int):
 @functools.partial(
     jax.jit,
     static_argnames=("target_architecture", "draft_architecture", "k", "steps", "turn_end_id", "target_unroll",
-                     "draft_unroll", "ngram"),
+                     "draft_unroll", "ngram", "target_kernels", "draft_kernels"),
     donate_argnames="target_state",
 )  # fmt: skip
 def _speculative_loop(
     target_weights, target_layers, draft_weights, draft_layers, target_state, draft_state, first_logits, budget, rule,
     *, target_architecture, draft_architecture, k, steps, turn_end_id, target_unroll, draft_unroll, ngram,
+    target_kernels, draft_kernels,
 ):  # fmt: skip
     """Rounds until every row stops. Returns (output ids [B, steps + k + 1], selected [B], stop codes [B],
     per round [B, steps, k + 1] the drafted ids and the accepted count, rounds [B], target state).
@@ -248,8 +251,9 @@ def _speculative_loop(
         drafting = (jnp.zeros((B, k), jnp.int32), zero)  # guesses the last verify left, and how many
     else:
         step = functools.partial(
-            advance, draft_weights, draft_architecture, unroll=draft_unroll, layer_weights=draft_layers
-        )
+            advance, draft_weights, draft_architecture, unroll=draft_unroll, layer_weights=draft_layers,
+            kernels=draft_kernels,
+        )  # fmt: skip
         propose, roll_back = _model_proposer(step, k, _draw(rule))
         drafting = (draft_state, zero - 1)
     judge = _judge(rule, k)
@@ -264,7 +268,7 @@ def _speculative_loop(
         # Verify: the target's own id after the last id and after each drafted one, in one forward.
         logits, verified = verify_window(
             target_weights, target_layers, target_architecture, target_state,
-            jnp.concatenate([last[:, None], drafted], 1), target_unroll,
+            jnp.concatenate([last[:, None], drafted], 1), target_unroll, target_kernels,
         )  # fmt: skip
         accepted, target_ids = judge(logits, drafted, q, selected)  # [B], [B, k + 1]
         # Select target_ids[:accepted + 1], up to the first that stops the row.
@@ -394,6 +398,7 @@ def generate_speculative(
         target_architecture=target.architecture, draft_architecture=model and model.architecture, k=k,
         steps=bucket(steps, context + 1), turn_end_id=target.turn_end_id, target_unroll=target.scan_unroll,
         draft_unroll=model and model.scan_unroll, ngram=draft.ngram if isinstance(draft, PromptLookup) else 0,
+        target_kernels=target.kernels, draft_kernels=model and model.kernels,
     )  # fmt: skip
 
     def draft_prefill():

@@ -1,6 +1,6 @@
 """Per-user cache directories no other user can write: where jgpt keeps what it later runs as code.
 
-The compiled kernels (`jgpt.kernel_cache`) and XLA's compiled programs (`jgpt.compilation_cache`) are
+The compiled kernels (`jgpt.kernels.kernel_cache`) and XLA's compiled programs (`jgpt.compilation_cache`) are
 machine code that jgpt loads and runs. Whoever can write their directory can make jgpt run code as its
 user, so each directory jgpt creates for a cache is made with mode 0700, and a directory found there is
 used only if it is a real directory (not a symbolic link) owned by this user and writable by no one else.

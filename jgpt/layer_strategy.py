@@ -23,16 +23,13 @@ The weights an execution holds are the strategy's too (`held_weights`): as store
 multiplies 2-3x faster for the few rows of a batched decode step and as fast for one
 row or hundreds. The transposed matrices replace the stored ones, so the weights stay
 held once; every path (unrolled layers, scan, prefill, decode, head) reads them.
-`for_backend` takes them on CPU, and with them, `one_row_kernel`, one row (a batch-1
-decode step) multiplied by `jgpt.blas_matvec`'s own loop where it is available; set
-`JGPT_MATVEC_KERNEL=0` in the environment (or pass `one_row_kernel=False`) to keep
-XLA's dot for one row too.
+`for_backend` takes them on CPU. Which kernels multiply them, if any, is the kernel plan's
+choice (`jgpt.kernels.plan.Kernels`), not the layout's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 
 import jax
@@ -62,7 +59,6 @@ class LayerStrategy:
     per_layer: bool  # straight-line blocks over per-layer arrays, else a scan over the stacked tensors
     unroll: int | bool = 1  # the scan's unroll (True: fully); 1 for per-layer blocks
     output_major: bool = False  # projections and the output projection held as OutputMajor (per-layer blocks only)
-    one_row_kernel: bool = False  # output-major only: one row by `jgpt.blas_matvec` where available, else XLA's dot
 
     def __post_init__(self):
         flag = isinstance(self.unroll, bool)
@@ -72,15 +68,10 @@ class LayerStrategy:
             raise ApiError("unroll", "applies to the layer scan only; unrolled layers run each block once already")
         if self.output_major and not self.per_layer:
             raise ApiError("output_major", "applies to unrolled layers only, where it was measured faster")
-        # The kernel multiplies output-major matrices only: without them it is off, so a strategy replaced to the
-        # stored layout (as tensor parallelism does) equals one made so.
-        object.__setattr__(self, "one_row_kernel", self.one_row_kernel and self.output_major)
 
     @classmethod
-    def unrolled_layers(cls, output_major: bool = False, one_row_kernel: bool | None = None) -> LayerStrategy:
-        """`one_row_kernel` (output-major only) defaults to the environment's choice (`one_row_kernel_wanted`)."""
-        kernel = one_row_kernel_wanted() if one_row_kernel is None else one_row_kernel
-        return cls(per_layer=True, output_major=output_major, one_row_kernel=kernel)
+    def unrolled_layers(cls, output_major: bool = False) -> LayerStrategy:
+        return cls(per_layer=True, output_major=output_major)
 
     @classmethod
     def scan(cls, unroll: int | bool = 1) -> LayerStrategy:
@@ -88,26 +79,17 @@ class LayerStrategy:
 
     @classmethod
     def for_backend(cls, backend: str | None = None) -> LayerStrategy:
-        """The measured-faster unrolled, output-major layers on CPU (with the one-row kernel unless
-        `JGPT_MATVEC_KERNEL=0`); the rolled scan on GPU and TPU. `backend` defaults to `jax.default_backend()`."""
+        """The measured-faster unrolled, output-major layers on CPU; the rolled scan on GPU and TPU. `backend`
+        defaults to `jax.default_backend()`."""
         return cls.unrolled_layers(output_major=True) if (backend or jax.default_backend()) == "cpu" else cls.scan()
 
     def held_weights(self, weights: ModelWeights) -> ModelWeights:
         """`weights` as an execution under this strategy holds them, once: output-major, every projection and
-        the output projection transposed to OutputMajor in place of the stored array, each with this strategy's
-        `one_row_kernel`; else as given. Converts only what is not output-major already (a copy, made outside
-        jit; an OutputMajor of the other `one_row_kernel` is the same matrix re-labelled), so applying it twice
-        costs nothing."""
+        the output projection transposed to OutputMajor in place of the stored array; else as given. Converts
+        only what is not output-major already (a copy, made outside jit), so applying it twice costs nothing."""
         if not self.output_major:
             return weights
-        kernel = self.one_row_kernel
-
-        def held(t: Tensor) -> OutputMajor:
-            if not isinstance(t, OutputMajor):
-                return OutputMajor.of(t, kernel)
-            return t if t.one_row_kernel == kernel else dataclasses.replace(t, one_row_kernel=kernel)
-
-        return _with_projections(weights, held)
+        return _with_projections(weights, lambda t: t if isinstance(t, OutputMajor) else OutputMajor.of(t))
 
     def layer_weights(self, weights: ModelWeights) -> LayerView | None:
         """What `forward(layer_weights=...)` takes under this strategy: the per-layer view of `held_weights(weights)`,
@@ -116,15 +98,8 @@ class LayerStrategy:
 
     def __str__(self) -> str:
         if self.per_layer:
-            if not self.output_major:
-                return "unrolled layers"
-            return "unrolled layers, output-major" + ("" if self.one_row_kernel else ", XLA's one-row dot")
+            return "unrolled layers, output-major" if self.output_major else "unrolled layers"
         return f"scan (unroll={self.unroll})"
-
-
-def one_row_kernel_wanted() -> bool:
-    """Whether the environment leaves the one-row kernel on: it does unless `JGPT_MATVEC_KERNEL` is "0"."""
-    return os.environ.get("JGPT_MATVEC_KERNEL", "1") != "0"
 
 
 def stored_layout(weights: ModelWeights) -> ModelWeights:

@@ -11,10 +11,15 @@ per-layer arrays (`layer_weights`; `jgpt.layer_strategy` chooses). The K/V buffe
 ride along, and each layer writes into them. `forward` is jit-compatible with the
 architecture as a static argument:
 
-    step = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"), donate_argnames=("cache",))
+    step = jax.jit(forward, static_argnames=("architecture", "observe", "unroll", "kernels"),
+                   donate_argnames=("cache",))
 
 Donating the cache lets XLA write the new keys and values into it in place; without
 donation every call copies the whole buffer first.
+
+This module and `jgpt.operations` are the whole reference computation. `kernels` (a
+`KernelCalls`, default `REFERENCE`: none) is where a kernel plan (`jgpt.kernels.plan.Kernels`,
+chosen once where a run is configured) plugs its callables in; neither module imports a kernel.
 """
 
 from __future__ import annotations
@@ -26,13 +31,14 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jgpt import fused_decode
 from jgpt import pytree as struct
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
 from jgpt.kv_state import KVBuffers
 from jgpt.layer_strategy import LayerView, LayerWeights
 from jgpt.operations import (
+    REFERENCE,
+    KernelCalls,
     attention,
     embedding,
     feed_forward,
@@ -102,6 +108,7 @@ def forward(
     unroll: int | bool = 1,
     layer_weights: LayerView | None = None,
     logits_at: jax.Array | None = None,
+    kernels: KernelCalls = REFERENCE,
 ) -> ForwardOutput:
     """Logits for token_ids [B, T] at absolute positions [B, T] (default 0..T-1 in every row).
 
@@ -114,6 +121,8 @@ def forward(
     Any projection of `weights` may be held as an OutputMajor (`LayerStrategy.held_weights`).
     `logits_at` [B] (one index into T per row) projects only those tokens to the vocabulary:
     logits [B, 1, V], what a prefill selects from, for 1/T of the head's products.
+    `kernels` replaces the steps it gives callables for (the products, the attention, a decode step's
+    blocks: `KernelCalls`); each replaced step computes the same function, rounding differently.
     """
     a = architecture
     chex.assert_rank(token_ids, 2)
@@ -133,11 +142,15 @@ def forward(
     # With a cache every slot is visible up to its own position; without one, the
     # given tokens are the keys, at their own positions.
     key_positions = positions if cache is None else jnp.arange(cache.keys.shape[3])[None, :]
-    run = functools.partial(block, architecture=a, tokens=TokenPositions(positions, key_positions), observe=observe)
+    tokens = TokenPositions(positions, key_positions)
+    run = functools.partial(block, architecture=a, tokens=tokens, observe=observe, kernels=kernels)
     carry = (x.reshape(B * T, a.width), cache)
     layers = None if layer_weights is None else layer_weights.layers
-    if cache is not None and not observe and fused_decode.applies(a, B * T, cache.keys.dtype, layers):
-        h, keys, values = fused_decode.blocks(carry[0], positions[0, 0], cache.keys, cache.values, layers, a)
+    fused = None
+    if kernels.decode_blocks is not None and cache is not None and not observe:
+        fused = kernels.decode_blocks(carry[0], positions, cache.keys, cache.values, layers, a)
+    if fused is not None:  # the kernel took this pass: every block in one call
+        h, keys, values = fused
         cache, new, stages = KVBuffers(keys=keys, values=values), None, None
     elif layer_weights is None:
         (h, cache), (new, stages) = _scanned(run, carry, weights.block(), a.layers, unroll)
@@ -145,7 +158,7 @@ def forward(
         (h, cache), (new, stages) = _straight_line(run, carry, layer_weights.layers)
     if new is not None:
         cache = KVBuffers(keys=new[0], values=new[1])
-    h, logits = head(weights, a, h if logits_at is None else _rows_at(h.reshape(B, T, a.width), logits_at))
+    h, logits = head(weights, a, h if logits_at is None else _rows_at(h.reshape(B, T, a.width), logits_at), kernels)
     logits = logits.reshape(B, -1, a.vocabulary)
     chex.assert_type(logits, jnp.float32)
     observations = None
@@ -167,7 +180,7 @@ def embed(
         return embedding(weights.token_embedding, token_ids, position_vectors), position_vectors
 
 
-def block(carry, layer, *, architecture: Architecture, tokens: TokenPositions, observe: bool):
+def block(carry, layer, *, architecture: Architecture, tokens: TokenPositions, observe: bool, kernels: KernelCalls):
     """One decoder block, as a scan step: ((stream [N, C], buffers), (weights, index)) -> (carry, outputs).
 
     The outputs are this layer's new (keys, values) when there is no cache to write them
@@ -176,12 +189,20 @@ def block(carry, layer, *, architecture: Architecture, tokens: TokenPositions, o
     stream, buffers = carry
     w, index = layer
     with jax.named_scope("block"):
-        stream, buffers, new, attended = attention_sublayer(stream, buffers, w, index, architecture, tokens)
-        stream, fed = feed_forward_sublayer(stream, w, architecture)
+        stream, buffers, new, attended = attention_sublayer(stream, buffers, w, index, architecture, tokens, kernels)
+        stream, fed = feed_forward_sublayer(stream, w, architecture, kernels)
     return (stream, buffers), (new, _observed_stages(attended | fed, tokens.positions.shape) if observe else None)
 
 
-def attention_sublayer(stream, buffers: KVBuffers | None, w, index, architecture: Architecture, tokens: TokenPositions):
+def attention_sublayer(
+    stream,
+    buffers: KVBuffers | None,
+    w,
+    index,
+    architecture: Architecture,
+    tokens: TokenPositions,
+    kernels: KernelCalls,
+):
     """Normalize, attend causally (writing this layer's keys and values into `buffers`, if any) and add.
 
     Returns (stream, buffers, new keys and values or None, the stages' tensors by stage name).
@@ -190,7 +211,7 @@ def attention_sublayer(stream, buffers: KVBuffers | None, w, index, architecture
     dtype = jnp.dtype(a.precision)
     with jax.named_scope("attention"):
         h1 = normalization(stream, w["ln1_scale"], w.get("ln1_bias"), a)
-        q, k, v = query_key_value(h1, w, tokens.positions, a, dtype)
+        q, k, v = query_key_value(h1, w, tokens.positions, a, dtype, kernels)
         if buffers is None:
             keys, values, new = k, v, (k, v)
         else:
@@ -199,7 +220,9 @@ def attention_sublayer(stream, buffers: KVBuffers | None, w, index, architecture
                 write_slots(buffers.keys, index, k, slots), write_slots(buffers.values, index, v, slots)
             )
             keys, values, new = buffers.keys[index], buffers.values[index], None
-        mixed, attention_weights = attention(q, keys, values, tokens.positions, tokens.key_positions, w, a, dtype)
+        mixed, attention_weights = attention(
+            q, keys, values, tokens.positions, tokens.key_positions, w, a, dtype, kernels
+        )
         out = residual_addition(stream, mixed)
     stages = {
         "ln1": h1,
@@ -212,21 +235,24 @@ def attention_sublayer(stream, buffers: KVBuffers | None, w, index, architecture
     return out, buffers, new, stages
 
 
-def feed_forward_sublayer(stream, w, architecture: Architecture):
+def feed_forward_sublayer(stream, w, architecture: Architecture, kernels: KernelCalls):
     """Normalize, apply the position-wise feed-forward network and add: (stream, the stages' tensors)."""
     a = architecture
     with jax.named_scope("feed_forward"):
         h3 = normalization(stream, w["ln2_scale"], w.get("ln2_bias"), a)
-        ff = feed_forward(h3, w, a, jnp.dtype(a.precision))
+        ff = feed_forward(h3, w, a, jnp.dtype(a.precision), kernels)
         out = residual_addition(stream, ff)
     return out, {"ln2": h3, "feed_forward": ff, "residual2": out}
 
 
-def head(weights: ModelWeights, architecture: Architecture, stream: jax.Array) -> tuple[jax.Array, jax.Array]:
+def head(
+    weights: ModelWeights, architecture: Architecture, stream: jax.Array, kernels: KernelCalls
+) -> tuple[jax.Array, jax.Array]:
     """The final normalization and the projection to vocabulary scores: (normalized [N, C], logits [N, V] float32)."""
     with jax.named_scope("head"):
         h = normalization(stream, weights.ln_final_scale, weights.ln_final_bias, architecture)
-        return h, output_projection(h, weights.lm_head, weights.lm_bias, jnp.dtype(architecture.precision))
+        dtype = jnp.dtype(architecture.precision)
+        return h, output_projection(h, weights.lm_head, weights.lm_bias, dtype, kernels)
 
 
 def _rows_at(stream: jax.Array, index: jax.Array) -> jax.Array:

@@ -13,47 +13,64 @@ accumulate in float32 and the residual stream, normalization statistics, attenti
 stay float32, so bfloat16 changes operand rounding only. Operands are formed by
 `jgpt.bf16_matmul.operand`: real bf16 where the backend has bf16 matrix units,
 bf16-rounded float32 on a CPU (the same products, at float32 speed).
+
+Kernels: every function here is the reference computation. The dense products and the attention
+take a `KernelCalls` (default `REFERENCE`, nothing replaced), whose callables a kernel plan
+(`jgpt.kernels.plan.Kernels`) fills; this module imports no kernel.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-from jgpt import blas_attention
 from jgpt.architecture import Architecture, LlamaArchitecture
 from jgpt.bf16_matmul import attention_dtype, operand
-from jgpt.blas_matmul import BlasMatrix
 from jgpt.errors import ApiError
 from jgpt.output_major import OutputMajor
 
 F32 = jnp.float32
-# While a `causal_blocks` context is open (read at tracing): (query rows per block, whether by the BLAS kernel).
-_CAUSAL_BLOCK: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.ContextVar("causal_block", default=None)
 
 
-@contextlib.contextmanager
-def causal_blocks(rows: int, by_blas: bool = False) -> Iterator[None]:
-    """Attention traced inside this context, over the pass's own tokens (no cache), skips the key blocks
-    wholly after each block of `rows` queries instead of computing and masking them; `by_blas` computes the
-    blocks with `jgpt.blas_attention` (CPU only: check `blas_attention.available()`), which never stores
-    the [T, T] weights.
+@dataclasses.dataclass(frozen=True)
+class KernelCalls:
+    """The kernels a plan plugs into these operations (`jgpt.kernels.plan.Kernels.calls()`), each replacing one
+    reference step written here; None keeps the reference. Hashable: `jgpt.model.forward` takes it as a
+    jit-static argument, so what a program computes is fixed when it is traced.
 
-    The caller promises what a train step's forward guarantees: within each row positions increase, so every
-    key after a query is invisible to it (the BLAS kernel masks by index). Opt-in: the softmax sums fewer
-    terms, so results round differently from the full attention (`training.step`'s `attention`).
+    Each callable computes the same function as the step it replaces, rounding differently (the sums run in
+    another order); tests/test_kernel_plan.py holds every one against the reference.
     """
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
-        raise ApiError("causal_blocks", f"rows must be a positive integer, got {rows!r}")
-    token = _CAUSAL_BLOCK.set((rows, by_blas))
-    try:
-        yield
-    finally:
-        _CAUSAL_BLOCK.reset(token)
+
+    # x [N, I] @ w [I, O] -> [N, O] float32 for a stored projection, differentiable (`dense`).
+    product: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+    # x [1, I] float32 @ matrix [O, I]^T -> [1, O] float32 for an output-major projection (`dense`).
+    one_row: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+    # Attention over a pass's own tokens (no cache) by blocks of this many query rows, each skipping the keys
+    # wholly after its last token instead of computing and masking them (`attention`). The caller promises
+    # what a train step's forward guarantees: within each row positions increase.
+    causal_rows: int | None = None
+    # Those blocks by a kernel: (q [B, T, H, D], k, v [B, T, K, D], rows) -> [B, T, H, D] float32, never
+    # storing the [T, T] weights; needs `causal_rows`.
+    causal_attention: Callable[[jax.Array, jax.Array, jax.Array, int], jax.Array] | None = None
+    # Every block of one decode step in one call: (stream [N, C], positions [B, T], keys, values, per-layer
+    # weights or None, architecture) -> (stream, keys, values), or None where the kernel's static rule does not
+    # take this pass (`jgpt.model.forward` then runs the blocks).
+    decode_blocks: Callable[..., tuple[jax.Array, jax.Array, jax.Array] | None] | None = None
+
+    def __post_init__(self) -> None:
+        rows = self.causal_rows
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+            raise ApiError("causal_rows", f"must be a positive integer, got {rows!r}")
+        if self.causal_attention is not None and rows is None:
+            raise ApiError("causal_attention", "computes blocks of causal_rows query rows: give causal_rows")
+
+
+# The pure-JAX reference: no kernel replaces any step.
+REFERENCE = KernelCalls()
 
 
 def _matmul_precision(operand_dtype) -> jax.lax.Precision | None:
@@ -61,13 +78,18 @@ def _matmul_precision(operand_dtype) -> jax.lax.Precision | None:
     return jax.lax.Precision.HIGHEST if jnp.dtype(operand_dtype) == F32 else None
 
 
-def dense(x: jax.Array, w: jax.Array | OutputMajor | BlasMatrix, b: jax.Array | None, dtype) -> jax.Array:
-    """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`; `w` stored [I, O], OutputMajor or
-    BlasMatrix (the train step's on CPU)."""
+def dense(
+    x: jax.Array, w: jax.Array | OutputMajor, b: jax.Array | None, dtype, kernels: KernelCalls = REFERENCE
+) -> jax.Array:
+    """[N, I] @ [I, O] (+ [O]) -> [N, O] float32, with operands in `dtype`; `w` stored [I, O] or OutputMajor.
+    A stored matrix by `kernels.product`, one float32 row of an output-major one by `kernels.one_row`, where given."""
     x, w = operand(x, dtype), operand(w, dtype)
     precision = _matmul_precision(x.dtype)
-    if isinstance(w, OutputMajor | BlasMatrix):
-        y = w.product(x, precision)
+    if isinstance(w, OutputMajor):
+        one_row = x.shape[0] == 1 and x.dtype == w.dtype == F32 and w.ndim == 2
+        y = kernels.one_row(x, w.matrix) if one_row and kernels.one_row else w.product(x, precision)
+    elif kernels.product is not None:
+        y = kernels.product(x, w)
     else:
         y = jnp.dot(x, w, precision=precision, preferred_element_type=F32)
     return y if b is None else y + b
@@ -118,18 +140,25 @@ def residual_addition(residual: jax.Array, branch: jax.Array) -> jax.Array:
     return residual + branch
 
 
-def feed_forward(x: jax.Array, w: dict[str, jax.Array], architecture: Architecture, dtype) -> jax.Array:
+def feed_forward(
+    x: jax.Array, w: dict[str, jax.Array], architecture: Architecture, dtype, kernels: KernelCalls = REFERENCE
+) -> jax.Array:
     """[N, C] -> [N, C]: GELU MLP (GPT) or SwiGLU (Llama)."""
-    up = dense(x, w["ff_up"], w.get("ff_up_bias"), dtype)  # [N, F]
+    up = dense(x, w["ff_up"], w.get("ff_up_bias"), dtype, kernels)  # [N, F]
     if architecture.activation == "swiglu":
-        hidden = jax.nn.silu(dense(x, w["ff_gate"], None, dtype)) * up
+        hidden = jax.nn.silu(dense(x, w["ff_gate"], None, dtype, kernels)) * up
     else:
         hidden = jax.nn.gelu(up, approximate=architecture.activation == "gelu_tanh")
-    return dense(hidden, w["ff_down"], w.get("ff_down_bias"), dtype)
+    return dense(hidden, w["ff_down"], w.get("ff_down_bias"), dtype, kernels)
 
 
 def query_key_value(
-    x: jax.Array, w: dict[str, jax.Array], positions: jax.Array, architecture: Architecture, dtype
+    x: jax.Array,
+    w: dict[str, jax.Array],
+    positions: jax.Array,
+    architecture: Architecture,
+    dtype,
+    kernels: KernelCalls = REFERENCE,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Project [N, C] to queries [B, T, H, D] and head-major keys and values [B, K, T, D] (float32: attention's
     operands, rounded only where a bf16 KV state stores them).
@@ -139,9 +168,9 @@ def query_key_value(
     a = architecture
     B, T = positions.shape
     H, K, D = a.heads, a.kv_heads, a.head_dim
-    q = dense(x, w["query"], w.get("query_bias"), dtype).reshape(B, T, H, D)
-    k = dense(x, w["key"], w.get("key_bias"), dtype).reshape(B, T, K, D)
-    v = dense(x, w["value"], w.get("value_bias"), dtype).reshape(B, T, K, D)
+    q = dense(x, w["query"], w.get("query_bias"), dtype, kernels).reshape(B, T, H, D)
+    k = dense(x, w["key"], w.get("key_bias"), dtype, kernels).reshape(B, T, K, D)
+    v = dense(x, w["value"], w.get("value_bias"), dtype, kernels).reshape(B, T, K, D)
     if isinstance(a, LlamaArchitecture):  # the alternative whose position is "rope"
         q = rotary_positions(q, positions, a.rope_theta)
         k = rotary_positions(k, positions, a.rope_theta)
@@ -170,12 +199,16 @@ def attention(
     w: dict[str, jax.Array],
     architecture: Architecture,
     dtype,
+    kernels: KernelCalls = REFERENCE,
 ) -> tuple[jax.Array, jax.Array]:
     """Causal softmax attention: a query at position p mixes the values of keys at positions <= p.
 
     q: [B, T, H, D]; keys, values: [B, K, S, D] (head-major); query_positions: [B, T];
     key_positions: [B or 1, S]. Keys at later positions (including unwritten cache
     slots) are invisible. Returns (output [B*T, C], weights [B, T, H, S]).
+
+    Over the pass's own tokens (S == T) with `kernels.causal_rows`, by blocks of query rows
+    (`_causal_block_attention`), their products and softmax by `kernels.causal_attention` where given.
     """
     a = architecture
     B, T, H, D = q.shape
@@ -185,16 +218,15 @@ def attention(
     over = attention_dtype(dtype)
     keys, values = operand(keys, over), operand(values, over)
     precision = _matmul_precision(over)
-    blocks = _CAUSAL_BLOCK.get()
-    if blocks is not None and S == T and (blocks[1] or blocks[0] < T):
-        rows, by_blas = blocks
+    rows = kernels.causal_rows
+    if rows is not None and S == T and (kernels.causal_attention is not None or rows < T):
         mixed, weights = _causal_block_attention(
             operand(q, over), keys, values, query_positions, key_positions, rows, over
         )
-        if by_blas:  # the weights above are for observers only: unobserved, XLA drops their computation
-            head_minor = lambda t: t.transpose(0, 2, 1, 3)  # [B, K, T, D] -> [B, T, K, D]
-            mixed = blas_attention.causal_attention(operand(q, over), head_minor(keys), head_minor(values), rows)
-        out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
+        if kernels.causal_attention is not None:  # the weights above are for observers only: unobserved, XLA
+            head_minor = lambda t: t.transpose(0, 2, 1, 3)  # drops their computation. [B, K, T, D] -> [B, T, K, D]
+            mixed = kernels.causal_attention(operand(q, over), head_minor(keys), head_minor(values), rows)
+        out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype, kernels)
         return out, weights
     # Each key/value head's group of query heads, as one matrix of G*T rows: [B, K, G*T, D].
     q = operand(q, over).reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
@@ -215,7 +247,7 @@ def attention(
         preferred_element_type=F32,
     )  # [B, K, G*T, D]
     mixed = mixed.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
-    out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype)
+    out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype, kernels)
     return out, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
 
 
@@ -256,6 +288,8 @@ def _causal_block_attention(q, keys, values, query_positions, key_positions, row
     return mixed_all, weights_all
 
 
-def output_projection(x: jax.Array, lm_head: jax.Array | OutputMajor, lm_bias: jax.Array | None, dtype) -> jax.Array:
+def output_projection(
+    x: jax.Array, lm_head: jax.Array | OutputMajor, lm_bias: jax.Array | None, dtype, kernels: KernelCalls = REFERENCE
+) -> jax.Array:
     """Final hidden vectors [N, C] -> vocabulary scores [N, V], accumulated in float32."""
-    return dense(x, lm_head, lm_bias, dtype)
+    return dense(x, lm_head, lm_bias, dtype, kernels)

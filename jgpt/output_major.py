@@ -16,13 +16,11 @@ For one row and for many (a prefill's hundreds) the same matrix is multiplied as
 prefill of 16 x 32 ids took 767 ms this way against 837 ms in the barrier form,
 and single rows ran at least as fast (docs/inference.md, Speed).
 
-One row is multiplied by `jgpt.blas_matvec`'s own multi-threaded loop instead of
-XLA's dot where the matrix asks for it (`one_row_kernel`, what
-`LayerStrategy.held_weights` sets on CPU unless `JGPT_MATVEC_KERNEL=0`) and the
-kernel is available (CPU with AVX-512F, float32 operands); elsewhere XLA's dot.
+This is the layout only: which kernel, if any, multiplies one row of it is the kernel
+plan's choice (`jgpt.operations.dense`, `KernelCalls.one_row`).
 
-The product is the same sum over the same inputs; only the order XLA (or the
-kernel) adds them in may differ (tested against `x @ W` to 1e-5).
+The product is the same sum over the same inputs; only the order XLA adds them in
+may differ (tested against `x @ W` to 1e-5).
 """
 
 from __future__ import annotations
@@ -34,8 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgpt import blas_matvec
-
 F32 = jnp.float32
 # Rows from which `x W` (one product, no barrier) ran as fast as `(W^T x^T)^T` or faster on GPT-2-small's
 # projections (quiet, alternating: the barrier form won at 16-64 rows, the two traded at 128, `x W` won at 256-512).
@@ -43,16 +39,15 @@ MANY_ROWS = 128
 
 
 # A plain frozen dataclass registered by hand (not `jgpt.pytree.dataclass`) so the type checker sees its fields.
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["matrix"], meta_fields=["one_row_kernel"])
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["matrix"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class OutputMajor:
     matrix: jax.Array  # [..., O, I]: row o holds the input weights of output o (a leading layer axis, if stacked)
-    one_row_kernel: bool = False  # one row by `jgpt.blas_matvec` where it is available, else by XLA's dot
 
     @classmethod
-    def of(cls, w: jax.Array, one_row_kernel: bool = False) -> OutputMajor:
+    def of(cls, w: jax.Array) -> OutputMajor:
         """The transposed copy of a stored `[..., I, O]` projection (one layer or stacked), made outside jit."""
-        return cls(_transposed(w), one_row_kernel)
+        return cls(_transposed(w))
 
     def stored(self) -> jax.Array:
         """The stored `[..., I, O]` layout again, as a new array."""
@@ -73,14 +68,10 @@ class OutputMajor:
 
     def astype(self, dtype) -> OutputMajor:
         """Like `jax.Array.astype`, so matmul operands are formed the same way for both layouts."""
-        return dataclasses.replace(self, matrix=self.matrix.astype(dtype))
+        return OutputMajor(self.matrix.astype(dtype))
 
     def product(self, x: jax.Array, precision) -> jax.Array:
-        """x [N, I] -> x @ W [N, O] float32: as (W^T x^T)^T for a few rows (2 <= N < MANY_ROWS), else as x W;
-        one float32 row by the one-row kernel where this matrix asks for it and it is available."""
-        one_row = x.shape[0] == 1 and x.dtype == self.matrix.dtype == F32 and self.matrix.ndim == 2
-        if one_row and self.one_row_kernel and blas_matvec.available():
-            return blas_matvec.matvec(x, self.matrix)
+        """x [N, I] -> x @ W [N, O] float32: as (W^T x^T)^T for a few rows (2 <= N < MANY_ROWS), else as x W."""
         over_inputs = (((1,), (1,)), ((), ()))
         if x.shape[0] == 1 or x.shape[0] >= MANY_ROWS:
             return jax.lax.dot_general(x, self.matrix, over_inputs, precision=precision, preferred_element_type=F32)

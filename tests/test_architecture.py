@@ -14,6 +14,33 @@ def test_every_import_of_the_tree_follows_the_layers():
     assert package_layers.violations(ROOT) == []
 
 
+def test_the_reference_computation_imports_no_kernel():
+    """model.py and operations.py are the whole reference: the kernels plug in through a plan, not an import."""
+    found = package_layers.modules(ROOT)
+    for module in package_layers.REFERENCE_MODULES:
+        targets = [edge.target for edge in package_layers.imports(module, found[module], set(found))]
+        assert targets and not [t for t in targets if t.startswith(package_layers.KERNELS)], (module, targets)
+
+
+def test_a_kernel_imported_by_the_reference_is_refused(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "jgpt/__init__.py": "",
+            "jgpt/kernels/__init__.py": "",
+            "jgpt/kernels/fused.py": "",
+            "jgpt/model.py": "from jgpt.kernels import fused\n",
+            "jgpt/operations.py": "def f():\n    import jgpt.kernels\n",
+            "jgpt/execution.py": "from jgpt.kernels import fused\n",  # anything else may
+        },
+    )
+    why = "the reference computation imports no kernel; a kernel plan plugs kernels in"
+    assert sorted(package_layers.violations(root)) == [
+        f"jgpt/model.py:1: jgpt.model imports jgpt.kernels.fused: {why}",
+        f"jgpt/operations.py:2: jgpt.operations imports jgpt.kernels: {why}",
+    ]
+
+
 def _tree(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / name

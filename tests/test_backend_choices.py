@@ -9,12 +9,18 @@ from __future__ import annotations
 import pytest
 
 from jgpt import bf16_matmul, cli
+from jgpt.kernels.plan import Kernels
 from jgpt.layer_strategy import LayerStrategy
 
 
 def test_the_layer_strategy_unrolls_on_a_cpu_and_scans_the_stacked_weights_elsewhere():
     assert LayerStrategy.for_backend("cpu") == LayerStrategy.unrolled_layers(output_major=True)
     assert LayerStrategy.for_backend("gpu") == LayerStrategy.for_backend("tpu") == LayerStrategy.scan()
+
+
+def test_the_auto_kernel_plan_is_the_pure_jax_one_off_a_cpu():
+    # On a CPU it takes the decode kernels where they build and the CPU has AVX-512F (tests/test_kernel_plan.py).
+    assert Kernels.auto("gpu") == Kernels.auto("tpu") == Kernels.xla()
 
 
 def test_bf16_matmuls_are_rounded_operands_on_a_cpu_and_native_elsewhere():

@@ -1,4 +1,4 @@
-"""The BLAS attention kernel (jgpt.blas_attention) against causal attention computed in float64 NumPy.
+"""The BLAS attention kernel (jgpt.kernels.blas_attention) against causal attention computed in float64 NumPy.
 
 Tolerance 1e-5 relative to the largest value: the kernel's products are float32 sgemm calls and its
 exponential a degree-7 polynomial (about 1e-7 relative); observed errors are 1e-7 to 6e-7.
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jgpt import blas_attention
 from jgpt.errors import ApiError
+from jgpt.kernels import blas_attention
 
 TOLERANCE = 1e-5
 

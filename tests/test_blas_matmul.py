@@ -1,4 +1,5 @@
-"""BLAS products of the train step on CPU (jgpt.blas_matmul) against float64 NumPy and the pure-JAX path."""
+"""BLAS products of the train step on CPU (jgpt.kernels.blas_matmul, the plan's products="blas") against float64
+NumPy and the pure-JAX plan."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jgpt import blas_matmul
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.kernels import blas_matmul
+from jgpt.kernels.plan import XLA, Kernels
 from jgpt.weights import initialize
 from training import sharding
 from training.batches import Batch, TokenStream
@@ -16,6 +18,7 @@ from training.config import TrainingConfig
 from training.optimizer import adamw
 from training.step import make_train_step, mean_loss, start, uses_blas
 
+BLAS = Kernels(products="blas")
 ARCHITECTURES = [
     ModelArchitecture(vocabulary=260, width=32, ffn=64, context=16, layers=1, heads=2),
     LlamaArchitecture(vocabulary=260, width=32, ffn=96, context=16, layers=1, heads=4, kv_heads=2),
@@ -66,8 +69,8 @@ def batch_of(architecture, seed: int = 0) -> Batch:
 def test_train_step_gradients_match_the_reference_path(architecture):
     weights, _ = initialize(architecture, 0)
     grad = jax.jit(jax.value_and_grad(mean_loss), static_argnums=(1, 3, 4))
-    (loss, grads), (reference_loss, reference_grads) = (grad(weights, architecture, batch_of(architecture), True, blas)
-                                                        for blas in (True, False))  # fmt: skip
+    (loss, grads), (reference_loss, reference_grads) = (grad(weights, architecture, batch_of(architecture), True, plan)
+                                                        for plan in (BLAS, XLA))  # fmt: skip
     assert abs(float(loss) - float(reference_loss)) < 1e-5 * float(reference_loss)
     # Relative to the whole gradient's largest entry: a key bias's gradient is zero up to rounding
     # (softmax ignores what it adds to every score of a row), so its own scale is noise.
@@ -87,7 +90,7 @@ def test_a_few_train_steps_follow_the_reference_loss_curve():
     curves = {}
     for blas in (True, False):
         step = make_train_step(architecture, optimizer, jax.random.key(1), 4, sharding.batch_sharding(mesh), True,
-                               blas_products=blas)  # fmt: skip
+                               kernels=BLAS if blas else XLA)  # fmt: skip
         state, losses = start(initialize(architecture, 0)[0], optimizer), []
         for _ in range(3):
             state, metrics = step(state, data)

@@ -1,8 +1,10 @@
-"""The one-row kernel (jgpt.blas_matvec): the same products as XLA's dot and a float64 reference, on odd shapes,
-through OutputMajor and whole greedy decodes, and the switch that turns it off."""
+"""The one-row kernel (jgpt.kernels.blas_matvec, the plan's one_row="kernel"): the same products as XLA's dot and a
+float64 reference, on odd shapes, through an OutputMajor projection and whole greedy decodes, and the plan that
+turns it off."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -16,21 +18,28 @@ import pytest
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from jgpt import blas_matvec
 from jgpt.architecture import ModelArchitecture
 from jgpt.errors import ApiError
+from jgpt.kernels import blas_matvec
+from jgpt.kernels.plan import XLA, Kernels
 from jgpt.kv_state import StateIdentity
 from jgpt.layer_strategy import LayerStrategy
+from jgpt.operations import dense
 from jgpt.output_major import OutputMajor
 from jgpt.weights import initialize
 
 REPO = Path(__file__).resolve().parent.parent
-# The kernel runs where the CPU has AVX-512F; elsewhere OutputMajor keeps XLA's dot and these parities compare
+# The kernel runs where the CPU has AVX-512F; elsewhere the auto plan says one_row="xla" and these parities compare
 # XLA with itself, so the first test pins which of the two this machine is.
 AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else False
 OVER_INPUTS = (((1,), (1,)), ((), ()))
 # Vocabulary 261 (not a multiple of 4, 16 or the 2 parts of a 2-thread pool), width 40 (not a multiple of 16).
 ODD = ModelArchitecture(vocabulary=261, width=40, ffn=88, context=48, layers=2, heads=4)
+
+
+def planned_product(plan: Kernels):
+    """One output-major projection under `plan`, as the forward pass multiplies it (`jgpt.operations.dense`)."""
+    return lambda x, m: dense(x, OutputMajor(m), None, jnp.float32, plan.calls())
 
 
 def xla_product(x, matrix):
@@ -40,6 +49,7 @@ def xla_product(x, matrix):
 def test_the_kernel_is_available_exactly_on_a_cpu_with_avx512f():
     assert blas_matvec.available() == (jax.default_backend() == "cpu" and AVX512)
     assert not blas_matvec.available("gpu")
+    assert (Kernels.auto().one_row == "kernel") == blas_matvec.available()
 
 
 # Outputs not a multiple of 4 (the loop's row group), 16 (a part's granule) or 2 (the pool's parts); inputs not a
@@ -49,7 +59,7 @@ def test_one_row_through_an_output_major_matrix_matches_xla_and_float64_within_1
     keys = jax.random.split(jax.random.PRNGKey(outputs + inputs), 2)
     x = jax.random.normal(keys[0], (1, inputs))
     matrix = jax.random.normal(keys[1], (outputs, inputs)) / np.sqrt(inputs)
-    kernel = jax.jit(lambda x, m: OutputMajor(m, one_row_kernel=True).product(x, jax.lax.Precision.HIGHEST))
+    kernel = jax.jit(planned_product(Kernels.auto()))
     assert ("jgpt_matvec" in kernel.lower(x, matrix).as_text()) == blas_matvec.available()
     got = np.asarray(kernel(x, matrix))
     reference = np.asarray(x, np.float64) @ np.asarray(matrix, np.float64).T
@@ -60,13 +70,17 @@ def test_one_row_through_an_output_major_matrix_matches_xla_and_float64_within_1
 
 
 def test_the_kernel_is_used_for_one_float32_row_only():
-    matrix = OutputMajor(jnp.ones((64, 32)), one_row_kernel=True)
-    lowered = lambda x: jax.jit(lambda x: matrix.product(x, None)).lower(x).as_text()
+    matrix = jnp.ones((64, 32))
+    auto = Kernels.auto()
+    lowered = lambda x, plan=auto, dtype=jnp.float32: (
+        jax.jit(lambda x: dense(x, OutputMajor(matrix), None, dtype, plan.calls())).lower(x).as_text()
+    )
     assert ("jgpt_matvec" in lowered(jnp.ones((1, 32)))) == blas_matvec.available()
     assert "jgpt_matvec" not in lowered(jnp.ones((2, 32)))
-    assert "jgpt_matvec" not in lowered(jnp.ones((1, 32), jnp.bfloat16))
-    off = OutputMajor(jnp.ones((64, 32)))
-    assert "jgpt_matvec" not in jax.jit(lambda x: off.product(x, None)).lower(jnp.ones((1, 32))).as_text()
+    # A bfloat16 computation's operands are bf16-rounded float32 on a CPU (jgpt.bf16_matmul.operand): a float32
+    # row again, which the kernel takes; where bfloat16 is native the rule keeps XLA's dot.
+    assert ("jgpt_matvec" in lowered(jnp.ones((1, 32)), dtype=jnp.bfloat16)) == blas_matvec.available()
+    assert "jgpt_matvec" not in lowered(jnp.ones((1, 32)), XLA)
 
 
 def test_the_kernel_differentiates_and_vectorizes_as_xla_does():
@@ -108,10 +122,10 @@ def test_a_greedy_decode_selects_the_same_ids_and_logits_with_the_kernel_on_and_
     weights = initialize(ODD, seed=7)[0]
     identity = StateIdentity("c", "t", "float32")
     on, off = (
-        ModelExecution(weights, ODD, identity, strategy=LayerStrategy.unrolled_layers(True, one_row_kernel=kernel))
-        for kernel in (True, False)
+        ModelExecution(weights, ODD, identity, strategy=LayerStrategy.unrolled_layers(True), kernels=plan)
+        for plan in (Kernels.auto(), XLA)
     )
-    assert on.weights.lm_head.one_row_kernel and not off.weights.lm_head.one_row_kernel
+    assert on.kernels.one_row == ("kernel" if blas_matvec.available() else "xla") and off.kernels.one_row == "xla"
     requests = [InferenceRequest("r", (5, 17, 200, 3, 88, 260, 1), GenerationPolicy(24))]
     ids_on, ids_off = (generate(e, requests).responses[0].output_ids for e in (on, off))
     assert len(ids_on) == 24 and ids_on == ids_off
@@ -121,32 +135,33 @@ def test_a_greedy_decode_selects_the_same_ids_and_logits_with_the_kernel_on_and_
     assert np.abs(np.asarray(logits_on) - reference).max() <= 1e-5 * np.abs(reference).max()
 
 
-def test_the_environment_turns_the_kernel_off_and_held_weights_follow_the_strategy(monkeypatch):
-    assert LayerStrategy.for_backend("cpu").one_row_kernel
+def test_no_environment_switch_and_held_weights_carry_only_the_layout(monkeypatch):
+    """The plan alone says whether the kernel runs: the environment variable that once turned it off is not read,
+    and an output-major projection holds its matrix and nothing else."""
     monkeypatch.setenv("JGPT_MATVEC_KERNEL", "0")
-    assert LayerStrategy.for_backend("cpu") == LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=False)
-    assert not LayerStrategy.for_backend("cpu").one_row_kernel
-    assert not LayerStrategy.unrolled_layers(output_major=False, one_row_kernel=True).one_row_kernel
-    weights = initialize(ODD, seed=1)[0]
-    on, off = LayerStrategy.unrolled_layers(True, True), LayerStrategy.unrolled_layers(True, False)
-    held_on = on.held_weights(weights)
-    held_off = off.held_weights(held_on)  # the same matrices, re-labelled, not copied
-    assert held_on.ff_up.one_row_kernel and not held_off.ff_up.one_row_kernel
-    assert held_off.ff_up.matrix is held_on.ff_up.matrix
-    assert on.held_weights(held_on).ff_up is held_on.ff_up
-    view = on.layer_weights(weights)
-    assert view is not None and all(layer["query"].one_row_kernel for layer in view.layers)
+    assert Kernels.auto().one_row == ("kernel" if blas_matvec.available() else "xla")
+    assert Kernels.named("xla").one_row == "xla"
+    strategy = LayerStrategy.for_backend("cpu")
+    assert strategy == LayerStrategy.unrolled_layers(output_major=True)
+    held = strategy.held_weights(initialize(ODD, seed=1)[0])
+    assert [f.name for f in dataclasses.fields(held.ff_up)] == ["matrix"]
+    assert strategy.held_weights(held).ff_up is held.ff_up  # applying it twice copies nothing
 
 
 def test_without_a_compiler_one_row_keeps_xlas_dot_silently(tmp_path):
-    # A fresh process with no kernel cached and a compiler that does not exist: no kernel, no warning, XLA's product.
+    # A fresh process with no kernel cached and a compiler that does not exist: the auto plan says one_row="xla",
+    # no warning, XLA's product.
     script = """
 import warnings, jax, jax.numpy as jnp, numpy as np
 warnings.simplefilter("error")
-from jgpt import blas_matvec
+from jgpt.kernels import blas_matvec
+from jgpt.kernels.plan import Kernels
+from jgpt.operations import dense
 from jgpt.output_major import OutputMajor
 x, m = jnp.arange(40.0).reshape(1, 40) / 40, jnp.arange(280.0).reshape(7, 40) / 280
-product = jax.jit(lambda x, m: OutputMajor(m, one_row_kernel=True).product(x, None))
+plan = Kernels.auto()
+assert plan.one_row == "xla", plan
+product = jax.jit(lambda x, m: dense(x, OutputMajor(m), None, jnp.float32, plan.calls()))
 assert "jgpt_matvec" not in product.lower(x, m).as_text()
 reference = np.asarray(x, np.float64) @ np.asarray(m, np.float64).T
 assert np.abs(np.asarray(product(x, m)) - reference).max() <= 1e-5 * np.abs(reference).max()

@@ -1,6 +1,6 @@
-"""The fused batch-1 decode blocks (jgpt.fused_decode): the same stream, cache and selected ids as XLA's blocks, for
-the GPT baseline and for Llama (grouped key/value heads too), where it applies and nowhere else, and XLA's blocks
-silently where it cannot be built."""
+"""The fused batch-1 decode blocks (jgpt.kernels.fused_decode, the plan's decode="fused"): the same stream, cache and
+selected ids as XLA's blocks, for the GPT baseline and for Llama (grouped key/value heads too), where its rule admits
+a pass and nowhere else, and an auto plan of XLA's blocks, silently, where it cannot be built."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import pytest
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from jgpt import fused_decode
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.kernels import fused_decode
+from jgpt.kernels.plan import XLA, Kernels
 from jgpt.kv_state import KVBuffers, StateIdentity
 from jgpt.layer_strategy import LayerStrategy, LayerWeights
 from jgpt.model import forward
@@ -38,12 +39,15 @@ ARCHITECTURES = {
     "llama": LlamaArchitecture(**{**LLAMA.to_json(), "kv_heads": 8}),
 }
 SLOTS = 24
-KERNEL, XLA = (LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=k) for k in (True, False))
+OUTPUT_MAJOR = LayerStrategy.unrolled_layers(output_major=True)
+AUTO = Kernels.auto()
 
 
-def one_step(architecture, strategy, weights, position: int, cache: KVBuffers):
-    held, layers = strategy.held_weights(weights), strategy.layer_weights(weights)
-    step = jax.jit(lambda ids, p, c: forward(held, architecture, ids, positions=p, cache=c, layer_weights=layers))
+def one_step(architecture, plan: Kernels, weights, position: int, cache: KVBuffers):
+    held, layers = OUTPUT_MAJOR.held_weights(weights), OUTPUT_MAJOR.layer_weights(weights)
+    calls = plan.calls()
+    step = jax.jit(lambda ids, p, c: forward(held, architecture, ids, positions=p, cache=c, layer_weights=layers,
+                                             kernels=calls))  # fmt: skip
     args = (jnp.array([[5]], jnp.int32), jnp.array([[position]], jnp.int32), cache)
     return step(*args), "jgpt_fused_decode" in step.lower(*args).as_text()
 
@@ -57,6 +61,7 @@ def random_cache(architecture, seed: int) -> KVBuffers:
 def test_the_kernel_is_available_exactly_on_a_cpu_with_avx512f():
     assert fused_decode.available() == (jax.default_backend() == "cpu" and AVX512)
     assert not fused_decode.available("gpu")
+    assert (AUTO.decode == "fused") == fused_decode.available()
 
 
 # Positions: the first slot, one inside, the last slot, and past the cache (the write is dropped, every slot seen).
@@ -66,7 +71,7 @@ def test_one_step_matches_xlas_blocks_within_1e_5(name, position):
     a = ARCHITECTURES[name]
     weights = initialize(a, seed=3)[0]
     cache = random_cache(a, position)
-    (got, used), (want, not_used) = (one_step(a, s, weights, position, cache) for s in (KERNEL, XLA))
+    (got, used), (want, not_used) = (one_step(a, plan, weights, position, cache) for plan in (AUTO, XLA))
     assert used == fused_decode.available() and not not_used
     for name, g, w in (("logits", got.logits, want.logits), ("keys", got.cache.keys, want.cache.keys),
                        ("values", got.cache.values, want.cache.values)):  # fmt: skip
@@ -81,7 +86,8 @@ def test_one_step_matches_xlas_blocks_within_1e_5(name, position):
 def test_a_greedy_generation_selects_the_same_ids_with_the_fused_blocks_and_with_xlas(a):
     weights = initialize(a, seed=11)[0]
     identity = StateIdentity("c", "t", "float32")
-    on, off = (ModelExecution(weights, a, identity, strategy=s) for s in (KERNEL, XLA))
+    on, off = (ModelExecution(weights, a, identity, strategy=OUTPUT_MAJOR, kernels=plan) for plan in (AUTO, XLA))
+    assert on.kernels.decode == AUTO.decode and off.kernels.decode == "xla"
     requests = [InferenceRequest("r", (5, 17, 90, 3, 88, 60, 1), GenerationPolicy(30))]
     ids_on, ids_off = (generate(e, requests).responses[0].output_ids for e in (on, off))
     assert len(ids_on) == 30 and ids_on == ids_off
@@ -91,36 +97,43 @@ def test_a_greedy_generation_selects_the_same_ids_with_the_fused_blocks_and_with
     assert int(state_on.lengths[0]) == int(state_off.lengths[0]) == 4
 
 
-def test_it_applies_to_one_float32_token_with_the_one_row_kernel_only():
+def test_its_rule_admits_one_float32_token_over_output_major_layers_only():
     weights = initialize(GPT, seed=1)[0]
-    layers = KERNEL.layer_weights(weights).layers
-    assert fused_decode.applies(GPT, 1, jnp.float32, layers) == fused_decode.available()
-    assert not fused_decode.applies(GPT, 2, jnp.float32, layers)  # two rows, or two tokens of one row
-    assert not fused_decode.applies(GPT, 1, jnp.bfloat16, layers)  # a bf16 KV state
-    assert not fused_decode.applies(GPT, 1, jnp.float32, None)  # the layer scan
-    assert not fused_decode.applies(GPT, 1, jnp.float32, XLA.layer_weights(weights).layers)
+    layers = OUTPUT_MAJOR.layer_weights(weights).layers
+    assert fused_decode.admits(GPT, 1, jnp.float32, layers)
+    assert not fused_decode.admits(GPT, 2, jnp.float32, layers)  # two rows, or two tokens of one row
+    assert not fused_decode.admits(GPT, 1, jnp.bfloat16, layers)  # a bf16 KV state
+    assert not fused_decode.admits(GPT, 1, jnp.float32, None)  # the layer scan
     stored = LayerStrategy.unrolled_layers(output_major=False)
-    assert not fused_decode.applies(GPT, 1, jnp.float32, stored.layer_weights(weights).layers)
+    assert not fused_decode.admits(GPT, 1, jnp.float32, stored.layer_weights(weights).layers)
     bf16 = ModelArchitecture(**{**GPT.to_json(), "precision": "bfloat16"})
-    assert not fused_decode.applies(bf16, 1, jnp.float32, layers)
-    llama_layers = KERNEL.layer_weights(initialize(LLAMA, seed=1)[0]).layers
-    assert fused_decode.applies(LLAMA, 1, jnp.float32, llama_layers) == fused_decode.available()
-    assert not fused_decode.applies(GPT, 1, jnp.float32, llama_layers)  # not the tensors the architecture has
+    assert not fused_decode.admits(bf16, 1, jnp.float32, layers)
+    llama_layers = OUTPUT_MAJOR.layer_weights(initialize(LLAMA, seed=1)[0]).layers
+    assert fused_decode.admits(LLAMA, 1, jnp.float32, llama_layers)
+    assert not fused_decode.admits(GPT, 1, jnp.float32, llama_layers)  # not the tensors the architecture has
     small = ModelArchitecture(vocabulary=97, width=64, ffn=128, context=40, layers=2, heads=4)  # 0.26 MB of blocks
-    assert not fused_decode.applies(small, 1, jnp.float32, KERNEL.layer_weights(initialize(small, seed=1)[0]).layers)
+    small_layers = OUTPUT_MAJOR.layer_weights(initialize(small, seed=1)[0]).layers
+    assert not fused_decode.admits(small, 1, jnp.float32, small_layers)
+    # What no pass of an execution can use, its plan says it does not: bound once, as the evidence records it.
+    fused = Kernels(decode="fused")
+    assert fused.for_execution(GPT, output_major=True).decode == "fused"
+    for architecture, output_major in ((GPT, False), (bf16, True), (small, True)):
+        assert fused.for_execution(architecture, output_major).decode == "xla"
+    assert XLA.calls().decode_blocks is None
 
 
 def test_observing_a_step_runs_xlas_blocks():
     weights = initialize(GPT, seed=2)[0]
-    held, layers = KERNEL.held_weights(weights), KERNEL.layer_weights(weights)
-    step = jax.jit(lambda ids, p, c: forward(held, GPT, ids, positions=p, cache=c, layer_weights=layers, observe=True))
+    held, layers, calls = OUTPUT_MAJOR.held_weights(weights), OUTPUT_MAJOR.layer_weights(weights), AUTO.calls()
+    step = jax.jit(lambda ids, p, c: forward(held, GPT, ids, positions=p, cache=c, layer_weights=layers, observe=True,
+                                             kernels=calls))  # fmt: skip
     lowered = step.lower(jnp.array([[5]], jnp.int32), jnp.array([[3]], jnp.int32), random_cache(GPT, 0)).as_text()
     assert "jgpt_fused_decode" not in lowered
 
 
 def test_blocks_reject_shapes_the_architecture_does_not_have():
     weights = initialize(GPT, seed=2)[0]
-    layers = KERNEL.layer_weights(weights).layers
+    layers = OUTPUT_MAJOR.layer_weights(weights).layers
     cache = random_cache(GPT, 0)
     with pytest.raises(ValueError, match="takes x"):
         fused_decode.blocks(jnp.ones((2, GPT.width)), jnp.int32(0), cache.keys, cache.values, layers, GPT)
@@ -146,20 +159,22 @@ def test_blocks_reject_shapes_the_architecture_does_not_have():
 
 
 def test_without_a_compiler_decode_keeps_xlas_blocks_silently(tmp_path):
-    # A fresh process with no kernel cached and a compiler that does not exist: no kernel, no warning, XLA's blocks.
+    # A fresh process with no kernel cached and a compiler that does not exist: no kernel, no warning, an auto plan
+    # of XLA's blocks (though the pass is one the kernel's rule admits).
     script = """
 import warnings, jax, jax.numpy as jnp
 warnings.simplefilter("error")
-from jgpt import fused_decode
 from jgpt.architecture import ModelArchitecture
-from jgpt.layer_strategy import LayerStrategy, LayerWeights
+from jgpt.kernels import fused_decode
+from jgpt.kernels.plan import Kernels
+from jgpt.layer_strategy import LayerStrategy
 from jgpt.weights import initialize
 a = ModelArchitecture(vocabulary=97, width=168, ffn=420, context=40, layers=3, heads=6)
-layers = LayerStrategy.unrolled_layers(output_major=True, one_row_kernel=True).layer_weights(initialize(a, seed=1)[0])
-print(fused_decode.available(), fused_decode.applies(a, 1, jnp.float32, layers.layers))
+layers = LayerStrategy.unrolled_layers(output_major=True).layer_weights(initialize(a, seed=1)[0])
+print(fused_decode.available(), fused_decode.admits(a, 1, jnp.float32, layers.layers), Kernels.auto().decode)
 """
     env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "XDG_CACHE_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False"]
+    assert done.stdout.split() == ["False", "True", "xla"]

@@ -1,4 +1,4 @@
-"""The kernel and compilation caches trust only what this user's own jgpt wrote (jgpt.kernel_cache,
+"""The kernel and compilation caches trust only what this user's own jgpt wrote (jgpt.kernels.kernel_cache,
 jgpt.cache_directory, jgpt.compilation_cache).
 
 How a library is planted: a tiny C file whose `__attribute__((constructor))` writes a marker file (the path in
@@ -31,7 +31,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from jgpt import blas_matvec, cache_directory, cli, compilation_cache, kernel_cache
+from jgpt import cache_directory, cli, compilation_cache
+from jgpt.kernels import blas_matvec, kernel_cache
 from tests.hostile import FUZZ
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,7 +157,7 @@ def test_a_kernel_is_compiled_once_published_with_its_record_and_then_loaded_fro
 # whether it may run, as in tests/test_blas_matvec.py) and never run the planted code.
 REAL_KERNEL = textwrap.dedent("""
     import numpy as np, jax.numpy as jnp
-    from jgpt import blas_matvec
+    from jgpt.kernels import blas_matvec
     AVX512 = "avx512f" in open("/proc/cpuinfo").read().split()
     assert blas_matvec.available() == AVX512
     if AVX512:

@@ -12,18 +12,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.errors import ApiError
+from jgpt.kernels import blas_attention
+from jgpt.kernels.plan import CAUSAL_BLOCK_ROWS, Kernels
 from jgpt.model import forward
-from jgpt.operations import causal_blocks
+from jgpt.operations import KernelCalls
 from jgpt.weights import initialize
 from training import sharding
 from training.batches import Batch, TokenStream
 from training.config import TrainingConfig
 from training.optimizer import adamw
-from training.step import CAUSAL_BLOCK_ROWS, make_train_step, mean_loss, start
+from training.step import make_train_step, mean_loss, start
 
 TOLERANCE = 1e-5
 GPT = ModelArchitecture(vocabulary=260, width=64, ffn=256, context=48, layers=2, heads=4)
@@ -36,12 +39,17 @@ def batch_of(rows: int, length: int, seed: int = 0) -> Batch:
     return Batch(ids[:, :-1], ids[:, 1:], jnp.ones((rows, length), jnp.float32))
 
 
+def blocks_of(rows: int, by_blas: bool) -> KernelCalls:
+    """The calls of the plan's attention="causal_blocks" (or "causal_blas"), at `rows` query rows per block."""
+    return KernelCalls(causal_rows=rows, causal_attention=blas_attention.causal_attention if by_blas else None)
+
+
 def loss_and_gradients(architecture, weights, batch, rows: int | None, by_blas: bool = False):
     def loss(w):
         if rows is None:
             return mean_loss(w, architecture, batch, True)
-        with causal_blocks(rows, by_blas):
-            return mean_loss(w, architecture, batch, True)
+        logits = forward(w, architecture, batch.inputs, unroll=True, kernels=blocks_of(rows, by_blas)).logits
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets))
 
     return jax.jit(jax.value_and_grad(loss))(weights)
 
@@ -70,8 +78,7 @@ def test_attention_weights_are_zero_past_each_query(by_blas):
     weights = initialize(GPT, 0)[0]
     ids = batch_of(2, GPT.context).inputs
     full = forward(weights, GPT, ids, observe=True).observations
-    with causal_blocks(16, by_blas):
-        blocks = forward(weights, GPT, ids, observe=True).observations
+    blocks = forward(weights, GPT, ids, observe=True, kernels=blocks_of(16, by_blas)).observations
     for expected, actual in zip(full.records, blocks.records, strict=True):
         assert (expected.operation, expected.stage) == (actual.operation, actual.stage)
         np.testing.assert_allclose(actual.value, expected.value, rtol=TOLERANCE, atol=1e-6)
@@ -90,7 +97,7 @@ def test_train_steps_follow_the_full_attention():
     curves, flops = {}, {}
     for attention in ("full", "causal_blocks", "causal_blas"):
         step = make_train_step(architecture, optimizer, jax.random.key(1), 4, sharding.batch_sharding(mesh), True,
-                               blas_products=False, attention=attention)  # fmt: skip
+                               kernels=Kernels(attention=attention))  # fmt: skip
         state, losses = start(initialize(architecture, 0)[0], optimizer), []
         cost = step.lower(state, data).compile().cost_analysis()
         flops[attention] = (cost[0] if isinstance(cost, list) else cost)["flops"]
@@ -110,7 +117,9 @@ def test_bad_choices_are_refused():
     mesh = sharding.data_mesh()
     with pytest.raises(ApiError, match="attention"):
         make_train_step(GPT, adamw(TrainingConfig()), jax.random.key(1), 4, sharding.batch_sharding(mesh), True,
-                        attention="flash")  # fmt: skip
+                        kernels=Kernels(attention="flash"))  # fmt: skip
     for rows in (0, -1, 2.0, True):
-        with pytest.raises(ApiError, match="causal_blocks"), causal_blocks(rows):
-            pass
+        with pytest.raises(ApiError, match="causal_rows"):
+            KernelCalls(causal_rows=rows)
+    with pytest.raises(ApiError, match="causal_attention"):
+        KernelCalls(causal_attention=blas_attention.causal_attention)

@@ -46,6 +46,10 @@ WHY = {
 SCRIPTS = ("bench", "tools")  # run as scripts on top of every package; they may import any package but no face
 JAX = ("jax", "jaxlib", "flax", "optax", "orbax", "chex", "torch", "transformers")
 FACE_FILES = ("cli.py", "commands.py")  # and every module of a `commands/` package
+# The reference computation, readable alone: these modules import nothing from the kernels package, which plugs
+# into them only through the callables a kernel plan hands the forward pass (`jgpt.operations.KernelCalls`).
+REFERENCE_MODULES = ("jgpt.model", "jgpt.operations")
+KERNELS = "jgpt.kernels"
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ def violations(root: Path = ROOT) -> list[str]:
             refuse(edge, "kvsim imports no jax or model libraries")
         if source in MAY_IMPORT and source != "kvsim" and target == "kvsim" and edge.target != "kvsim":
             refuse(edge, "other packages use kvsim's public API: import the name from kvsim")
+        if edge.module in REFERENCE_MODULES and (edge.target == KERNELS or edge.target.startswith(KERNELS + ".")):
+            refuse(edge, "the reference computation imports no kernel; a kernel plan plugs kernels in")
     for edge in edges:
         if edge.module.startswith("kvsim") and edge.target.startswith("jgpt"):
             heavy = _jax_reached(edge.target, edges)

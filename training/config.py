@@ -25,11 +25,13 @@ from jgpt.validation import Number, integer, is_integer, number, string
 
 SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
-# The train step's dense products: XLA's dot (the pure-JAX reference) or numpy's OpenBLAS (jgpt.blas_matmul).
+# The train step's kernel plan is spelled by these two fields (jgpt.kernels.plan.Kernels holds the same choices;
+# read here without importing jax). Dense products: XLA's dot (the pure-JAX reference) or numpy's OpenBLAS
+# (jgpt.kernels.blas_matmul).
 PRODUCTS = ("xla", "blas")
 # The train step's attention: every score computed and the later keys masked (the reference, what the shipped
-# models were trained with), the key blocks wholly after each block of queries skipped (training.step), or
-# those blocks by the BLAS kernel, which keeps each block's scores in cache (jgpt.blas_attention; CPU only).
+# models were trained with), the key blocks wholly after each block of queries skipped, or those blocks by the
+# BLAS kernel, which keeps each block's scores in cache (jgpt.kernels.blas_attention; CPU only).
 ATTENTIONS = ("full", "causal_blocks", "causal_blas")
 BYTE_VOCABULARY = 260
 # Sequences per step: each is a window of ids and its activations (the shipped model uses 32).

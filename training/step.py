@@ -7,20 +7,17 @@ is constrained to shard over the data axis and the state to the shardings the
 caller placed it with (`training.sharding`); XLA inserts the gathers and the
 gradient reductions.
 
-`make_train_step` computes the dense products with BLAS (`jgpt.blas_matmul`:
-forward and both backward products, weights as stored) when asked, and by
-default on one CPU device; `jgpt train` asks only with `--products blas`
-(`TrainingConfig.products`, default "xla": XLA's dot, the pure-JAX reference the
-BLAS path is tested against and the shipped models were trained with). The
-`attention` choices other than "full" (opt-in, like the BLAS products: they round
-differently) skip the key blocks wholly after each block of queries instead of
-computing and masking them, "causal_blas" by the `jgpt.blas_attention` kernel
-(docs/training.md, Speed).
+What the step computes by kernels is its plan (`jgpt.kernels.plan.Kernels`, default the pure-JAX
+reference the shipped models were trained with), a jit-static part of the step: `jgpt train` makes it
+from the run's `--products` and `--attention` (`training_kernels`). `products="blas"` computes the
+dense products with BLAS (`jgpt.kernels.blas_matmul`: forward and both backward products, weights as
+stored); the attentions other than "full" skip the key blocks wholly after each block of queries
+instead of computing and masking them, "causal_blas" by the `jgpt.kernels.blas_attention` kernel
+(docs/training.md, Speed). Both round differently from the reference, so they are opt-in.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import jax
@@ -28,15 +25,14 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
-from jgpt import blas_attention, blas_matmul
 from jgpt import pytree as struct
 from jgpt.architecture import Architecture
 from jgpt.errors import ApiError
+from jgpt.kernels import blas_attention, blas_matmul
+from jgpt.kernels.plan import XLA, Kernels
 from jgpt.model import forward
-from jgpt.operations import causal_blocks
 from jgpt.weights import ModelWeights
 from training.batches import Batch, TokenRows, TokenStream
-from training.config import ATTENTIONS
 
 
 @struct.dataclass
@@ -50,10 +46,8 @@ def start(weights: ModelWeights, optimizer: optax.GradientTransformation) -> Tra
     return TrainState(jnp.zeros((), jnp.int32), weights, optimizer.init(weights))
 
 
-# Query rows per block of the "causal_blocks" attention (training.config.ATTENTIONS; jgpt.operations.causal_blocks):
-# 64 was the fastest of 32, 64 and 128 on the large bench config (docs/training.md, Speed).
-CAUSAL_BLOCK_ROWS = 64
-BLAS_ATTENTION_REFUSED = "causal_blas needs one CPU device where jgpt.blas_attention builds; use causal_blocks"
+BLAS_PRODUCTS_REFUSED = "blas needs one CPU device where jgpt.kernels.blas_matmul builds; use xla"
+BLAS_ATTENTION_REFUSED = "causal_blas needs one CPU device where jgpt.kernels.blas_attention builds; use causal_blocks"
 
 
 def summed_loss(
@@ -61,20 +55,16 @@ def summed_loss(
     architecture: Architecture,
     batch: Batch,
     unroll: bool | int,
-    blas_products: bool = False,
-    attention: str = "full",
+    kernels: Kernels = XLA,
 ) -> tuple[jax.Array, jax.Array]:
     """(sum of masked next-token cross-entropies in nats, number of counted targets)."""
-    held = blas_matmul.with_blas_products(weights) if blas_products else weights
-    skipping = attention in ("causal_blocks", "causal_blas")
-    with causal_blocks(CAUSAL_BLOCK_ROWS, attention == "causal_blas") if skipping else contextlib.nullcontext():
-        logits = forward(held, architecture, batch.inputs, unroll=unroll).logits  # [B, T, V]
+    logits = forward(weights, architecture, batch.inputs, unroll=unroll, kernels=kernels.calls()).logits  # [B, T, V]
     nats = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)  # [B, T]
     return jnp.sum(nats * batch.mask), jnp.sum(batch.mask)
 
 
-def mean_loss(weights, architecture, batch, unroll, blas_products: bool = False, attention: str = "full") -> jax.Array:
-    total, count = summed_loss(weights, architecture, batch, unroll, blas_products, attention)
+def mean_loss(weights, architecture, batch, unroll, kernels: Kernels = XLA) -> jax.Array:
+    total, count = summed_loss(weights, architecture, batch, unroll, kernels)
     return total / jnp.maximum(count, 1.0)
 
 
@@ -86,28 +76,20 @@ def make_train_step(
     batch_sharding: NamedSharding,
     unroll: bool | int,
     state_sharding: TrainState | None = None,
-    blas_products: bool | None = None,
-    attention: str = "full",
+    kernels: Kernels = XLA,
 ) -> Callable[[TrainState, TokenRows | TokenStream], tuple[TrainState, dict[str, jax.Array]]]:
     """The jitted update; the state argument is donated (its buffers become the new state's).
 
     `state_sharding` (NamedShardings shaped like the state) keeps the new state split as the old one was:
-    without it XLA may return a sharded weight's update replicated. `blas_products` (default: `uses_blas`)
-    computes the dense products with BLAS; `attention` is one of ATTENTIONS.
+    without it XLA may return a sharded weight's update replicated. `kernels` is the step's plan (its
+    products and attention; refused where a kernel it names cannot run over `batch_sharding`).
     """
-    if attention not in ATTENTIONS:
-        raise ApiError("attention", f"must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
-    if attention == "causal_blas" and not uses_blas_attention(batch_sharding):
-        raise ApiError("attention", BLAS_ATTENTION_REFUSED)
-    if blas_products is None:
-        blas_products = uses_blas(batch_sharding)
+    check_training_kernels(kernels, batch_sharding)
 
     def train_step(state: TrainState, data: TokenRows | TokenStream):
         batch = data.sample(jax.random.fold_in(data_key, state.step), batch_size)
         batch = jax.lax.with_sharding_constraint(batch, batch_sharding)
-        loss, grads = jax.value_and_grad(mean_loss)(
-            state.weights, architecture, batch, unroll, blas_products, attention
-        )
+        loss, grads = jax.value_and_grad(mean_loss)(state.weights, architecture, batch, unroll, kernels)
         updates, optimizer_state = optimizer.update(grads, state.optimizer_state, state.weights)
         weights = optax.apply_updates(state.weights, updates)
         metrics = {"loss": loss, "gradient_norm": optax.global_norm(grads)}
@@ -119,8 +101,21 @@ def make_train_step(
     return jax.jit(train_step, donate_argnums=0)
 
 
+def training_kernels(products: str, attention: str) -> Kernels:
+    """The plan of a run's `--products` and `--attention` (TrainingConfig.products, .attention)."""
+    return Kernels(products=products, attention=attention)
+
+
+def check_training_kernels(kernels: Kernels, batch_sharding: NamedSharding) -> None:
+    """Refuse a plan whose kernels cannot run over `batch_sharding`: a recipe's arithmetic is never swapped."""
+    if kernels.products == "blas" and not uses_blas(batch_sharding):
+        raise ApiError("products", BLAS_PRODUCTS_REFUSED)
+    if kernels.attention == "causal_blas" and not uses_blas_attention(batch_sharding):
+        raise ApiError("attention", BLAS_ATTENTION_REFUSED)
+
+
 def uses_blas(batch_sharding: NamedSharding) -> bool:
-    """BLAS products where they were measured faster and need no partitioning: one CPU device."""
+    """Where the BLAS products kernel runs: one CPU device where it builds (it is not partitioned)."""
     return batch_sharding.mesh.size == 1 and blas_matmul.available(batch_sharding.mesh.devices.flat[0].platform)
 
 

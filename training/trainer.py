@@ -38,15 +38,16 @@ from training.evaluation import DEVELOPMENT_BATCH, development_loss
 from training.provenance import TrainingProvenance, source_sha256
 from training.run_lock import LOCK
 from training.step import (
-    BLAS_ATTENTION_REFUSED,
     TrainState,
+    check_training_kernels,
     make_development_step,
     make_train_step,
     start,
-    uses_blas,
-    uses_blas_attention,
+    training_kernels,
 )
 
+# run.json's key for the run's kernel plan (`jgpt.kernels.plan.Kernels`, made from `products` and `attention`).
+RUN_KERNELS = "kernels"
 # Mixed into the run seed so the data stream and the initialization draw independent keys.
 DATA_STREAM = 1
 
@@ -90,11 +91,19 @@ def _check_run_directory(run: RunDirectory, config: TrainingConfig, resume: bool
     if resume:
         if not has_checkpoints:
             raise ApiError("resume", f"{run.root} holds no checkpoint to resume from")
-        recorded = from_json(read_json(run.config, "resume"))
+        recorded = _recorded_config(run, "resume")
         if recorded.preparation_run_sha256 != config.preparation_run_sha256:
             raise ApiError("resume", f"the configuration differs from the one {run.root} was started with")
     elif has_checkpoints or run.model.exists():
         raise ApiError("out", f"{run.root} already holds a run; pass --resume or choose another directory")
+
+
+def _recorded_config(run: RunDirectory, field: str) -> TrainingConfig:
+    """The TrainingConfig of run.json (its kernel plan is made from the config's fields again, not read)."""
+    document = read_json(run.config, field)
+    if isinstance(document, dict):
+        document.pop(RUN_KERNELS, None)
+    return from_json(document)
 
 
 def _check_only_a_run(run: RunDirectory) -> None:
@@ -105,7 +114,7 @@ def _check_only_a_run(run: RunDirectory) -> None:
     if not entries:
         return
     try:
-        from_json(read_json(run.config, "out"))
+        _recorded_config(run, "out")
     except ApiError:
         raise ApiError(
             "out", f"{run.root} is not empty and holds no earlier run's run.json; choose another directory"
@@ -191,8 +200,7 @@ def start_run(config: TrainingConfig, corpus: corpora.PreparedCorpus, mesh) -> S
         batch_sharding,
         config.unroll,
         state_sharding,
-        config.products == "blas",
-        config.attention,
+        training_kernels(config.products, config.attention),
     )
     development_step = make_development_step(config.architecture, batch_sharding, config.unroll)
     return StartedRun(
@@ -215,10 +223,8 @@ def train(
     main = sharding.main_process()
     mesh = sharding.mesh(model_axis)
     sharding.check_batch_size(config.batch_size, mesh)
-    if config.products == "blas" and not uses_blas(sharding.batch_sharding(mesh)):
-        raise ApiError("products", "blas needs one CPU device where jgpt.blas_matmul builds; use xla")
-    if config.attention == "causal_blas" and not uses_blas_attention(sharding.batch_sharding(mesh)):
-        raise ApiError("attention", BLAS_ATTENTION_REFUSED)
+    kernels = training_kernels(config.products, config.attention)
+    check_training_kernels(kernels, sharding.batch_sharding(mesh))
     corpus = corpora.prepare(config)
     run = RunDirectory(Path(config.out))
     _check_run_directory(run, config, resume)
@@ -228,7 +234,8 @@ def train(
     if main:
         run.root.mkdir(parents=True, exist_ok=True)
         _sweep_staging(run)
-        _write_json(run.config, config.to_json())
+        # The kernel plan beside the config that makes it: what the train step computes by kernels.
+        _write_json(run.config, config.to_json() | {RUN_KERNELS: kernels.to_json()})
     started = start_run(config, corpus, mesh)
     state, state_sharding, train_step = started.state, started.state_sharding, started.train_step
     development_batch = DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size

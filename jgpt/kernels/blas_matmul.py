@@ -1,4 +1,4 @@
-"""BlasMatrix: a dense projection whose products run as BLAS sgemm calls, the train step's products on CPU.
+"""Dense products as BLAS sgemm calls: the train step's products on CPU with `--products blas`.
 
 XLA's CPU dot ran the train step's dense products at 40-80 GFLOP/s on the bench
 configs' shapes (768 rows of width 128-512) where torch reached 80-160, in every
@@ -15,69 +15,42 @@ OpenBLAS numpy ships, through an XLA FFI kernel (`blas_matmul.cc`) that splits a
 product's rows over XLA's own intra-op thread pool, one single-threaded sgemm per
 thread, so no second thread pool competes with XLA's for the cores. BLAS takes
 either operand transposed as stored, so no layout is converted: the weights stay
-`[I, O]` and the optimizer, the artifact and the HF parity see them as always.
+`[I, O]` and the optimizer, the artifact and the HF parity see them as always. A
+training plan with `products="blas"` (`jgpt.kernels.plan`) hands `float32_matmul` to
+every dense product of the forward pass (`jgpt.operations.dense`).
 
 The kernel is compiled on first use with the system's C++ compiler (`$CXX`, else
-`g++`) and cached per user, loaded only once verified (`jgpt.kernel_cache`, which
+`g++`) and cached per user, loaded only once verified (`jgpt.kernels.kernel_cache`, which
 every kernel loads through). Where it cannot be built or loaded (no compiler, a numpy without
-its bundled OpenBLAS, a backend other than CPU) `available()` is False and the
-train step keeps the pure-JAX products, which stay the reference (parity tested
-to 1e-5 relative).
+its bundled OpenBLAS, a backend other than CPU) `available()` is False and a run that asks
+for it is refused; the pure-JAX products stay the reference (parity tested to 1e-5 relative).
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import subprocess
 import warnings
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgpt import kernel_cache
-from jgpt.weights import ModelWeights
+from jgpt.kernels import kernel_cache
 
 F32 = jnp.float32
 SOURCE = Path(__file__).with_name("blas_matmul.cc")
 TARGET = "jgpt_blas_product"
-# The projections a BlasMatrix holds in the train step: every block projection and the output projection.
-PROJECTIONS = ("query", "key", "value", "attention_output", "ff_gate", "ff_up", "ff_down", "lm_head")
 # The ILP64 CBLAS entry and the per-thread thread count of numpy's bundled OpenBLAS (numpy.libs).
 SGEMM, SET_THREADS_LOCAL = "scipy_cblas_sgemm64_", "openblas_set_num_threads_local"
 
 
-# A plain frozen dataclass registered by hand (as OutputMajor) so the type checker sees its field.
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["matrix"], meta_fields=[])
-@dataclasses.dataclass(frozen=True)
-class BlasMatrix:
-    matrix: jax.Array  # [..., I, O] as stored (a leading layer axis, if stacked)
-
-    @property
-    def dtype(self):
-        return self.matrix.dtype
-
-    def astype(self, dtype) -> BlasMatrix:
-        """Like `jax.Array.astype`, so matmul operands are formed the same way for every held matrix."""
-        return BlasMatrix(self.matrix.astype(dtype))
-
-    def product(self, x: jax.Array, precision) -> jax.Array:
-        """x [N, I] -> x @ W [N, O] float32 (BLAS products are full float32 whatever `precision` asks)."""
-        del precision
-        return matmul(x.astype(F32), self.matrix.astype(F32))
-
-
-def with_blas_products(weights: ModelWeights) -> ModelWeights:
-    """`weights` with every projection held as a BlasMatrix (the same arrays, no copy): use inside the
-    differentiated function, so the gradient is taken with respect to the plain arrays."""
-    tensors: dict[str, Any] = weights.as_dict()
-    return ModelWeights.from_dict(
-        tensors | {name: BlasMatrix(tensors[name]) for name in PROJECTIONS if name in tensors}
-    )
+def float32_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [N, I] @ w [I, O] float32 by the kernel, differentiable (BLAS products are full float32 whatever
+    precision the operation asks): the plan's `KernelCalls.product` for `products="blas"`."""
+    return matmul(x.astype(F32), w.astype(F32))
 
 
 def available(backend: str | None = None) -> bool:
@@ -122,7 +95,7 @@ def _kernel() -> ctypes.CDLL | None:
     try:
         library = kernel_cache.load(SOURCE)
     except (OSError, subprocess.CalledProcessError) as error:
-        warnings.warn(f"jgpt: BLAS products unavailable, the train step keeps XLA's dot: {error}", stacklevel=2)
+        warnings.warn(f"jgpt: the BLAS products kernel is unavailable: {error}", stacklevel=2)
         return None
     address = lambda symbol: ctypes.cast(getattr(blas, symbol), ctypes.c_void_p)
     library.jgpt_bind_blas(address(SGEMM), address(SET_THREADS_LOCAL))
@@ -132,8 +105,8 @@ def _kernel() -> ctypes.CDLL | None:
 
 def registered(source: Path, target: str, handler: str, supported: str) -> ctypes.CDLL | None:
     """The kernel `source` compiled and loaded, its `handler` registered with XLA as `target`; None where its
-    `supported` function says this CPU cannot run it, or it cannot be built (the caller keeps XLA's operations,
-    silently: where the kernel was never meant to run, as here). Used by `jgpt.blas_matvec` and `jgpt.fused_decode`."""
+    `supported` function says this CPU cannot run it, or it cannot be built (silently: a plan resolved where
+    it is unavailable says "xla" for it). Used by `blas_matvec` and `fused_decode`."""
     try:
         library = kernel_cache.load(source)
     except (OSError, subprocess.CalledProcessError):
@@ -146,7 +119,7 @@ def registered(source: Path, target: str, handler: str, supported: str) -> ctype
 
 def numpy_openblas(symbols: tuple[str, ...]) -> ctypes.CDLL | None:
     """The OpenBLAS numpy's wheel bundles (already loaded by numpy), or None if this numpy has another or its
-    library lacks one of `symbols` (also used by `jgpt.blas_attention`)."""
+    library lacks one of `symbols` (also used by `blas_attention`)."""
     for path in sorted((Path(np.__file__).parent.parent / "numpy.libs").glob("libscipy_openblas*.so*")):
         library = ctypes.CDLL(str(path))
         if all(hasattr(library, symbol) for symbol in symbols):

@@ -13,12 +13,12 @@ of an `OutputMajor` matrix `[O, I]` into one contiguous block per thread of XLA'
 own intra-op pool (so no second pool competes for the cores) and runs each block as
 an AVX-512 loop over four rows at a time, prefetching the next four. OpenBLAS's
 sgemv in the same blocks was no faster than XLA, so no BLAS is called despite the
-module's name, which it shares with `jgpt.blas_matmul`; it is built, cached and loaded
-as every kernel is (`jgpt.kernel_cache`).
+module's name, which it shares with `jgpt.kernels.blas_matmul`; it is built, cached and loaded
+as every kernel is (`jgpt.kernels.kernel_cache`).
 
-`available()` is False, and `OutputMajor.product` silently keeps XLA's dot, where
-the kernel cannot run: a backend other than CPU, a CPU without AVX-512F (checked at
-run time), no compiler or a failed build. XLA's product stays the reference (parity to 1e-5 relative,
+`available()` is False where the kernel cannot run: a backend other than CPU, a CPU
+without AVX-512F (checked at run time), no compiler or a failed build; the kernel plan
+(`jgpt.kernels.plan.Kernels.auto()`) then says `one_row="xla"` and XLA's dot runs. XLA's product stays the reference (parity to 1e-5 relative,
 tests/test_blas_matvec.py).
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jgpt import blas_matmul
 from jgpt.errors import ApiError
+from jgpt.kernels import blas_matmul
 
 F32 = jnp.float32
 SOURCE = Path(__file__).with_name("blas_matvec.cc")

@@ -2,7 +2,7 @@
 
 A batch-1 step reads each weight once for two flops per 4-byte weight: its floor is the
 read bandwidth. Run as XLA operations, a GPT-2-small step is some 70 products (by
-`jgpt.blas_matvec`'s loop), each waiting for the one before, and about 370 small fusions,
+`jgpt.kernels.blas_matvec`'s loop), each waiting for the one before, and about 370 small fusions,
 reductions, copies and cache scatters, dispatched one after another: its median stood
 1 ms above its products chained alone (15.24 against 14.26 ms, 2026-12-05 21:40 UTC).
 `fused_decode.cc` runs all the blocks in one XLA FFI call instead: the calling thread
@@ -14,14 +14,14 @@ the same (aliased) buffers. GPT-2-small's blocks read at 94-104% of the speed of
 read of a 1 GiB matrix by the same loop; the shipped chat model's step takes half the
 time XLA's blocks take (docs/inference.md).
 
-`applies(...)` says where `model.forward` takes it: one token of one row with a cache,
-float32 throughout, the GPT baseline (learned positions, LayerNorm, GELU, biases) or Llama
-(rotary positions, RMSNorm, SwiGLU, grouped key/value heads), per-layer output-major
-weights that ask for the one-row kernel (`LayerStrategy.one_row_kernel`, so
-`JGPT_MATVEC_KERNEL=0` turns this off too) and hold at least `SMALLEST_BYTES`, and a CPU
-with AVX-512F where the kernel builds. Everywhere else the XLA blocks run, and they stay
-the reference: the kernel's logits and cache match them within 1e-5
-(tests/test_fused_decode.py).
+A kernel plan with `decode="fused"` (`jgpt.kernels.plan.Kernels.auto()` on a CPU with
+AVX-512F where the kernel builds, `available()`) hands `blocks_where_admitted` to
+`model.forward`, which runs it on a pass with a cache. It takes the pass where `admits(...)`,
+a rule of shapes and dtypes fixed when the step is traced: one token of one row, float32
+throughout, the GPT baseline (learned positions, LayerNorm, GELU, biases) or Llama (rotary
+positions, RMSNorm, SwiGLU, grouped key/value heads), per-layer output-major weights holding
+at least `SMALLEST_BYTES`. Everywhere else the XLA blocks run, and they stay the reference:
+the kernel's logits and cache match them within 1e-5 (tests/test_fused_decode.py).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgpt import blas_matmul
 from jgpt.architecture import Architecture, LlamaArchitecture
+from jgpt.kernels import blas_matmul
 from jgpt.layer_strategy import LayerWeights
 from jgpt.operations import rotary_angles
 from jgpt.output_major import OutputMajor
@@ -62,10 +62,10 @@ ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "swiglu": 2}
 NORMALIZATIONS = {"layernorm": 0, "rmsnorm": 1}
 
 
-def applies(architecture: Architecture, rows: int, cache_dtype, layers: Sequence[LayerWeights] | None) -> bool:
-    """Whether `model.forward` runs its blocks by this kernel: one token of one row (`rows` = B * T) over a float32
-    cache, a float32 architecture, per-layer output-major weights asking for the one-row kernel, and the kernel
-    available here."""
+def admits(architecture: Architecture, rows: int, cache_dtype, layers: Sequence[LayerWeights] | None) -> bool:
+    """Whether this kernel takes a pass (its static rule, read at trace time): one token of one row (`rows` =
+    B * T) over a float32 cache, a float32 architecture, and per-layer float32 output-major weights of the
+    architecture's tensors holding at least SMALLEST_BYTES (below that XLA's blocks run faster)."""
     a = architecture
     if rows != 1 or layers is None or a.precision != "float32" or jnp.dtype(cache_dtype) != F32:
         return False
@@ -74,10 +74,33 @@ def applies(architecture: Architecture, rows: int, cache_dtype, layers: Sequence
         if set(w) != set(expected):
             return False
         projections = [w[name] for name in PROJECTIONS if name in expected]
-        if not all(isinstance(p, OutputMajor) and p.one_row_kernel and p.dtype == F32 for p in projections):
+        if not all(isinstance(p, OutputMajor) and p.dtype == F32 for p in projections):
             return False
     held = sum(math.prod(w[name].shape) * w[name].dtype.itemsize for w in layers for name in expected)
-    return held >= SMALLEST_BYTES and available()
+    return held >= SMALLEST_BYTES
+
+
+def takes_model(architecture: Architecture) -> bool:
+    """Whether `admits` can take any pass of this architecture's output-major weights: float32, and blocks
+    holding at least SMALLEST_BYTES. What a plan is narrowed by when an execution is bound."""
+    a = architecture
+    held = a.layers * sum(math.prod(shape) * 4 for shape in layer_shapes(a).values())
+    return a.precision == "float32" and held >= SMALLEST_BYTES
+
+
+def blocks_where_admitted(
+    x: jax.Array,
+    positions: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    layers: Sequence[LayerWeights] | None,
+    architecture: Architecture,
+) -> tuple[jax.Array, jax.Array, jax.Array] | None:
+    """`blocks(...)` for a pass of x [N, C] at positions [B, T] where `admits(...)` it, else None: the plan's
+    `KernelCalls.decode_blocks`."""
+    if not admits(architecture, x.shape[0], keys.dtype, layers):
+        return None
+    return blocks(x, positions.reshape(()), keys, values, layers, architecture)
 
 
 def layer_shapes(architecture: Architecture) -> dict[str, tuple[int, ...]]:
@@ -102,10 +125,10 @@ def blocks(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Every block for one token: x [1, C] (embedded), position [] int32, keys and values [L, 1, K, S, D] ->
     (stream [1, C] before the final normalization, keys, values with the token's written at slot `position`,
-    dropped past S). Check `applies(...)` first."""
+    dropped past S). Where the kernel is not `available()` it raises RuntimeError."""
     a = architecture
     if layers is None:
-        raise ValueError("fused decode runs over per-layer weights: check applies(...) first")
+        raise ValueError("fused decode runs over per-layer weights: check admits(...) first")
     L, K, D, C = a.layers, a.kv_heads, a.head_dim, a.width
     if x.shape != (1, C) or keys.shape[:3] != (L, 1, K) or keys.shape[4] != D or keys.shape != values.shape:
         raise ValueError(f"fused decode takes x [1, {C}] and caches [{L}, 1, {K}, S, {D}], got {x.shape}, {keys.shape}")
@@ -125,7 +148,7 @@ def blocks(
                     f"layer {index}'s {name} is {t.dtype} {tuple(t.shape)}, the kernel reads float32 {shape}"
                 )
     if _kernel() is None:
-        raise RuntimeError("the fused decode kernel is not available here: check fused_decode.applies(...) first")
+        raise RuntimeError("the fused decode kernel is not available here: check fused_decode.available() first")
     present = [name for name in LAYER_TENSORS if name in expected]
     tensors = [_held(w[name]) for w in layers for name in present]
     rotation = jnp.zeros((0,), F32)

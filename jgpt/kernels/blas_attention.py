@@ -5,7 +5,7 @@ about 90 GFLOP/s on the large bench config, where numpy's OpenBLAS runs the same
 writes the [B, H, T, T] scores, weights and their gradients to memory between the mask, the softmax and its
 backward: 250-330 ms of a 1.3 s large train step, against 210 ms for torch's causal flash attention
 (docs/training.md, Speed). This kernel (`blas_attention.cc`, an XLA FFI handler compiled and loaded through
-`jgpt.kernel_cache`) computes one block of query rows at a time: the block's scores against the keys up to
+`jgpt.kernels.kernel_cache`) computes one block of query rows at a time: the block's scores against the keys up to
 its last token only (the later key blocks are skipped, as in `causal_blocks`), its softmax in a per-thread
 buffer, and its value mix, each product a single-threaded sgemm, the (batch row, key/value head) pairs split
 over XLA's intra-op pool. The [T, T] weights are never stored: the backward pass recomputes each block's
@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgpt import blas_matmul, kernel_cache
 from jgpt.errors import ApiError
+from jgpt.kernels import blas_matmul, kernel_cache
 
 F32 = jnp.float32
 SOURCE = Path(__file__).with_name("blas_attention.cc")

@@ -27,8 +27,9 @@ user's own jgpt wrote there:
 
 The name is `{source stem}-{key}.so`, the key the SHA-256 of the source, every header beside it (its quoted
 includes), jaxlib's version and the compile command; a concurrent first use compiles twice at worst. Where
-the kernel cannot be built or loaded, `load` raises OSError or CalledProcessError, and each kernel's module
-keeps XLA's operations. Kept apart from the kernels so that every one loads through it.
+the kernel cannot be built or loaded, `load` raises OSError or CalledProcessError, each kernel's module
+says it is unavailable, and a plan resolved there says "xla" for it (`jgpt.kernels.plan`). Kept apart from
+the kernels so that every one loads through it.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def build_of(source: Path) -> Build:
     """The build of the kernel `source`, named by the key of everything that makes its bytes."""
     include = str(Path(jax.ffi.include_dir()))
     command = (os.environ.get("CXX", "g++"), "-O2", "-std=c++17", "-shared", "-fPIC", "-w", "-I", include)
-    # The headers beside the source are what its quoted includes can reach (jgpt/one_row.h).
+    # The headers beside the source are what its quoted includes can reach (jgpt/kernels/one_row.h).
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
     text = source.read_bytes() + headers + jaxlib.__version__.encode() + " ".join(command).encode()
     return Build(source, command, f"{source.stem}-{hashlib.sha256(text).hexdigest()[:16]}.so")
