@@ -40,6 +40,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
         choices=PRECISION_NAMES,
         help="compute, weight matrices and KV state in this precision (default: the model's)",
     )
+    parser.add_argument(
+        "--kernels",
+        choices=("auto", "xla"),
+        default="auto",
+        help="auto: jgpt's decode kernels where this CPU runs them (AVX-512F); xla: the pure-JAX reference "
+        "(the plan that ran is recorded as execution.kernels)",
+    )
     return parser
 
 
@@ -99,7 +106,7 @@ def _generate(argv: list[str]) -> int:
         raise ApiError(
             "observe", f"step {args.observe} is outside 0..{args.max_new_tokens - 1}, the steps the budget allows"
         )
-    execution, tokenizer = _load(args.model, args.precision)
+    execution, tokenizer = _load(args.model, args.precision, args.kernels)
     text: str | None = None
     if given_ids is None:  # the arguments give exactly one of the two (checked above)
         text = " ".join(args.prompt)
@@ -111,7 +118,7 @@ def _generate(argv: list[str]) -> int:
     if args.draft is not None:
         from inference.speculative import PROMPT_LOOKUP, PromptLookup, generate_speculative
 
-        draft = PromptLookup() if args.draft == PROMPT_LOOKUP else _load(args.draft, args.precision)[0]
+        draft = PromptLookup() if args.draft == PROMPT_LOOKUP else _load(args.draft, args.precision, args.kernels)[0]
         k = 4 if args.speculate is None else args.speculate
         (response,) = generate_speculative(execution, draft, [request], k).responses
         if stream is not None:  # the loop is one program: the text comes at its end
@@ -149,7 +156,7 @@ def _record(argv: list[str]) -> int:
     read_workload(document, Tokenizer.bytes_only())  # its shape does not depend on the ids: refuse before loading
     with progress.shown(args.quiet):
         with progress.stage("loading model"):
-            execution, tokenizer = _load(args.model, args.precision)
+            execution, tokenizer = _load(args.model, args.precision, args.kernels)
         requests = read_workload(document, tokenizer)
         computations = record(
             execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"]
@@ -191,7 +198,7 @@ def _serve(argv: list[str]) -> int:
     system = parse_system(system_document)
     with progress.shown(args.quiet or args.json):
         with progress.stage("loading model"):
-            execution, tokenizer = _load(args.model, args.precision)
+            execution, tokenizer = _load(args.model, args.precision, args.kernels)
         requests, interaction = read_served_workload(document, tokenizer, execution)
         # Ctrl-C or SIGTERM (run_guarded) unwinds the run: the document is written only once it is whole.
         engine = InferenceEngine(execution, system)
@@ -213,16 +220,18 @@ def _json_file(path: str, field: str):
     return read_json(path, field)
 
 
-def _load(model: str | None, precision: str | None = None):
+def _load(model: str | None, precision: str | None = None, kernels: str = "auto"):
     """The ModelExecution and Tokenizer of a catalog id or artifact path (default: the catalog default),
-    at the model's precision or at `precision` (a `--precision` name), its matrices stored in it."""
+    at the model's precision or at `precision` (a `--precision` name), its matrices stored in it, under the
+    kernel plan `kernels` names (`--kernels`)."""
     from inference.execution import ModelExecution
     from inference.precision import at_precision
     from jgpt.catalog import load_model, read_catalog
+    from jgpt.kernels.plan import Kernels
 
     artifact = load_model(read_catalog().default_id() if model is None else model)
     tokenizer = artifact.tokenizer()
-    execution = ModelExecution.from_artifact(artifact, tokenizer)
+    execution = ModelExecution.from_artifact(artifact, tokenizer, kernels=Kernels.named(kernels))
     own = execution.architecture.precision
     return at_precision(execution, own if precision is None else PRECISION_NAMES.get(precision, own)), tokenizer
 
@@ -313,5 +322,9 @@ def _response_json(response, tokenizer, execution) -> dict:
             "tokenizer_sha256": execution.identity.tokenizer_sha256,
             "precision": execution.identity.precision,
         },
-        "execution": {"backend": backend.to_json(), "provenance": ExecutionProvenance.current(backend).to_json()},
+        "execution": {
+            "backend": backend.to_json(),
+            "kernels": execution.kernels.to_json(),
+            "provenance": ExecutionProvenance.current(backend).to_json(),
+        },
     }

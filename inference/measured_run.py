@@ -96,7 +96,11 @@ def measured_run(
         "tokenizer_sha256": identity.tokenizer_sha256,
         "architecture": execution.architecture.to_json(),
     }
-    execution_json = {"backend": backend.to_json(), "provenance": ExecutionProvenance.current(backend).to_json()}
+    execution_json = {
+        "backend": backend.to_json(),
+        "kernels": execution.kernels.to_json(),
+        "provenance": ExecutionProvenance.current(backend).to_json(),
+    }
     plan = served.plan
     arrivals = [{"request_id": s.request.request_id, "arrival_us": s.outcome["arrival_us"]} for s in served.requests]
     return {

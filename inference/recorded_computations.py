@@ -111,7 +111,11 @@ def record(
             "architecture": execution.architecture.to_json(),
         },
         "kv_bytes_per_position": execution.costs.kv_bytes_per_position,
-        "execution": {"backend": backend.to_json(), "provenance": ExecutionProvenance.current(backend).to_json()},
+        "execution": {
+            "backend": backend.to_json(),
+            "kernels": execution.kernels.to_json(),
+            "provenance": ExecutionProvenance.current(backend).to_json(),
+        },
         "workload": {"kind": kind},
         "requests": documents,
     }

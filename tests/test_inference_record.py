@@ -16,6 +16,8 @@ from jgpt import cli
 from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.artifact import save_artifact
 from jgpt.errors import ApiError
+from jgpt.kernels import blas_matvec
+from jgpt.kernels.plan import Kernels
 from jgpt.kv_state import StateIdentity
 from jgpt.tokenizer import Tokenizer
 from jgpt.weights import initialize
@@ -141,6 +143,9 @@ def test_document_identifies_model_and_execution(document, artifact_dir):
     assert model["checkpoint_sha256"] in json.dumps(manifest)
     backend = document["execution"]["backend"]
     assert backend["precision"] == "float32" and backend["library"].startswith("jax ")
+    # The kernel plan that ran: auto, bound to this tiny model (its blocks are below the fused kernel's size).
+    one_row = "kernel" if blas_matvec.available() else "xla"
+    assert document["execution"]["kernels"] == Kernels(one_row=one_row).to_json()
     provenance = document["execution"]["provenance"]
     assert set(provenance) >= {"python", "revision", "source_sha256", "sources"}
     assert "inference/generation.py" in provenance["sources"]
@@ -231,6 +236,14 @@ def test_generate_cli_json_and_plain(artifact_dir, capsys):
     assert [c["phase"] for c in response["computations"]] == ["prefill", "decode", "decode"]
     assert {o["step"] for o in response["observations"]} == {1}
     assert max(c["reference_max_abs_error"] for c in response["computations"]) <= 1e-5
+    assert response["execution"]["kernels"]["decode"] == "xla"  # this tiny model's blocks are below the kernel's size
+
+    code, out, err = run_cli(
+        capsys, "generate", "--model", str(artifact_dir), "--max-new-tokens", "3", "--json", "--kernels", "xla", "Hi"
+    )
+    assert code == 0, err
+    assert json.loads(out)["execution"]["kernels"] == Kernels.xla().to_json()
+    assert json.loads(out)["output_ids"] == response["output_ids"]
 
     code, out, err = run_cli(
         capsys, "generate", "--model", str(artifact_dir), "--max-new-tokens", "3", "--ids", "257,72,105,259,258"

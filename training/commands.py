@@ -181,6 +181,13 @@ def eval_command(prog: str, argv: list[str]) -> int:
         "--conversations", type=int, default=500, metavar="N", help="held-out conversations to generate"
     )
     parser.add_argument("--seed", type=int, metavar="N", help="conversation seed (default: the model's training seed)")
+    parser.add_argument(
+        "--kernels",
+        choices=("auto", "xla"),
+        default="auto",
+        help="the kernel plan the exact-match generation runs under (auto: jgpt's decode kernels where this CPU "
+        "runs them; xla: the pure-JAX reference); recorded in the report",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress on the terminal")
     args = parser.parse_args(argv)
@@ -191,7 +198,7 @@ def eval_command(prog: str, argv: list[str]) -> int:
 
         report = evaluate_model(
             args.model, data=args.data, development_fraction=args.development_fraction,
-            conversations=args.conversations, seed=args.seed,
+            conversations=args.conversations, seed=args.seed, kernels=args.kernels,
         )  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))

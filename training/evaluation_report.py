@@ -16,9 +16,16 @@ from training.step import make_development_step
 
 
 def evaluate_model(
-    model: str | None, *, data: str | None, development_fraction: float, conversations: int, seed: int | None
+    model: str | None,
+    *,
+    data: str | None,
+    development_fraction: float,
+    conversations: int,
+    seed: int | None,
+    kernels: str = "auto",
 ) -> dict:
-    """Development loss and bits per byte; for conversations also exact match per skill."""
+    """Development loss and bits per byte (the pure-JAX forward); for conversations also exact match per skill,
+    generated under the kernel plan `kernels` names (`--kernels`), which the report records."""
     if not 0 < development_fraction < 1:  # NaN fails this too
         raise ApiError("development_fraction", f"must be in (0, 1), got {development_fraction}")
     bounded(conversations, "conversations", 1, CONVERSATION_LIMIT)
@@ -58,6 +65,9 @@ def evaluate_model(
     }
     if corpus.exercises:
         from inference.execution import ModelExecution
+        from jgpt.kernels.plan import Kernels
 
-        report["skills"] = exact_match(ModelExecution.from_artifact(artifact, tokenizer), tokenizer, corpus.exercises)
+        execution = ModelExecution.from_artifact(artifact, tokenizer, kernels=Kernels.named(kernels))
+        report["kernels"] = execution.kernels.to_json()
+        report["skills"] = exact_match(execution, tokenizer, corpus.exercises)
     return report
