@@ -53,7 +53,7 @@ def attention_dtype(dtype) -> jnp.dtype:
 
 
 class Held(Protocol):
-    """A matrix as held (a jax.Array, OutputMajor or BlasMatrix): what forming an operand reads."""
+    """A matrix as held (a jax.Array or an OutputMajor): what forming an operand reads."""
 
     @property
     def dtype(self) -> Any: ...

@@ -9,6 +9,7 @@ results are the xla plan's bit for bit, while a training plan that names a kerne
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import kernel_parity  # noqa: E402
 
 TOLERANCE = 1e-5
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_plan_is_a_frozen_validated_value_with_the_reference_as_default():
@@ -48,6 +50,15 @@ def test_the_plan_is_a_frozen_validated_value_with_the_reference_as_default():
     assert Kernels.named("xla") == XLA
     # The training configuration spells the same choices without importing jax.
     assert (config.PRODUCTS, config.ATTENTIONS) == (plan.PRODUCTS, plan.ATTENTIONS)
+
+
+def test_the_reference_computation_loads_no_kernel_module_even_indirectly():
+    script = (
+        "import sys, jgpt.model, jgpt.operations; print(sorted(m for m in sys.modules if m.startswith('jgpt.kernels')))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]"]
 
 
 def test_auto_is_resolved_once_to_what_runs_here():
