@@ -27,7 +27,7 @@ taking turns in one run.
 
     python bench/train_step.py [--steps 20] [--only small|large] [--products] [--scan] [--torch-compile]
 
-`make bench` runs it with the malloc tunables `jgpt train` runs with (`jgpt.cli.MALLOC_TUNABLES`: huge
+`make bench` runs it with the malloc tunables `jgpt train` runs with (`jgpt.process_settings.MALLOC_TUNABLES`: huge
 pages, one arena, no mmap'd or trimmed blocks; docs/training.md, Speed); both sides get the same allocator.
 """
 

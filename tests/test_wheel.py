@@ -165,7 +165,7 @@ def _compiles_every_kernel_from_the_installed_files(installed: Installed, cache:
         "import json\n"
         "from pathlib import Path\n"
         "import jgpt\n"
-        "from jgpt import kernel_cache\n"
+        "from jgpt.kernels import kernel_cache\n"
         "sources = sorted(Path(jgpt.__file__).parent.rglob('*.cc'))\n"
         "for source in sources:\n"
         "    kernel_cache.load(source)\n"

@@ -2,7 +2,7 @@
 // fused_decode.cc): y[o] = <w row o, x> for o in [first, end), four rows at a time, prefetching the next four. The
 // last `inputs % 16` inputs of a row are read by a masked load, which never touches the masked-out bytes. Only
 // CPUs with AVX-512F may call it. Included by each kernel's single source file (a quoted include is found next to
-// it); `jgpt.blas_matmul.compiled` hashes this header into every kernel's cache key.
+// it); `jgpt.kernels.kernel_cache.build_of` hashes this header into every kernel's cache key.
 #ifndef JGPT_ONE_ROW_H_
 #define JGPT_ONE_ROW_H_
 
