@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.controls import chosen
 from experiments.experiment_execution import Recording, _dumps, _file_entry, _generation, verified_file
@@ -30,6 +30,9 @@ from experiments.lab_workload import LabWorkload
 from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
 from jgpt.validation import is_integer, is_number
+
+if TYPE_CHECKING:  # the plan's module imports jax, which a replay never needs
+    from jgpt.kernels.plan import Kernels
 
 FORMAT = "jgpt-decoding-run"
 VERSION = 1
@@ -63,10 +66,12 @@ def decoding_arm(
     recording: Recording,
     workload: LabWorkload,
     files: dict[str, bytes],
+    kernels: Kernels,
 ) -> dict[str, Any]:
-    """Decode the arm's requests REPEATS times; its outcomes are the decoding run's totals."""
+    """Decode the arm's requests REPEATS times under the kernel plan `kernels` (the target's and a draft model's);
+    its outcomes are the decoding run's totals."""
     try:
-        run = _decode(execution, recording, workload)
+        run = _decode(execution, recording, workload, kernels)
     except ApiError as error:
         raise ApiError(f"arm {label!r}: {CONTROL_OF.get(error.field, error.field)}", error.reason) from None
     name = f"decoding-run-{i}.json"
@@ -80,19 +85,19 @@ def decoding_arm(
     }
 
 
-def _decode(execution: ExecutionSpec, recording: Recording, workload: LabWorkload) -> dict[str, Any]:
+def _decode(execution: ExecutionSpec, recording: Recording, workload: LabWorkload, kernels: Kernels) -> dict[str, Any]:
     from experiments.engine_serving import model_execution, served_requests  # jax: only when an arm decodes
     from inference.generation import generate
     from inference.speculative import PROMPT_LOOKUP, PromptLookup, check_draft, generate_speculative
 
     decoding = decoding_of(execution)
-    target, _ = model_execution(recording.model["model_id"])
+    target, _ = model_execution(recording.model["model_id"], kernels)
     requests = served_requests(workload, recording.document, _generation(execution))
     if decoding["rule"] == "greedy":
         run, draft_sha256 = lambda request: generate(target, [request]), None  # noqa: E731
     else:
         draft_id, k = decoding["draft_model_id"], decoding["speculation_tokens"]
-        draft = PromptLookup() if draft_id == PROMPT_LOOKUP else model_execution(draft_id)[0]
+        draft = PromptLookup() if draft_id == PROMPT_LOOKUP else model_execution(draft_id, kernels)[0]
         check_draft(target, draft, k)
         draft_sha256 = None if isinstance(draft, PromptLookup) else draft.identity.checkpoint_sha256
         run = lambda request: generate_speculative(target, draft, [request], k)  # noqa: E731

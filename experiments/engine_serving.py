@@ -28,18 +28,20 @@ from inference.slot_execution import EnginePlan
 from jgpt.architecture import architecture_from_json
 from jgpt.catalog import load_model
 from jgpt.errors import ApiError
+from jgpt.kernels.plan import Kernels
 from kvsim import parse_system
 
 
 @functools.cache
-def model_execution(model_id: str) -> tuple[ModelExecution, Any]:
-    """The ModelExecution and Tokenizer of a catalog id or artifact (loaded once per process)."""
+def model_execution(model_id: str, kernels: Kernels) -> tuple[ModelExecution, Any]:
+    """The ModelExecution and Tokenizer of a catalog id or artifact under the kernel plan `kernels` (loaded once
+    per process and plan)."""
     try:
         artifact = load_model(resolve_model_id(model_id))
     except ApiError as error:
         raise ApiError("model.model_id", f"{model_id!r}: {error}") from None
     tokenizer = artifact.tokenizer()
-    return ModelExecution.from_artifact(artifact, tokenizer), tokenizer
+    return ModelExecution.from_artifact(artifact, tokenizer, kernels=kernels), tokenizer
 
 
 def served_requests(workload: LabWorkload, computations: dict, generation: dict) -> tuple[InferenceRequest, ...]:
@@ -52,10 +54,16 @@ def served_requests(workload: LabWorkload, computations: dict, generation: dict)
 
 
 def serve(
-    model_id: str, system_json: dict, workload: LabWorkload, computations: dict, generation: dict, label: str
+    model_id: str,
+    kernels: Kernels,
+    system_json: dict,
+    workload: LabWorkload,
+    computations: dict,
+    generation: dict,
+    label: str,
 ) -> dict:
-    """The measured-run document of the engine serving `workload` under `system_json`."""
-    execution, tokenizer = model_execution(model_id)
+    """The measured-run document of the engine serving `workload` under `system_json` and the kernel plan `kernels`."""
+    execution, tokenizer = model_execution(model_id, kernels)
     system = parse_system(system_json, "system")
     requests = served_requests(workload, computations, generation)
     print(

@@ -20,7 +20,7 @@ re-run by a replay (its wall times are measurements, not reproducible values).
 What replay proves, and what not: the files are the ones the record names (each
 path inside the record's directory, at most RECORD_FILE_LIMIT bytes, SHA-256 equal);
 the record's `id` is the identity of what it says it consumed; its model bindings,
-provenance, workload, inference controls, arm labels and walkthrough are those its lab
+each recording's kernel plan, provenance, workload, inference controls, arm labels and walkthrough are those its lab
 and recorded computations give; the inspected observations are of the sequences those
 computations hold, in the shape the report reads; every arm's cache run,
 system and outcomes are what kvsim computes from them. It does not prove that the
@@ -41,7 +41,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.controls import CONTROLS, chosen
 from experiments.experiment_design import ExperimentDesign
@@ -58,6 +58,9 @@ from jgpt.paths import confined
 from jgpt.validation import is_integer
 from jgpt.walkthrough import walkthrough
 from kvsim import compare, merge_service, parse_document, parse_system, record_json, simulate
+
+if TYPE_CHECKING:  # the plan's module imports jax, which a replay never needs
+    from jgpt.kernels.plan import Kernels
 
 FORMAT = "jgpt-experiment-execution"
 VERSION = 1
@@ -92,12 +95,19 @@ def run_lab(
     plots: bool = True,
     defaults: GenerationDefaults | None = None,
     recordings: dict | None = None,
+    kernels: Kernels | None = None,
 ) -> LabRun:
     """Run every arm of `lab` and write record, computations, cache runs, summary, plots and report under `out`.
 
-    `recordings` may carry recorded computations between calls (keyed by model,
-    generation policy and workload), so labs sharing them record inference once.
+    Every execution the lab creates (recordings, engine and generate arms) runs under the kernel plan
+    `kernels` (default `Kernels.auto()`, as `jgpt lab run --kernels auto`); each recording's entry
+    in the record names the plan its computations ran with. `recordings` may carry recorded computations
+    between calls (keyed by model, generation policy, workload and plan), so labs sharing them record
+    inference once.
     """
+    from jgpt.kernels.plan import Kernels  # jax: a lab run always runs the model
+
+    kernels = Kernels.auto() if kernels is None else kernels
     lab.refuse_if_planned()
     out = Path(out)
     _check_replaceable(out)
@@ -107,11 +117,11 @@ def run_lab(
     recordings = {} if recordings is None else recordings
     keys = []
     for _, execution in arms:
-        key = _recording_key(execution, workload)
+        key = _recording_key(execution, workload, kernels)
         if key not in recordings:
             from experiments.lab_recording import record_workload  # jax: only when something runs
 
-            recordings[key] = record_workload(execution, workload)
+            recordings[key] = record_workload(execution, workload, kernels)
         keys.append(key)
     distinct = list(dict.fromkeys(keys))
     files: dict[str, bytes] = {}
@@ -126,6 +136,8 @@ def run_lab(
             {
                 "inference": recording.inference,
                 "model": recording.model,
+                # the plan as this model's execution ran it (`record_integrity.check_recording` ties it to them)
+                "kernels": recording.document["execution"]["kernels"],
                 "computations": _file_entry(name, files[name]),
                 "observations": _file_entry(observations, files[observations]),
                 "walkthrough": recording.walkthrough,
@@ -133,18 +145,18 @@ def run_lab(
         )
     from experiments.measured_arms import calibrate, engine_arm  # they read this module's helpers
 
-    calibration = calibrate(lab, arms, recordings, files) if lab.calibration_workload is not None else None
+    calibration = calibrate(lab, arms, recordings, files, kernels) if lab.calibration_workload is not None else None
     fragment = None if calibration is None else calibration["fragment"]
     arm_entries = []
     for i, ((label, execution), key) in enumerate(progress.tracked(list(zip(arms, keys)), "running arms", unit="arm")):
         n = distinct.index(key)
         if chosen(execution.assignments, "execution.runner") == "engine":
-            arm_entries.append(engine_arm(i, label, execution, n, recordings[key], workload, files))
+            arm_entries.append(engine_arm(i, label, execution, n, recordings[key], workload, files, kernels))
             continue
         if chosen(execution.assignments, "execution.runner") == "generate":
             from experiments.decoding_arms import decoding_arm
 
-            arm_entries.append(decoding_arm(i, label, execution, n, recordings[key], workload, files))
+            arm_entries.append(decoding_arm(i, label, execution, n, recordings[key], workload, files, kernels))
             continue
         try:
             run = _simulate(execution, recordings[key].document, workload, lab, fragment)
@@ -478,9 +490,9 @@ def _generation(execution: ExecutionSpec) -> dict[str, Any]:
     return {name.split(".")[1]: execution.value(name) for name in INFERENCE_CONTROLS if name.startswith("generation.")}
 
 
-def _recording_key(execution: ExecutionSpec, workload: LabWorkload) -> str:
+def _recording_key(execution: ExecutionSpec, workload: LabWorkload, kernels: Kernels) -> str:
     inference = {name: execution.value(name) for name in INFERENCE_CONTROLS}
-    return json.dumps([inference, workload.to_json({})], sort_keys=True)
+    return json.dumps([inference, workload.to_json({}), kernels.to_json()], sort_keys=True)
 
 
 def _execution_id(

@@ -85,7 +85,7 @@ def write_report(record_path: Path, out: Path) -> Path:
         {r["request_id"]: r["computations"] for r in computations["requests"] if r["request_id"] in inspected},
     )
     data = {
-        "record": {k: record[k] for k in ("id", "lab", "provenance", "bindings")},
+        "record": {k: record[k] for k in ("id", "lab", "provenance", "bindings")} | {"kernels": recording["kernels"]},
         "summary": summary(record),
         "inspectable": {
             "observations": observations,
@@ -302,6 +302,7 @@ function renderOverview() {
     ['record', rec.id], ['lab', rec.lab.id], ['ontology', b.primary + (b.related.length ? ' (related: ' + b.related.join(', ') + ')' : '')],
     ['model', m.model_id], ['checkpoint_sha256', m.checkpoint_sha256], ['tokenizer_sha256', m.tokenizer_sha256],
     ['architecture', Object.entries(m.architecture).map(([k, v]) => k + '=' + v).join(' ')],
+    ['kernels', Object.entries(rec.kernels).map(([k, v]) => k + ' ' + v).join(', ')],
     ['workload', rec.bindings.workload.kind + ', ' + rec.bindings.workload.requests.length + ' requests'],
     ['backend', Object.values(p.backend).join(' / ')], ['python', p.python], ['revision', p.revision],
   ].map(([k, v]) => el('tr', {}, el('th', {class: 'l'}, k), el('td', {class: 'l'}, fmt(v))))));

@@ -26,6 +26,7 @@ from inference.recorded_computations import record
 from jgpt import progress
 from jgpt.catalog import load_model, read_catalog
 from jgpt.errors import ApiError
+from jgpt.kernels.plan import Kernels
 from jgpt.model import forward
 from jgpt.tokenizer import Tokenizer
 from jgpt.walkthrough import walkthrough
@@ -35,7 +36,9 @@ TOP_CANDIDATES = 5
 INSPECTED_REQUESTS = 2  # the first request and the one with the longest sequence
 
 
-def record_workload(execution: ExecutionSpec, workload: LabWorkload) -> Recording:
+def record_workload(execution: ExecutionSpec, workload: LabWorkload, kernels: Kernels) -> Recording:
+    """The workload recorded by the model `model.model_id` names under the kernel plan `kernels` (which its
+    document's `execution.kernels` records, as the execution narrows it to the model), and inspected."""
     model_id = resolve_model_id(execution.value("model.model_id"))
     try:
         with progress.stage(f"loading model {model_id}"):
@@ -43,7 +46,7 @@ def record_workload(execution: ExecutionSpec, workload: LabWorkload) -> Recordin
     except ApiError as error:
         raise ApiError("model.model_id", f"{model_id!r}: {error}") from None
     tokenizer = artifact.tokenizer()
-    model = ModelExecution.from_artifact(artifact, tokenizer)
+    model = ModelExecution.from_artifact(artifact, tokenizer, kernels=kernels)
     generation = {
         name.split(".")[1]: execution.value(name) for name in execution.assignments if name.startswith("generation.")
     }

@@ -16,7 +16,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.controls import chosen
 from experiments.experiment_design import ExperimentDesign
@@ -36,6 +36,9 @@ from jgpt.errors import ApiError
 from jgpt.json_input import parse_json
 from kvsim import fit, fitted_terms, parse_system, read_measured_run, system_json
 
+if TYPE_CHECKING:  # the plan's module imports jax, which a replay never needs
+    from jgpt.kernels.plan import Kernels
+
 
 def engine_arm(
     i: int,
@@ -45,12 +48,15 @@ def engine_arm(
     recording: Recording,
     workload: LabWorkload,
     files: dict[str, bytes],
+    kernels: Kernels,
 ) -> dict[str, Any]:
-    """Serve the arm on the InferenceEngine; its outcomes are the measured totals (kvsim's field names)."""
+    """Serve the arm on the InferenceEngine under the kernel plan `kernels`; its outcomes are the measured totals
+    (kvsim's field names)."""
     from experiments.engine_serving import serve  # jax: only when an arm runs on the engine
 
     measured = serve(
         recording.model["model_id"],
+        kernels,
         execution.system_config_json(),
         workload,
         recording.document,
@@ -83,19 +89,23 @@ def calibration_plan(executions: list[ExecutionSpec]) -> list[tuple[ExecutionSpe
     return list(plan.values())
 
 
-def calibrate(lab: ExperimentDesign, arms: list, recordings: dict, files: dict[str, bytes]) -> dict[str, Any]:
-    """Serve the calibration workload on the engine under each planned system, and fit kvsim's service to it."""
+def calibrate(
+    lab: ExperimentDesign, arms: list, recordings: dict, files: dict[str, bytes], kernels: Kernels
+) -> dict[str, Any]:
+    """Serve the calibration workload on the engine under each planned system and the kernel plan `kernels`, and
+    fit kvsim's service to it."""
     from experiments.engine_serving import serve
     from experiments.lab_recording import record_workload
 
     workload, entries, runs = lab.calibration_workload, [], []
     for n, (execution, system) in enumerate(calibration_plan([execution for _, execution in arms])):
-        key = _recording_key(execution, workload)
+        key = _recording_key(execution, workload, kernels)
         if key not in recordings:  # the prompts its conversations send, with the model's own replies
-            recordings[key] = record_workload(execution, workload)
+            recordings[key] = record_workload(execution, workload, kernels)
         recording = recordings[key]
         measured = serve(
             recording.model["model_id"],
+            kernels,
             system,
             workload,
             recording.document,

@@ -1,6 +1,6 @@
 """What a lab record's files must agree on, beyond their hashes: one model, one sequence per request.
 
-`check_recording` ties a recording's model binding to its recorded computations and the
+`check_recording` ties a recording's model binding and kernel plan to its recorded computations and the
 inspected observations to the sequences those computations hold, in the shape the report
 reads. `check_measured_run` checks an engine run's document (kvsim's reading of it) and
 derives its totals again from its requests and works. `model_bindings` compares the bound
@@ -28,7 +28,8 @@ DERIVED_TOTALS = (
 
 
 def check_recording(entry: Mapping[str, Any], document: Any, observations: Any, field: str) -> None:
-    """The recording's model binding is its computations' model, and its observations are of their sequences."""
+    """The recording's model binding and kernel plan are its computations' model and `execution.kernels`, and its
+    observations are of their sequences."""
     model = entry.get("model")
     if (
         not isinstance(model, dict)
@@ -36,6 +37,13 @@ def check_recording(entry: Mapping[str, Any], document: Any, observations: Any, 
         or {k: v for k, v in model.items() if k != "model_id"} != document.get("model")
     ):
         raise ApiError(f"{field}.model", "is not the model its recorded computations name")
+    execution = document.get("execution")
+    if (
+        not isinstance(execution, dict)
+        or not isinstance(entry.get("kernels"), dict)
+        or entry["kernels"] != execution.get("kernels")
+    ):
+        raise ApiError(f"{field}.kernels", "is not the kernel plan its recorded computations ran with")
     checkpoint = model.get("checkpoint_sha256")
     if (
         not isinstance(observations, dict)

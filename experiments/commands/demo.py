@@ -27,13 +27,14 @@ def main(command: str, argv: list[str]) -> int:
     from experiments.lab_recording import record_workload
     from jgpt.artifact import TOKENIZER
     from jgpt.catalog import resolve_model
+    from jgpt.kernels.plan import Kernels
     from jgpt.span_table import render
     from jgpt.tokenizer import Tokenizer
 
     lab = default_catalog().lab(args.lab)
     lab.refuse_if_planned()
     defaults = generation_defaults()
-    recording = record_workload(defaults.execution, defaults.workload)
+    recording = record_workload(defaults.execution, defaults.workload, Kernels.auto())
     model = recording.model
     tokenizer_file = resolve_model(model["model_id"]) / TOKENIZER
     tokenizer = Tokenizer.load(tokenizer_file) if tokenizer_file.is_file() else Tokenizer.bytes_only()

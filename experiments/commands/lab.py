@@ -37,6 +37,13 @@ def _lab(command: str, argv: list[str]) -> int:
     run.add_argument(
         "--out", required=True, type=Path, metavar="DIR", help="directory for record.json, summary.json and plots"
     )
+    run.add_argument(
+        "--kernels",
+        choices=("auto", "xla"),
+        default="auto",
+        help="auto: jgpt's decode kernels where this CPU runs them (AVX-512F); xla: the pure-JAX reference "
+        "(the plan each recording ran with is recorded as recordings[].kernels)",
+    )
     run.add_argument("--no-report", action="store_true", help="skip writing report.html")
     run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
@@ -105,13 +112,16 @@ def _lab(command: str, argv: list[str]) -> int:
             import jax  # noqa: F401
 
             from experiments.experiment_execution import run_lab, summary
+            from jgpt.kernels.plan import Kernels
 
-        outcome = run_lab(lab, args.out, report=not args.no_report)
+        outcome = run_lab(lab, args.out, report=not args.no_report, kernels=Kernels.named(args.kernels))
     figures = summary(outcome.record)
     if args.json:
         print(json.dumps(figures, indent=1))
         return 0
     print(summary_text(figures))
+    plans = (f"  kernels of {r['model']['model_id']}: {Kernels(**r['kernels'])}" for r in outcome.record["recordings"])
+    print("\n".join(dict.fromkeys(plans)))
     print(f"{len(outcome.written)} files in {outcome.directory}: {', '.join(p.name for p in outcome.written)}")
     return 0
 
@@ -183,8 +193,9 @@ def _number(value, form: str, unit: str = "") -> str:
 REPLAY_PROVES = """\
 Replay proves: every file the record names lies in its directory and has the size and
 SHA-256 the record gives; the record's id is the identity of the lab, arms and recorded
-computations it consumed; its model bindings, provenance, workload, inference controls,
-arm labels and architecture walkthrough are those its lab and recorded computations give;
+computations it consumed; its model bindings, each recording's kernel plan, provenance,
+workload, inference controls, arm labels and architecture walkthrough are those its lab
+and recorded computations give;
 the inspected observations are of the sequences they hold, in the shape the report reads; every
 arm's cache run, system and outcomes are what kvsim computes again, byte for byte; each
 bound model's checkpoint_sha256 and tokenizer_sha256 match this machine's catalog entry
