@@ -54,8 +54,8 @@ def loaded_once(monkeypatch):
 
 
 @functools.cache
-def _cached_load(model, precision=None):
-    return _original_load(model, precision)
+def _cached_load(model, precision=None, kernels="auto"):
+    return _original_load(model, precision, kernels)
 
 
 _original_load = inference.commands._load
