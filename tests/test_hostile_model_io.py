@@ -341,10 +341,12 @@ def _unmount(directory: Path) -> None:
     """Unmount, waiting out a moment of "target is busy": a library's worker thread that ended may not have
     closed its file yet when the command has returned (seen once in 200 real imports); detach it at last."""
     for _ in range(20):
-        if subprocess.run(["umount", str(directory)], capture_output=True).returncode == 0:
+        if not os.path.ismount(directory):
             return
+        subprocess.run(["umount", str(directory)], capture_output=True)
         time.sleep(0.1)
-    subprocess.run(["umount", "--lazy", str(directory)], check=True)
+    while os.path.ismount(directory):  # a mount stacked on another is unmounted one layer at a time
+        subprocess.run(["umount", "--lazy", str(directory)], check=True)
 
 
 def export_bytes(exported: Path) -> int:
