@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import subprocess
-import warnings
 from pathlib import Path
 
 import jax
@@ -28,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jgpt.errors import ApiError
-from jgpt.kernels import blas_matmul, kernel_cache
+from jgpt.kernels import blas_matmul
 
 F32 = jnp.float32
 SOURCE = Path(__file__).with_name("blas_attention.cc")
@@ -80,16 +78,9 @@ causal_attention.defvjp(_causal_attention_forward, _causal_attention_backward)
 @functools.cache
 def _kernel() -> ctypes.CDLL | None:
     """The compiled kernel, bound to numpy's OpenBLAS and registered with XLA; None where that fails."""
-    blas = blas_matmul.numpy_openblas((blas_matmul.SGEMM, blas_matmul.SET_THREADS_LOCAL))
-    if blas is None:
+    library = blas_matmul.bound_to_openblas(SOURCE, "the BLAS attention kernel")
+    if library is None:
         return None
-    try:
-        library = kernel_cache.load(SOURCE)
-    except (OSError, subprocess.CalledProcessError) as error:
-        warnings.warn(f"jgpt: the BLAS attention kernel is unavailable: {error}", stacklevel=2)
-        return None
-    address = lambda symbol: ctypes.cast(getattr(blas, symbol), ctypes.c_void_p)
-    library.jgpt_bind_blas(address(blas_matmul.SGEMM), address(blas_matmul.SET_THREADS_LOCAL))
     for target in (FORWARD, BACKWARD):
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
     return library

@@ -89,16 +89,9 @@ def product(a: jax.Array, b: jax.Array, transpose_a: bool = False, transpose_b: 
 @functools.cache
 def _kernel() -> ctypes.CDLL | None:
     """The compiled kernel, bound to numpy's OpenBLAS and registered with XLA; None where that fails."""
-    blas = numpy_openblas((SGEMM, SET_THREADS_LOCAL))
-    if blas is None:
+    library = bound_to_openblas(SOURCE, "the BLAS products kernel")
+    if library is None:
         return None
-    try:
-        library = kernel_cache.load(SOURCE)
-    except (OSError, subprocess.CalledProcessError) as error:
-        warnings.warn(f"jgpt: the BLAS products kernel is unavailable: {error}", stacklevel=2)
-        return None
-    address = lambda symbol: ctypes.cast(getattr(blas, symbol), ctypes.c_void_p)
-    library.jgpt_bind_blas(address(SGEMM), address(SET_THREADS_LOCAL))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.jgpt_blas_product), platform="cpu")
     return library
 
@@ -114,6 +107,23 @@ def registered(source: Path, target: str, handler: str, supported: str) -> ctype
     if not getattr(library, supported)():
         return None
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, handler)), platform="cpu")
+    return library
+
+
+def bound_to_openblas(source: Path, what: str) -> ctypes.CDLL | None:
+    """The kernel `source` loaded and bound to numpy's OpenBLAS (its sgemm and per-thread thread count, through
+    `jgpt_bind_blas`, which openblas.h declares); None, with a warning naming `what`, where that fails (also used
+    by `blas_attention`)."""
+    blas = numpy_openblas((SGEMM, SET_THREADS_LOCAL))
+    if blas is None:
+        return None
+    try:
+        library = kernel_cache.load(source)
+    except (OSError, subprocess.CalledProcessError) as error:
+        warnings.warn(f"jgpt: {what} is unavailable: {error}", stacklevel=3)
+        return None
+    address = lambda symbol: ctypes.cast(getattr(blas, symbol), ctypes.c_void_p)
+    library.jgpt_bind_blas(address(SGEMM), address(SET_THREADS_LOCAL))
     return library
 
 
