@@ -3,9 +3,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The malloc tunables of jgpt.process_settings (docs/process-settings.md) for every command below: the user's
+# The malloc tunables of jgpt.runtime.process_settings (docs/process-settings.md) for every command below: the user's
 # own GLIBC_TUNABLES first, then those it does not name.
-export GLIBC_TUNABLES := $(shell $(PYTHON) -m jgpt.process_settings)
+export GLIBC_TUNABLES := $(shell $(PYTHON) -m jgpt.runtime.process_settings)
 
 .PHONY: demo test lint bench clean chromium
 

@@ -42,12 +42,12 @@ from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.precision import at_precision
-from jgpt.architecture import ModelArchitecture
-from jgpt.devices import describe
-from jgpt.hf_import import convert
-from jgpt.kv_state import StateIdentity
-from jgpt.model import forward
-from jgpt.weights import initialize, parameter_count
+from jgpt.artifacts.hf_import import convert
+from jgpt.model.architecture import ModelArchitecture
+from jgpt.model.kv_state import StateIdentity
+from jgpt.model.transformer import forward
+from jgpt.model.weights import initialize, parameter_count
+from jgpt.runtime.devices import describe
 from training.batches import TokenStream
 from training.config import TrainingConfig
 from training.optimizer import adamw

@@ -1,6 +1,6 @@
 """The shipped recipe's train step in f32 and in bf16, with bf16 matmuls native and as rounded f32 operands.
 
-`jgpt.bf16_matmul` multiplies bf16 operands as float32 on a backend without
+`jgpt.model.bf16_matmul` multiplies bf16 operands as float32 on a backend without
 bf16 matrix units (a CPU) and natively elsewhere. This bench runs the train
 step of the shipped chat model's shape (`training.config` defaults: rope,
 RMSNorm, SwiGLU, L4 C128, batch 32 x 128 tokens) three ways in one process and
@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from run_conditions import run_conditions
 
-from jgpt import bf16_matmul
-from jgpt.weights import initialize
+from jgpt.model import bf16_matmul
+from jgpt.model.weights import initialize
 from training import sharding
 from training.batches import TokenStream
 from training.config import TrainingConfig

@@ -60,12 +60,12 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from inference.execution import ModelExecution, window_bucket
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from jgpt.hf_import import convert
+from jgpt.artifacts.hf_import import convert
 from jgpt.kernels import blas_matvec
 from jgpt.kernels.plan import Kernels
-from jgpt.kv_state import StateIdentity
-from jgpt.layer_strategy import LayerStrategy
-from jgpt.output_major import OutputMajor
+from jgpt.model.kv_state import StateIdentity
+from jgpt.model.layer_strategy import LayerStrategy
+from jgpt.model.output_major import OutputMajor
 
 SIZES = {
     "tiny (L4 C128 V512)": dict(n_layer=4, n_embd=128, n_head=4, vocab_size=512, n_positions=256),

@@ -49,7 +49,7 @@ from inference.generation import generate, generate_stepwise  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from inference.policy import GenerationPolicy, InferenceRequest  # noqa: E402
 from inference.slot_execution import SlotExecution  # noqa: E402
-from jgpt.catalog import load_model, read_catalog  # noqa: E402
+from jgpt.artifacts.catalog import load_model, read_catalog  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 BUDGET = 64

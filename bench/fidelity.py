@@ -63,8 +63,8 @@ from bench.workloads import burst_workload, chat_workload, sweep_workload, syste
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
-from jgpt.catalog import load_model, read_catalog  # noqa: E402
-from jgpt.identity import write_atomically  # noqa: E402
+from jgpt.artifacts.catalog import load_model, read_catalog  # noqa: E402
+from jgpt.foundation.identity import write_atomically  # noqa: E402
 from kvsim.calibration import (
     AFTER_OTHER,
     FINISH,

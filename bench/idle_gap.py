@@ -27,7 +27,7 @@ import numpy as np
 from run_conditions import run_conditions
 
 from inference.execution import ModelExecution
-from jgpt.catalog import load_model
+from jgpt.artifacts.catalog import load_model
 
 GAPS_MS = (0, 1, 5, 20)
 PROMPT = list(range(10, 42))

@@ -36,7 +36,7 @@ _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
 from bench.run_conditions import run_conditions  # noqa: E402
-from jgpt.identity import write_atomically  # noqa: E402
+from jgpt.foundation.identity import write_atomically  # noqa: E402
 from kvsim import parse_system, record_chunks, simulate  # noqa: E402
 from kvsim.analytic import AnalyticModel, analytic_computations, analytic_stream  # noqa: E402
 from kvsim.record_lines import pulled, write_lines  # noqa: E402

@@ -2,7 +2,7 @@
 
 A figure from a shared 2-core machine means little without them: the CPU and how many of its cores this
 process may use, the load average at the start, the commit (with `+dirty` when tracked files differ from it)
-and whether the malloc tunables were in force (`jgpt.process_settings`: glibc takes them only at a process's
+and whether the malloc tunables were in force (`jgpt.runtime.process_settings`: glibc takes them only at a process's
 start, and a small CPU train step ran up to 2x slower without them; docs/process-settings.md).
 
 Scripts run as `python bench/NAME.py` find this module beside them (`from run_conditions import ...`); the
@@ -16,7 +16,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from jgpt import process_settings
+from jgpt.runtime import process_settings
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 

@@ -54,9 +54,9 @@ from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.speculative import PromptLookup, generate_speculative, verify_window
-from jgpt.catalog import load_model
-from jgpt.hf_import import convert
-from jgpt.kv_state import StateIdentity
+from jgpt.artifacts.catalog import load_model
+from jgpt.artifacts.hf_import import convert
+from jgpt.model.kv_state import StateIdentity
 from training.conversation_corpus import split_conversations
 from training.corpus import exercises_of
 
@@ -73,7 +73,7 @@ def catalog_execution(model_id: str) -> ModelExecution:
 
 def skill_prompts(execution: ModelExecution, count: int) -> list[tuple[int, ...]]:
     """Prompts of held-out exercises (development split), cycling through the skills."""
-    from jgpt.tokenizer import Tokenizer
+    from jgpt.tokenizers.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.bytes_only()
     conversations = split_conversations(0, "development", count, execution.architecture.context + 1)

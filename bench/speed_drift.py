@@ -31,7 +31,7 @@ sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != 
 from bench.run_conditions import run_conditions  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
 from inference.slot_execution import EnginePlan, SlotExecution  # noqa: E402
-from jgpt.catalog import load_model  # noqa: E402
+from jgpt.artifacts.catalog import load_model  # noqa: E402
 
 PROMPT = list(range(10, 40))  # 30 ids: prefilled into row 0, then decoded until the row would reach 64 slots
 SHAPES = ((8, 64), (4, 128))  # (slot rows, slot capacity) of the fidelity bench's burst and chats

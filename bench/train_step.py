@@ -27,7 +27,7 @@ taking turns in one run.
 
     python bench/train_step.py [--steps 20] [--only small|large] [--products] [--scan] [--torch-compile]
 
-`make bench` runs it with the malloc tunables `jgpt train` runs with (`jgpt.process_settings.MALLOC_TUNABLES`: huge
+`make bench` runs it with the malloc tunables `jgpt train` runs with (`jgpt.runtime.process_settings.MALLOC_TUNABLES`: huge
 pages, one arena, no mmap'd or trimmed blocks; docs/training.md, Speed); both sides get the same allocator.
 """
 
@@ -47,10 +47,10 @@ import torch
 from run_conditions import run_conditions
 from torch import nn
 
-from jgpt.architecture import ModelArchitecture
 from jgpt.kernels import blas_attention, blas_matmul
 from jgpt.kernels.plan import XLA, Kernels
-from jgpt.weights import initialize
+from jgpt.model.architecture import ModelArchitecture
+from jgpt.model.weights import initialize
 from training import sharding
 from training.batches import TokenStream
 from training.config import ATTENTIONS, PRODUCTS, TrainingConfig
@@ -106,7 +106,7 @@ def step_flops(shape: Shape) -> float:
 def product_forms(m: int, k: int, n: int) -> dict[str, dict[str, tuple]]:
     """Each dense product of a train step, x [m, k] @ W [k, n] with output gradient g [m, n], in the forms
     timed: XLA's dot as stored, from a transposed copy (Wt = W^T, xT = x^T as separate arrays) and with a
-    transposed result behind a barrier (the OutputMajor form, jgpt/output_major.py), the BLAS kernel, torch.
+    transposed result behind a barrier (the OutputMajor form, jgpt/model/output_major.py), the BLAS kernel, torch.
     Each form is (library, function, operands as NumPy arrays)."""
     rng = np.random.default_rng(0)
     x, w, g = (rng.standard_normal(dims, dtype=np.float32) for dims in ((m, k), (k, n), (m, n)))

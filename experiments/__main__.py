@@ -3,7 +3,7 @@
 import sys
 
 from experiments.commands import demo, lab
-from jgpt.errors import run_guarded
+from jgpt.foundation.errors import run_guarded
 
 COMMANDS = {"lab": lab.main, "report": lab.main, "demo": demo.main}
 

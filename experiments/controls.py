@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jgpt.errors import ApiError
-from jgpt.validation import Description, Integer, Number, String, string
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import Description, Integer, Number, String, string
 
 NO_DRAFT = "none"  # decoding.draft_model_id of a greedy arm
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from experiments.controls import chosen
-from experiments.experiment_execution import Recording, _dumps, _file_entry, _generation, verified_file
+from experiments.experiment_execution import Recording, dumps, file_entry, generation_of, verified_file
 from experiments.experiment_spec import ExecutionSpec
 from experiments.lab_workload import LabWorkload
-from jgpt.errors import ApiError
-from jgpt.json_input import parse_json
-from jgpt.validation import is_integer, is_number
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.json_input import parse_json
+from jgpt.foundation.validation import is_integer, is_number
 
 if TYPE_CHECKING:  # the plan's module imports jax, which a replay never needs
     from jgpt.kernels.plan import Kernels
@@ -75,12 +75,12 @@ def decoding_arm(
     except ApiError as error:
         raise ApiError(f"arm {label!r}: {CONTROL_OF.get(error.field, error.field)}", error.reason) from None
     name = f"decoding-run-{i}.json"
-    files[name] = _dumps(run)
+    files[name] = dumps(run)
     return {
         "label": label,
         "execution": execution.to_json(),
         "recording": n,
-        "decoding_run": _file_entry(name, files[name]),
+        "decoding_run": file_entry(name, files[name]),
         "outcomes": run["totals"],
     }
 
@@ -92,7 +92,7 @@ def _decode(execution: ExecutionSpec, recording: Recording, workload: LabWorkloa
 
     decoding = decoding_of(execution)
     target, _ = model_execution(recording.model["model_id"], kernels)
-    requests = served_requests(workload, recording.document, _generation(execution))
+    requests = served_requests(workload, recording.document, generation_of(execution))
     if decoding["rule"] == "greedy":
         run, draft_sha256 = lambda request: generate(target, [request]), None  # noqa: E731
     else:

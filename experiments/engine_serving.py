@@ -25,10 +25,10 @@ from inference.execution import ModelExecution
 from inference.measured_run import measured_run
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.slot_execution import EnginePlan
-from jgpt.architecture import architecture_from_json
-from jgpt.catalog import load_model
-from jgpt.errors import ApiError
+from jgpt.artifacts.catalog import load_model
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels.plan import Kernels
+from jgpt.model.architecture import architecture_from_json
 from kvsim import parse_system
 
 

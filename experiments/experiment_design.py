@@ -31,10 +31,10 @@ from typing import Any
 from experiments.controls import CONTROLS, chosen, control, decoding_refusal
 from experiments.experiment_spec import EXECUTION_SPEC, ExecutionSpec, ExperimentSpec
 from experiments.lab_workload import WORKLOAD, LabWorkload, read_workload
-from jgpt.errors import ApiError
-from jgpt.json_input import read_json
-from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
-from jgpt.validation import Anything, ListOf, Object, RelativePath, String, Text
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.json_input import read_json
+from jgpt.foundation.ontology import ONTOLOGY_BINDING, OntologyBinding
+from jgpt.foundation.validation import Anything, ListOf, Object, RelativePath, String, Text
 from kvsim import check_wall_clock
 
 LABS = Path(__file__).with_name("labs")

@@ -49,14 +49,14 @@ from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import GenerationDefaults, generation_defaults
 from experiments.lab_workload import LabWorkload
 from experiments.record_integrity import check_recording
-from jgpt import progress
-from jgpt.architecture import architecture_from_json
-from jgpt.errors import ApiError
-from jgpt.identity import output_mode, read_bytes
-from jgpt.json_input import parse_json
-from jgpt.paths import confined
-from jgpt.validation import is_integer
-from jgpt.walkthrough import walkthrough
+from jgpt.foundation import progress
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import output_mode, read_bytes
+from jgpt.foundation.json_input import parse_json
+from jgpt.foundation.paths import confined
+from jgpt.foundation.validation import is_integer
+from jgpt.model.architecture import architecture_from_json
+from jgpt.model.walkthrough import walkthrough
 from kvsim import compare, merge_service, parse_document, parse_system, record_json, simulate
 
 if TYPE_CHECKING:  # the plan's module imports jax, which a replay never needs
@@ -117,7 +117,7 @@ def run_lab(
     recordings = {} if recordings is None else recordings
     keys = []
     for _, execution in arms:
-        key = _recording_key(execution, workload, kernels)
+        key = recording_key(execution, workload, kernels)
         if key not in recordings:
             from experiments.lab_recording import record_workload  # jax: only when something runs
 
@@ -129,17 +129,17 @@ def run_lab(
     for n, key in enumerate(distinct):
         recording = recordings[key]
         name = f"computations-{n}.json"
-        files[name] = _dumps(recording.document)
+        files[name] = dumps(recording.document)
         observations = f"observations-{n}.json"
-        files[observations] = _dumps(recording.observations)
+        files[observations] = dumps(recording.observations)
         recording_entries.append(
             {
                 "inference": recording.inference,
                 "model": recording.model,
                 # the plan as this model's execution ran it (`record_integrity.check_recording` ties it to them)
                 "kernels": recording.document["execution"]["kernels"],
-                "computations": _file_entry(name, files[name]),
-                "observations": _file_entry(observations, files[observations]),
+                "computations": file_entry(name, files[name]),
+                "observations": file_entry(observations, files[observations]),
                 "walkthrough": recording.walkthrough,
             }
         )
@@ -170,7 +170,7 @@ def run_lab(
                 "execution": execution.to_json(),
                 "system": run.declaration["system"],
                 "recording": n,
-                "cache_run": _file_entry(name, files[name]) | {"id": json.loads(files[name])["id"]},
+                "cache_run": file_entry(name, files[name]) | {"id": json.loads(files[name])["id"]},
                 "outcomes": run.outcomes["totals"],
             }
         )
@@ -181,15 +181,15 @@ def run_lab(
         "id": _execution_id(lab, arm_entries, recording_entries, workload, calibration),
         "lab": lab.to_json(),
         "bindings": {
-            "workload": workload.to_json(_generation(arms[0][1])),
+            "workload": workload.to_json(generation_of(arms[0][1])),
             "models": [r["model"] for r in recording_entries],
         },
         "provenance": first["execution"]["provenance"] | {"backend": first["execution"]["backend"]},
         "recordings": recording_entries,
         "arms": arm_entries,
     } | ({} if calibration is None else {"calibration": calibration})
-    files[RECORD] = _dumps(record)
-    files["summary.json"] = _dumps(summary(record))
+    files[RECORD] = dumps(record)
+    files["summary.json"] = dumps(summary(record))
     out.parent.mkdir(parents=True, exist_ok=True)
     # Everything is written into a staging directory that replaces `out` only when complete.
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as staging:
@@ -232,7 +232,7 @@ def _check_replaceable(out: Path) -> None:
         raise refused from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise refused
-    written = {RECORD, "summary.json", "report.html", *_named_paths(record)}
+    written = {RECORD, "summary.json", "report.html", *named_paths(record)}
     for entry in out.iterdir():
         plots = entry.name == "plots" and entry.is_dir() and not entry.is_symlink()
         if not (
@@ -245,12 +245,12 @@ def _check_replaceable(out: Path) -> None:
             raise refused
 
 
-def _named_paths(value: Any) -> list[str]:
+def named_paths(value: Any) -> list[str]:
     """Every file entry's `path` in a record (recordings, cache runs, measured runs, calibration runs)."""
     if isinstance(value, dict):
         own = [value["path"]] if isinstance(value.get("path"), str) else []
-        return own + [path for child in value.values() for path in _named_paths(child)]
-    return [path for child in value for path in _named_paths(child)] if isinstance(value, list) else []
+        return own + [path for child in value.values() for path in named_paths(child)]
+    return [path for child in value for path in named_paths(child)] if isinstance(value, list) else []
 
 
 def resolve(execution: ExecutionSpec, defaults: ExecutionSpec) -> ExecutionSpec:
@@ -329,14 +329,14 @@ def replay(record_path: Path) -> dict[str, Any]:
             raise ApiError(f"{field}.{error.field}", error.reason) from None
         if record_json(run) != recorded:
             raise ApiError(f"{field}.cache_run", f"replaying arm {arm.get('label')!r} gave different bytes")
-        if arm["cache_run"] != _file_entry(arm["cache_run"]["path"], recorded) | {"id": json.loads(recorded)["id"]}:
+        if arm["cache_run"] != file_entry(arm["cache_run"]["path"], recorded) | {"id": json.loads(recorded)["id"]}:
             raise ApiError(f"{field}.cache_run", "must be {path, sha256, bytes, id} of the cache run it names")
         if run.declaration["system"] != arm.get("system"):
             raise ApiError(f"{field}.system", "is not the system its controls resolve to")
         if run.outcomes["totals"] != arm.get("outcomes"):
             raise ApiError(f"{field}.outcomes", "differ from the replayed cache run")
     _check_derived(record, lab, workload, executions, documents)
-    if _dumps(record) != data:
+    if dumps(record) != data:
         raise ApiError("record", "is not in canonical form: its bytes differ from the values they hold")
     return record
 
@@ -363,7 +363,7 @@ def _check_derived(
     generations = []
     for i, (arm, spec) in enumerate(zip(arms, executions)):
         try:
-            generations.append(_generation(spec))
+            generations.append(generation_of(spec))
             named = spec.value("model.model_id")
         except ApiError as error:
             raise ApiError(f"record.arms[{i}].execution.{error.field}", error.reason) from None
@@ -473,7 +473,7 @@ def _simulate(
             raise ApiError("compute_service.model", "a calibrated arm needs its lab's calibration_workload")
         system = merge_service(system, fragment)
         system = system | {
-            "compute_service": system["compute_service"] | engine_shapes(document, system, _generation(execution))
+            "compute_service": system["compute_service"] | engine_shapes(document, system, generation_of(execution))
         }
     system = parse_system(system, "system")
     return simulate(
@@ -486,11 +486,11 @@ def _simulate(
     )
 
 
-def _generation(execution: ExecutionSpec) -> dict[str, Any]:
+def generation_of(execution: ExecutionSpec) -> dict[str, Any]:
     return {name.split(".")[1]: execution.value(name) for name in INFERENCE_CONTROLS if name.startswith("generation.")}
 
 
-def _recording_key(execution: ExecutionSpec, workload: LabWorkload, kernels: Kernels) -> str:
+def recording_key(execution: ExecutionSpec, workload: LabWorkload, kernels: Kernels) -> str:
     inference = {name: execution.value(name) for name in INFERENCE_CONTROLS}
     return json.dumps([inference, workload.to_json({}), kernels.to_json()], sort_keys=True)
 
@@ -514,10 +514,10 @@ def _execution_id(
     measured += [run["measured_run"]["sha256"] for run in (calibration or {}).get("runs", [])]
     if measured:  # absent for kvsim-only labs, whose ids stay what they were
         consumed["measured_runs"] = measured
-    return f"lab-{hashlib.sha256(_dumps(consumed)).hexdigest()[:16]}"
+    return f"lab-{hashlib.sha256(dumps(consumed)).hexdigest()[:16]}"
 
 
-def _file_entry(name: str, data: bytes) -> dict[str, Any]:
+def file_entry(name: str, data: bytes) -> dict[str, Any]:
     return {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
@@ -540,5 +540,5 @@ def verified_file(directory: Path, entry: Any, field: str) -> bytes:
     return data
 
 
-def _dumps(value: Any) -> bytes:
+def dumps(value: Any) -> bytes:
     return (json.dumps(value, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()

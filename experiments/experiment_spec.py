@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from experiments.controls import CONTROLS, control
-from jgpt.errors import ApiError
-from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
-from jgpt.validation import ListOf, Object, String, Tagged, array
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.ontology import ONTOLOGY_BINDING, OntologyBinding
+from jgpt.foundation.validation import ListOf, Object, String, Tagged, array
 
 # One setting: the control names the rule its value follows; a left-out binding binds the control's owner.
 EXPERIMENT_SPEC = Tagged(

@@ -17,8 +17,8 @@ from typing import Any
 from experiments.controls import CONTROLS
 from experiments.experiment_spec import ExecutionSpec
 from experiments.lab_workload import LabWorkload, read_workload
-from jgpt.errors import ApiError
-from jgpt.validation import mapping
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import mapping
 
 DEFAULTS = Path(__file__).with_name("generation_defaults.json")
 

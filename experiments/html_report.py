@@ -29,15 +29,15 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from experiments.experiment_execution import _named_paths, replay, summary, verified_file
+from experiments.experiment_execution import named_paths, replay, summary, verified_file
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
 from experiments.report_figures import draw_plots, simulated_arms
-from jgpt.errors import ApiError
-from jgpt.identity import write_atomically
-from jgpt.json_input import parse_json
-from jgpt.output_paths import output_file
-from jgpt.paths import confined
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import write_atomically
+from jgpt.foundation.json_input import parse_json
+from jgpt.foundation.output_paths import output_file
+from jgpt.foundation.paths import confined
 
 SECTIONS = (
     ("overview", "Question and bindings"),
@@ -73,7 +73,7 @@ def write_report(record_path: Path, out: Path) -> Path:
     # Confined: a plot that links out of the directory would embed that file in the page (a key, a password file).
     plots = {name: confined(directory, f"plots/{name}", "plots") for name in _plot_names(record)}
     # Known once the record is: the page must not replace a file it reads (a plot, a file the record names).
-    named = [confined(directory, path, "record") for path in _named_paths(record)]
+    named = [confined(directory, path, "record") for path in named_paths(record)]
     out = output_file(out, "--out", [record_path, *named, *plots.values()])
     recording = record["recordings"][0]
     observations = _read(directory, recording["observations"], "observations")

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jgpt.errors import ApiError
-from jgpt.ontology import is_admitted
-from jgpt.validation import Boolean, ListOf, Nullable, Object, String, Text
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.ontology import is_admitted
+from jgpt.foundation.validation import Boolean, ListOf, Nullable, Object, String, Text
 
 DEFAULT_MAP = Path(__file__).with_name("inference_map.json")
 NODE_KINDS = ("system", "component", "contract", "mechanism", "operation", "state")

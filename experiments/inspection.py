@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 
 SURFACES = ("request", "model", "architecture", "resources")
 

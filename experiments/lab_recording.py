@@ -23,13 +23,13 @@ from inference.evidence import tensor_observations
 from inference.execution import ModelExecution, bucket
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.recorded_computations import record
-from jgpt import progress
-from jgpt.catalog import load_model, read_catalog
-from jgpt.errors import ApiError
+from jgpt.artifacts.catalog import load_model, read_catalog
+from jgpt.foundation import progress
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels.plan import Kernels
-from jgpt.model import forward
-from jgpt.tokenizer import Tokenizer
-from jgpt.walkthrough import walkthrough
+from jgpt.model.transformer import forward
+from jgpt.model.walkthrough import walkthrough
+from jgpt.tokenizers.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "default"
 TOP_CANDIDATES = 5

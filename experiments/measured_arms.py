@@ -23,17 +23,17 @@ from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_execution import (
     INFERENCE_CONTROLS,
     Recording,
-    _dumps,
-    _file_entry,
-    _generation,
-    _recording_key,
+    dumps,
+    file_entry,
+    generation_of,
+    recording_key,
     verified_file,
 )
 from experiments.experiment_spec import ExecutionSpec
 from experiments.lab_workload import LabWorkload
 from experiments.record_integrity import check_measured_run
-from jgpt.errors import ApiError
-from jgpt.json_input import parse_json
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.json_input import parse_json
 from kvsim import fit, fitted_terms, parse_system, read_measured_run, system_json
 
 if TYPE_CHECKING:  # the plan's module imports jax, which a replay never needs
@@ -60,17 +60,17 @@ def engine_arm(
         execution.system_config_json(),
         workload,
         recording.document,
-        _generation(execution),
+        generation_of(execution),
         f"arm {label!r}",
     )
     name = f"measured-run-{i}.json"
-    files[name] = _dumps(measured)
+    files[name] = dumps(measured)
     return {
         "label": label,
         "execution": execution.to_json(),
         "system": measured["system"],
         "recording": n,
-        "measured_run": _file_entry(name, files[name]),
+        "measured_run": file_entry(name, files[name]),
         "outcomes": measured["totals"],
     }
 
@@ -99,7 +99,7 @@ def calibrate(
 
     workload, entries, runs = lab.calibration_workload, [], []
     for n, (execution, system) in enumerate(calibration_plan([execution for _, execution in arms])):
-        key = _recording_key(execution, workload, kernels)
+        key = recording_key(execution, workload, kernels)
         if key not in recordings:  # the prompts its conversations send, with the model's own replies
             recordings[key] = record_workload(execution, workload, kernels)
         recording = recordings[key]
@@ -109,17 +109,17 @@ def calibrate(
             system,
             workload,
             recording.document,
-            _generation(execution),
+            generation_of(execution),
             f"calibration run {n}",
         )
         name = f"calibration-run-{n}.json"
-        files[name] = _dumps(measured)
+        files[name] = dumps(measured)
         runs.append(read_measured_run(json.loads(files[name]), hashlib.sha256(files[name]).hexdigest(), name))
         entries.append(
             {
                 "execution": execution.to_json(),
                 "system": measured["system"],
-                "measured_run": _file_entry(name, files[name]),
+                "measured_run": file_entry(name, files[name]),
             }
         )
     fragment, _, _ = fit(runs)

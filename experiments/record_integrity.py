@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jgpt.errors import ApiError
-from jgpt.validation import is_integer, is_number
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import is_integer, is_number
 from kvsim import read_measured_run, totals
 
 # The measured totals a measured run's per-request outcomes and works determine. The rest
@@ -189,7 +189,7 @@ def model_bindings(record: Mapping[str, Any]) -> list[str]:
     Cheap (no weights are read; an artifact's manifest seal is checked). A model that is
     not here is reported as unchecked, not refused. ApiError when a model is here and differs.
     """
-    from jgpt.catalog import declared_identity
+    from jgpt.artifacts.catalog import declared_identity
 
     lines = []
     for n, model in enumerate(record["bindings"]["models"]):

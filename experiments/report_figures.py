@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.inference_map import default_inference_map, draw  # noqa: E402
-from jgpt.json_input import parse_json  # noqa: E402
+from jgpt.foundation.json_input import parse_json  # noqa: E402
 
 PHASE_COLORS = {"prefill": "#2563eb", "decode": "#16a34a"}
 COMPARED = (

@@ -3,7 +3,7 @@
 import sys
 
 from inference.commands import SUMMARIES, main
-from jgpt.errors import run_guarded
+from jgpt.foundation.errors import run_guarded
 
 if __name__ == "__main__":
     args = sys.argv[1:]

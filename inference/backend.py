@@ -8,7 +8,7 @@ import platform
 import subprocess
 from typing import Any
 
-from jgpt.identity import REPOSITORY, source_hashes
+from jgpt.foundation.identity import REPOSITORY, source_hashes
 
 # The code whose behaviour a recorded computation depends on.
 SOURCE_PACKAGES = ("jgpt", "inference")

@@ -6,12 +6,12 @@ import argparse
 import json
 import sys
 
-from jgpt import progress
-from jgpt.architecture import PRECISION_NAMES
-from jgpt.command_line import ArgumentParser
-from jgpt.errors import ApiError, one_line
-from jgpt.json_input import read_json
-from jgpt.output_paths import output_file
+from jgpt.foundation import progress
+from jgpt.foundation.command_line import ArgumentParser
+from jgpt.foundation.errors import ApiError, one_line
+from jgpt.foundation.json_input import read_json
+from jgpt.foundation.output_paths import output_file
+from jgpt.model.architecture import PRECISION_NAMES
 
 SUMMARIES = {
     "generate": "greedy or sampled generation in a jitted KV-cached loop (speculative with --draft), streaming text or JSON evidence",
@@ -93,7 +93,7 @@ def _generate(argv: list[str]) -> int:
 
     from inference.generation import generate, generate_stepwise
     from inference.policy import GenerationPolicy, InferenceRequest
-    from jgpt.tokenizer import Turn
+    from jgpt.tokenizers.tokenizer import Turn
 
     sampling = {
         name: getattr(args, name)
@@ -151,7 +151,7 @@ def _record(argv: list[str]) -> int:
     document = read_json(args.workload, "workload")
 
     from inference.recorded_computations import read_workload, record, write_document
-    from jgpt.tokenizer import Tokenizer
+    from jgpt.tokenizers.tokenizer import Tokenizer
 
     read_workload(document, Tokenizer.bytes_only())  # its shape does not depend on the ids: refuse before loading
     with progress.shown(args.quiet):
@@ -226,7 +226,7 @@ def _load(model: str | None, precision: str | None = None, kernels: str = "auto"
     kernel plan `kernels` names (`--kernels`)."""
     from inference.execution import ModelExecution
     from inference.precision import at_precision
-    from jgpt.catalog import load_model, read_catalog
+    from jgpt.artifacts.catalog import load_model, read_catalog
     from jgpt.kernels.plan import Kernels
 
     artifact = load_model(read_catalog().default_id() if model is None else model)
@@ -248,7 +248,7 @@ def _parse_ids(text: str) -> tuple[int, ...]:
 
 def terminal_text(text: str) -> str:
     """`text` with every control and format character but newline and tab escaped, as `jgpt catalog` escapes
-    its cells (jgpt.errors.one_line): model text must not write escape sequences to a terminal."""
+    its cells (jgpt.foundation.errors.one_line): model text must not write escape sequences to a terminal."""
     return "\n".join("\t".join(map(one_line, line.split("\t"))) for line in text.split("\n"))
 
 

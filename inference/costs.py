@@ -25,8 +25,8 @@ import dataclasses
 
 import numpy as np
 
-from jgpt.architecture import Architecture
-from jgpt.weights import ModelWeights
+from jgpt.model.architecture import Architecture
+from jgpt.model.weights import ModelWeights
 
 # Tables read one row per position, not as a whole.
 GATHERED_TABLES = ("token_embedding", "position_embedding")

@@ -52,8 +52,8 @@ from inference.state_manager import (
     to_host,
     token_key,
 )
-from jgpt.errors import ApiError
-from jgpt.kv_state import KVState
+from jgpt.foundation.errors import ApiError
+from jgpt.model.kv_state import KVState
 from kvsim import CustomerInteraction, KVResidencySystemConfig, check_wall_clock, parse_interaction
 
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)

@@ -12,7 +12,7 @@ every snapshot stays valid.
 
 How the layers run inside a step, and the layout the execution holds its weights in, is
 the execution's LayerStrategy, by default the one `LayerStrategy.for_backend()` picks for
-the backend JAX runs on (`jgpt/layer_strategy.py`). Which steps run by jgpt's kernels is its
+the backend JAX runs on (`jgpt/model/layer_strategy.py`). Which steps run by jgpt's kernels is its
 kernel plan (`jgpt.kernels.plan.Kernels`, by default `Kernels.auto()`), narrowed once, when the
 execution is bound, to what can run on its weights, and a jit-static argument of every step.
 """
@@ -29,15 +29,15 @@ import numpy as np
 
 from inference.costs import WorkCosts
 from inference.policy import check_prompt
-from jgpt.architecture import Architecture
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import is_integer
 from jgpt.kernels.plan import XLA, Kernels
-from jgpt.kv_state import KVState, StateIdentity
-from jgpt.layer_strategy import LayerStrategy, LayerView
-from jgpt.model import forward
-from jgpt.tokenizer import TURN_END_ID
-from jgpt.validation import is_integer
-from jgpt.weights import ModelWeights
+from jgpt.model.architecture import Architecture
+from jgpt.model.kv_state import KVState, StateIdentity
+from jgpt.model.layer_strategy import LayerStrategy, LayerView
+from jgpt.model.transformer import forward
+from jgpt.model.weights import ModelWeights
+from jgpt.tokenizers.tokenizer import TURN_END_ID
 
 MIN_BUCKET = 16
 CAPACITY_STEP = 32

@@ -38,10 +38,10 @@ from inference.sampling import (
     select,
     select_jit,
 )
-from jgpt.errors import ApiError
-from jgpt.kv_state import KVState
-from jgpt.limits import check_buffer
-from jgpt.model import forward
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.limits import check_buffer
+from jgpt.model.kv_state import KVState
+from jgpt.model.transformer import forward
 
 STOP_REASONS = (None, STOP_TURN_END, STOP_BUDGET, STOP_CONTEXT)  # indexed by the loop's stop code
 LOOP_BOUNDARY = "host: dispatch of the compiled decode loop to its results ready, divided evenly over its steps"
@@ -199,7 +199,7 @@ def selectable(prompt: Sequence[int], budget: int, context: int) -> int:
 def check_buffers(
     execution: ModelExecution, prompts, steps: int, per_step: int, extra_state: int = 0, field: str = "max_new_tokens"
 ) -> None:
-    """Refuse, naming `field`, a run whose buffers would pass jgpt.limits.BUFFER_LIMIT, before any is allocated:
+    """Refuse, naming `field`, a run whose buffers would pass jgpt.foundation.limits.BUFFER_LIMIT, before any is allocated:
     per row, `per_step` bytes for each of its `steps` columns (ids, kept logits, candidates, a round's log),
     and a KV state of the slots its prompt and steps reach, with `extra_state` more bytes per slot (a draft's
     state, the reference recompute's logits)."""

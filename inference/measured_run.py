@@ -25,9 +25,9 @@ from inference.recorded_computations import FORMAT as COMPUTATIONS_FORMAT
 from inference.recorded_computations import VERSION as COMPUTATIONS_VERSION
 from inference.recorded_computations import request_document
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
-from jgpt.tokenizer import Tokenizer
-from jgpt.units import byte_size
-from jgpt.validation import Boolean, Const, Integer, Integers, ListOf, MapOf, Nullable, Object, String
+from jgpt.foundation.units import byte_size
+from jgpt.foundation.validation import Boolean, Const, Integer, Integers, ListOf, MapOf, Nullable, Object, String
+from jgpt.tokenizers.tokenizer import Tokenizer
 from kvsim import (
     DOCUMENT,
     INTERACTION,

@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jgpt.errors import ApiError
-from jgpt.validation import is_integer, is_number
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import is_integer, is_number
 
 GREEDY = "greedy"
 SAMPLE = "sample"  # seeded sampling (inference/sampling.py); the spec names greedy selection only

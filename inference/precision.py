@@ -1,7 +1,7 @@
 """Inference at a chosen precision: the weights each step reads, and the KV state, stored in the compute dtype.
 
 An artifact stores float32 weights; its architecture's `precision` is the dtype
-of matmul operands (`jgpt.operations`). Serving in bfloat16 also halves what a
+of matmul operands (`jgpt.model.operations`). Serving in bfloat16 also halves what a
 decode step reads: the projection matrices are stored in bfloat16 once, up
 front, instead of being rounded at every step, and the KV state's buffers are
 bfloat16 (`KVState.empty` takes the identity's precision, which `KVState`s are
@@ -18,9 +18,9 @@ import jax.numpy as jnp
 
 from inference.costs import GATHERED_TABLES
 from inference.execution import ModelExecution
-from jgpt.architecture import PRECISIONS
-from jgpt.errors import ApiError
-from jgpt.weights import BLOCK_NAMES
+from jgpt.foundation.errors import ApiError
+from jgpt.model.architecture import PRECISIONS
+from jgpt.model.weights import BLOCK_NAMES
 
 
 def at_precision(execution: ModelExecution, precision: str) -> ModelExecution:

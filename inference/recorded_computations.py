@@ -19,18 +19,18 @@ from inference.execution import ModelExecution
 from inference.generation import check_generation, generate_stepwise
 from inference.policy import GenerationPolicy, InferenceRequest, check_prompt
 from inference.response import InferenceResponse
-from jgpt import progress
-from jgpt.errors import ApiError
-from jgpt.identity import write_atomically
-from jgpt.kv_state import KVState
-from jgpt.tokenizer import Tokenizer, Turn, turns_from_json
-from jgpt.validation import Integer, Integers, ListOf, Object, String
+from jgpt.foundation import progress
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import write_atomically
+from jgpt.foundation.validation import Integer, Integers, ListOf, Object, String
+from jgpt.model.kv_state import KVState
+from jgpt.tokenizers.tokenizer import Tokenizer, Turn, turns_from_json
 from kvsim import SERVED_INTERACTION, WALL_CLOCK_LIMIT_US
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1
 
-# Turns are read by jgpt.tokenizer.turns_from_json and the policy by GenerationPolicy.from_json, not from these.
+# Turns are read by jgpt.tokenizers.tokenizer.turns_from_json and the policy by GenerationPolicy.from_json, not from these.
 _BODY = Object(
     {},
     {"text": String(), "turns": ListOf(Object({}, open=True, about="a Turn: {role, text}")), "prompt_ids": Integers(),

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from inference.policy import SAMPLE, GenerationPolicy, InferenceRequest
-from jgpt import pytree as struct
+from jgpt.model import pytree as struct
 
 TOP_CANDIDATES = 5  # ids of the filtered distribution a TokenSelection records
 # top_p counts as reached when the kept mass is within float32 rounding of it, so a top_p that equals a

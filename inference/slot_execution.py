@@ -28,8 +28,8 @@ import numpy as np
 from inference.execution import ModelExecution, advance, bucket, capacity_bucket
 from inference.policy import SAMPLE, InferenceRequest
 from inference.sampling import SelectionRule, select, select_jit
-from jgpt.kv_state import KVState
-from jgpt.limits import check_buffer
+from jgpt.foundation.limits import check_buffer
+from jgpt.model.kv_state import KVState
 from kvsim import CONTINUOUS_BATCHING, KVResidencySystemConfig
 
 
@@ -112,7 +112,7 @@ class EnginePlan:
 
     def check_memory(self, execution: ModelExecution, system: KVResidencySystemConfig, requests: int) -> None:
         """Refuse, before anything is allocated or compiled, a plan whose KV arrays would pass
-        jgpt.limits.BUFFER_LIMIT: the slot state (its keys, values and ids; a prefill's start state of one row),
+        jgpt.foundation.limits.BUFFER_LIMIT: the slot state (its keys, values and ids; a prefill's start state of one row),
         then with it the states the pool may retain (at most its device and host budgets, and at most one
         state of C slots per request)."""
         per_slot = execution.costs.kv_bytes_per_position + 4

@@ -57,11 +57,11 @@ from inference.generation import Generation, check_buffers, selectable, stop_cod
 from inference.policy import SAMPLE, InferenceRequest
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
 from inference.sampling import SelectionRule, filtered_logits, request_stream, select, step_key
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import is_integer
 from jgpt.kernels.plan import XLA, Kernels
-from jgpt.kv_state import KVState
-from jgpt.model import forward
-from jgpt.validation import is_integer
+from jgpt.model.kv_state import KVState
+from jgpt.model.transformer import forward
 
 SPECULATIVE = "speculative"  # TokenSelection.decoding of a speculatively decoded id
 MAX_SPECULATE = 16

@@ -1,6 +1,6 @@
 """Tensor-parallel inference: a ModelExecution whose weights and KV state are split over a mesh's model axis.
 
-Nothing in the model is forked. The weights are placed by `jgpt.mesh.WEIGHT_ROLES`
+Nothing in the model is forked. The weights are placed by `jgpt.runtime.mesh.WEIGHT_ROLES`
 (heads and feed-forward units over the `model` axis, whole along the width),
 the KV state's key and value buffers by heads, and rows over the `data` axis
 where they divide it; jit then compiles the same prefill and decode as one SPMD
@@ -18,10 +18,10 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from inference.execution import ModelExecution
-from jgpt.errors import ApiError
-from jgpt.kv_state import KVState
-from jgpt.layer_strategy import LayerView, stored_layout
-from jgpt.mesh import DATA_AXIS, MODEL_AXIS, replicated, tree_shardings
+from jgpt.foundation.errors import ApiError
+from jgpt.model.kv_state import KVState
+from jgpt.model.layer_strategy import LayerView, stored_layout
+from jgpt.runtime.mesh import DATA_AXIS, MODEL_AXIS, replicated, tree_shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ class TensorParallelExecution(ModelExecution):
         if a.heads % model or a.kv_heads % model:
             raise ApiError("model_axis", f"{model} devices do not split {a.heads} heads ({a.kv_heads} key/value heads)")
         fields = {f.name: getattr(execution, f.name) for f in dataclasses.fields(ModelExecution)}
-        # The split follows the stored layout's axes (jgpt.mesh), so the blocks run over it, not output-major.
+        # The split follows the stored layout's axes (jgpt.runtime.mesh), so the blocks run over it, not output-major.
         strategy = dataclasses.replace(execution.strategy, output_major=False)
         stored = stored_layout(execution.weights)
         weights = jax.device_put(stored, tree_shardings(stored, mesh, fsdp=False))

@@ -1,5 +1,5 @@
 import sys
 
-from jgpt.cli import main
+from jgpt.cli.main import main
 
 sys.exit(main())

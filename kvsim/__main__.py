@@ -1,6 +1,6 @@
 import sys
 
-from jgpt.errors import run_guarded
+from jgpt.foundation.errors import run_guarded
 from kvsim.commands import main
 
 sys.exit(run_guarded("python -m kvsim", lambda: main("kvsim", sys.argv[1:])))

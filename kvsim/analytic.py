@@ -106,7 +106,7 @@ def framing_ids() -> dict[str, int]:
     and its turn end ("turn_end"), read from the tokenizer rather than copied, so a model with that
     tokenizer reads the turns as it was trained to. Nothing reads a document by them: its turn end
     is the id its complete requests end with."""
-    from jgpt.tokenizer import ROLE_IDS, TURN_END_ID  # numpy and HF tokenizers: only when generating ids
+    from jgpt.tokenizers.tokenizer import ROLE_IDS, TURN_END_ID  # numpy and HF tokenizers: only when generating ids
 
     return {**ROLE_IDS, "turn_end": TURN_END_ID}
 

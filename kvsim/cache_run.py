@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
-from jgpt.errors import ApiError
-from jgpt.json_input import parse_json
-from jgpt.ontology import ONTOLOGY_BINDING, OntologyBinding
-from jgpt.validation import LIMIT, Integer, ListOf, MapOf, Nullable, Object, String
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.json_input import parse_json
+from jgpt.foundation.ontology import ONTOLOGY_BINDING, OntologyBinding
+from jgpt.foundation.validation import LIMIT, Integer, ListOf, MapOf, Nullable, Object, String
 from kvsim import engine
 from kvsim.cache_event import (
     BYTES,
@@ -110,7 +110,9 @@ def simulate(
     tally = Tally()
     tally.add(result.events.rows)
     measurements = Rows(Measurement, [*result.measurements.rows, *tally.consume_waits(result.publish_logs)])
-    return CacheRun(declaration, computations, result, _outcomes(result, computations, workload, tally), measurements)
+    return CacheRun(
+        declaration, computations, result, record_outcomes(result, computations, workload, tally), measurements
+    )
 
 
 def declare(
@@ -192,7 +194,7 @@ class Tally:
         return measurements
 
 
-def _outcomes(
+def record_outcomes(
     result: engine.EngineResult, computations: RecordedComputations, workload: Workload, tally: Tally | None = None
 ) -> dict:
     if tally is None:

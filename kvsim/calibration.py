@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from jgpt import validation
-from jgpt.errors import ApiError
-from jgpt.identity import read_bytes
+from jgpt.foundation import validation
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import read_bytes
 from kvsim.cache_run import load_json
 from kvsim.compute_service import (
     AFTER_OTHER_US,

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jgpt import progress
-from jgpt.command_line import ArgumentParser
-from jgpt.errors import ApiError
-from jgpt.identity import READ_LIMIT, read_bytes, write_atomically
-from jgpt.output_paths import output_directory, output_file
-from jgpt.validation import LIMIT
+from jgpt.foundation import progress
+from jgpt.foundation.command_line import ArgumentParser
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import READ_LIMIT, read_bytes, write_atomically
+from jgpt.foundation.output_paths import output_directory, output_file
+from jgpt.foundation.validation import LIMIT
 from kvsim import analytic, traces
 from kvsim.cache_run import (
     first_difference,
@@ -37,7 +37,7 @@ from kvsim.recorded import RecordedComputations, document_json, parse_document
 from kvsim.summary import summary_table
 from kvsim.synthetic import REQUEST_LIMIT, conversations
 
-# The analytic model's sizes, as `import-hf` bounds a config's (jgpt.hf_import.DIMENSION_LIMIT); their
+# The analytic model's sizes, as `import-hf` bounds a config's (jgpt.artifacts.hf_import.DIMENSION_LIMIT); their
 # products are bounded too (`_model`).
 DIMENSION_LIMIT = 1 << 20
 PRECISION_BYTES_LIMIT = 8  # float64

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from jgpt import validation
-from jgpt.errors import ApiError
+from jgpt.foundation import validation
+from jgpt.foundation.errors import ApiError
 
 ROOFLINE, CALIBRATED = "roofline", "calibrated"
 PREFILL, DECODE = "prefill", "decode"

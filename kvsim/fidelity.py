@@ -23,7 +23,7 @@ from typing import cast
 import numpy as np
 
 from kvsim import engine
-from kvsim.cache_run import CacheRun, _outcomes, simulate
+from kvsim.cache_run import CacheRun, record_outcomes, simulate
 from kvsim.calibration import MeasuredRun, host_gaps, merge_service
 from kvsim.compute_service import (
     DECODE,
@@ -162,7 +162,7 @@ def replay(run: MeasuredRun) -> dict:
     )
     computations, workload, interaction = _served(run)
     workload = resolve_workload(computations, workload, interaction)
-    return _outcomes(engine.run(system, computations, workload, interaction), computations, workload)["totals"]
+    return record_outcomes(engine.run(system, computations, workload, interaction), computations, workload)["totals"]
 
 
 class _MeasuredDurations:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jgpt.identity import read_bytes
-from jgpt.ontology import ONTOLOGY_BINDING
-from jgpt.output_paths import output_file
-from jgpt.paths import confined
-from jgpt.validation import Either, Object, String
+from jgpt.foundation.identity import read_bytes
+from jgpt.foundation.ontology import ONTOLOGY_BINDING
+from jgpt.foundation.output_paths import output_file
+from jgpt.foundation.paths import confined
+from jgpt.foundation.validation import Either, Object, String
 from kvsim.cache_run import load_json
 from kvsim.recorded import DOCUMENT, parse_document
 from kvsim.resource_graph import RESOURCE_GRAPH, parse_resource_graph

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from jgpt.validation import Integer, Nullable, Number, Object
+from jgpt.foundation.validation import Integer, Nullable, Number, Object
 
 
 class Status(StrEnum):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from kvsim.cache_event import CacheEvent, EventKind
 from kvsim.cache_run import dumps
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from jgpt.errors import ApiError
-from jgpt.identity import READ_LIMIT
-from jgpt.json_input import parse_json
-from jgpt.ontology import OntologyBinding
-from jgpt.validation import LIMIT, Const, Object, String
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import READ_LIMIT
+from jgpt.foundation.json_input import parse_json
+from jgpt.foundation.ontology import OntologyBinding
+from jgpt.foundation.validation import LIMIT, Const, Object, String
 from kvsim import engine
 from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, Phase, TransferDirection
 from kvsim.cache_run import (

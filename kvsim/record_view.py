@@ -9,8 +9,8 @@ of at most 2^53 (285 years in microseconds, 9 PB), so a plot can never overflow 
 
 from __future__ import annotations
 
-from jgpt.errors import ApiError
-from jgpt.validation import Integer, ListOf, MapOf, Nullable, Object, String, array, integer, loose_mapping
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import Integer, ListOf, MapOf, Nullable, Object, String, array, integer, loose_mapping
 
 _INT, _TEXT = Integer(minimum=None), String()
 EVENT = Object(

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Protocol
 
-from jgpt.errors import ApiError
-from jgpt.validation import Boolean, Const, Integer, Integers, ListOf, Nullable, Object, String
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import Boolean, Const, Integer, Integers, ListOf, Nullable, Object, String
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1

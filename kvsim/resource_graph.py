@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from jgpt.errors import ApiError
-from jgpt.validation import Integer, ListOf, Number, Object, Rate, String, json_number
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import Integer, ListOf, Number, Object, Rate, String, json_number
 
 
 @dataclass(frozen=True)

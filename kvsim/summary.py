@@ -1,11 +1,11 @@
 """The summary table a person reads after a run: latency percentiles, hit rates, bytes moved.
 
-Times and sizes are in human units (ms, MiB: `jgpt.units`); the record and `--json` keep the exact numbers.
+Times and sizes are in human units (ms, MiB: `jgpt.foundation.units`); the record and `--json` keep the exact numbers.
 """
 
 from __future__ import annotations
 
-from jgpt.units import byte_size, count, duration_us
+from jgpt.foundation.units import byte_size, count, duration_us
 
 
 def summary_table(record: dict) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from jgpt.validation import Integer, ListOf, Object, String
+from jgpt.foundation.validation import Integer, ListOf, Object, String
 from kvsim.compute_service import (
     CalibratedComputeService,
     CalibratedTransfer,

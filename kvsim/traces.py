@@ -29,15 +29,15 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from jgpt.errors import ApiError
-from jgpt.json_input import parse_json
-from jgpt.validation import LIMIT, Integer, Integers, Number, Object
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.json_input import parse_json
+from jgpt.foundation.validation import LIMIT, Integer, Integers, Number, Object
 from kvsim.analytic import Conversation, framing_ids
 
 FORMATS = ("mooncake", "azure")
 # Ids one import materializes (prompts, outputs, Mooncake blocks). The document written holds up to about
 # 100 bytes per id (a decode step's counts), so 2^22 ids stay well within the 1 GiB kvsim reads
-# (jgpt.identity.READ_LIMIT); building it takes about 600 bytes per id, 2.4 GB at the limit.
+# (jgpt.foundation.identity.READ_LIMIT); building it takes about 600 bytes per id, 2.4 GB at the limit.
 TOKEN_LIMIT = 1 << 22
 # The trace column each member of an imported request comes from, by format: a document kvsim would refuse
 # is refused naming the line and column it was converted from.

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from jgpt.errors import ApiError
-from jgpt.validation import Description, Integer, ListOf, Object, String, Tagged
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import Description, Integer, ListOf, Object, String, Tagged
 from kvsim.recorded import RecordedComputations
 
 CLOCK = "virtual_us"

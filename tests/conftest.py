@@ -11,10 +11,10 @@ LAB = "prefix-reuse-multi-turn"
 
 def tiny_model(directory, seed: int):
     """A random-weight 2-layer model saved as an artifact under `directory`, with the bytes-only tokenizer."""
-    from jgpt.architecture import ModelArchitecture
-    from jgpt.artifact import save_artifact
-    from jgpt.tokenizer import Tokenizer
-    from jgpt.weights import initialize
+    from jgpt.artifacts.artifact import save_artifact
+    from jgpt.model.architecture import ModelArchitecture
+    from jgpt.model.weights import initialize
+    from jgpt.tokenizers.tokenizer import Tokenizer
 
     architecture = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=128, layers=2, heads=2)
     weights, provenance = initialize(architecture, seed=seed)

@@ -36,7 +36,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from jgpt import cli
+from jgpt.cli import main as cli
 
 FUZZ = settings(
     max_examples=int(os.environ.get("JGPT_FUZZ_EXAMPLES", "200")),

@@ -1,11 +1,11 @@
-"""The packages as layers: every module's imports follow docs/architecture.md, and its generated tables are current."""
+"""The rooms and packages as layers: every module's imports follow docs/architecture.md; docs/layers.md is current."""
 
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from jgpt import ontology  # noqa: E402
+from jgpt.foundation import ontology  # noqa: E402
 
 import package_layers  # noqa: E402
 
@@ -29,16 +29,19 @@ def test_a_kernel_imported_by_the_reference_is_refused(tmp_path):
             "jgpt/__init__.py": "",
             "jgpt/kernels/__init__.py": "",
             "jgpt/kernels/fused.py": "",
-            "jgpt/model.py": "from jgpt.kernels import fused\n",
-            "jgpt/operations.py": "def f():\n    import jgpt.kernels\n",
-            "jgpt/execution.py": "from jgpt.kernels import fused\n",  # anything else may
+            "jgpt/model/transformer.py": "from jgpt.kernels import fused\n",
+            "jgpt/model/operations.py": "def f():\n    import jgpt.kernels\n",
+            "inference/__init__.py": "",
+            "inference/execution.py": "from jgpt.kernels import fused\n",  # anything else above the kernels may
         },
     )
-    why = "the reference computation imports no kernel; a kernel plan plugs kernels in"
-    assert sorted(package_layers.violations(root)) == [
-        f"jgpt/model.py:1: jgpt.model imports jgpt.kernels.fused: {why}",
-        f"jgpt/operations.py:2: jgpt.operations imports jgpt.kernels: {why}",
-    ]
+    why = "jgpt.model may import only jgpt.foundation, jgpt.runtime"  # the kernels sit above the model
+    assert sorted(package_layers.violations(root)) == sorted(
+        [
+            f"jgpt/model/transformer.py:1: jgpt.model.transformer imports jgpt.kernels.fused: {why}",
+            f"jgpt/model/operations.py:2: jgpt.model.operations imports jgpt.kernels: {why}",
+        ]
+    )
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -54,44 +57,70 @@ def test_each_kind_of_bend_is_refused_with_its_file_and_line(tmp_path):
         tmp_path,
         {
             "jgpt/__init__.py": "",
-            "jgpt/__main__.py": "from jgpt.commands.tokenize import render\n",  # an entry point may import a face
-            "jgpt/core.py": "def f():\n    import inference.engine\n",  # lazy, and still upward
-            "jgpt/errors.py": "",
-            "jgpt/light.py": "from jgpt import errors\n",
-            "jgpt/heavy.py": "from jgpt.deep import f\n",
-            "jgpt/deep.py": "def f():\n    import jax.numpy\n",
-            "jgpt/commands/__init__.py": "",
-            "jgpt/commands/tokenize.py": "def render():\n    pass\n",
+            "jgpt/__main__.py": "from jgpt.cli.tokenize import render\n",  # an entry point may import a face
+            "jgpt/model/core.py": "def f():\n    import inference.engine\n",  # lazy, and still upward
+            "jgpt/model/deep.py": "def f():\n    import jax.numpy\n",
+            "jgpt/foundation/errors.py": "import numpy\n",
+            "jgpt/foundation/light.py": "from jgpt.foundation import errors\n",
+            "jgpt/tokenizers/words.py": "from jgpt.model import deep\n",
+            "jgpt/cli/__init__.py": "",
+            "jgpt/cli/tokenize.py": "def render():\n    pass\n",
             "inference/__init__.py": "",
-            "inference/engine.py": "from kvsim import simulate\nfrom jgpt.commands import tokenize\nimport kvsim.sim\n",
+            "inference/engine.py": "from kvsim import simulate\nfrom jgpt.cli import tokenize\nimport kvsim.sim\n",
             "kvsim/__init__.py": "from kvsim.sim import simulate\n",
-            "kvsim/sim.py": "from jgpt.light import errors\nfrom jgpt import heavy\n\ndef simulate():\n    pass\n",
+            "kvsim/sim.py": "from jgpt.foundation.light import errors\nfrom jgpt.tokenizers import words\n\n"
+            "def simulate():\n    pass\n\ndef _helper():\n    pass\n",
             "experiments/__init__.py": "",
-            "experiments/lab.py": "from kvsim import simulate\nfrom kvsim.sim import simulate as s\nfrom .commands import demo\n",
+            "experiments/lab.py": "from kvsim import simulate\nfrom kvsim.sim import _helper\nfrom .commands import demo\n",
             "experiments/commands/demo.py": "import training\n",
             "training/__init__.py": "from experiments import lab\n",
         },
     )
-    face = "a command module is a face; only entry points (__main__, jgpt.cli) import one"
+    face = "a command module is a face; only entry points (__main__, jgpt.cli.main) import one"
+    kvsim_api = "other packages use kvsim's public API: import the name from kvsim"
     assert sorted(package_layers.violations(root)) == sorted(
         [
-            "jgpt/core.py:2: jgpt.core imports inference.engine: jgpt may import only itself",
-            f"inference/engine.py:2: inference.engine imports jgpt.commands.tokenize: {face}",
-            "kvsim/sim.py:2: kvsim.sim imports jgpt.heavy: kvsim imports only jax-free jgpt modules; "
-            "this one reaches jax.numpy (through jgpt.deep)",
-            "experiments/lab.py:2: experiments.lab imports kvsim.sim: other packages use kvsim's public API: import the name "
-            "from kvsim",
-            "inference/engine.py:3: inference.engine imports kvsim.sim: other packages use kvsim's public API: import the name "
-            "from kvsim",
+            "jgpt/model/core.py:2: jgpt.model.core imports inference.engine: "
+            "jgpt.model may import only jgpt.foundation, jgpt.runtime",
+            "jgpt/foundation/errors.py:1: jgpt.foundation.errors imports numpy: jgpt.foundation imports no numpy",
+            "jgpt/tokenizers/words.py:1: jgpt.tokenizers.words imports jgpt.model.deep: "
+            "jgpt.tokenizers may import only jgpt.foundation",
+            "jgpt/tokenizers/words.py:1: jgpt.tokenizers.words imports jgpt.model.deep: jgpt.tokenizers imports only "
+            "modules free of jax, jaxlib, flax, optax, orbax, chex, torch, transformers; this one reaches jax.numpy "
+            "(through jgpt.model.deep)",
+            f"inference/engine.py:2: inference.engine imports jgpt.cli.tokenize: {face}",
+            "inference/engine.py:2: inference.engine imports jgpt.cli.tokenize: inference may import only "
+            + ", ".join(package_layers.MAY_IMPORT["inference"]),
+            f"inference/engine.py:3: inference.engine imports kvsim.sim: {kvsim_api}",
+            "kvsim/sim.py:2: kvsim.sim imports jgpt.tokenizers.words: kvsim imports only modules free of jax, "
+            "jaxlib, flax, optax, orbax, chex, torch, transformers; this one reaches jax.numpy (through jgpt.model.deep)",
+            f"experiments/lab.py:2: experiments.lab imports kvsim.sim: {kvsim_api}",
+            "experiments/lab.py:2: experiments.lab imports kvsim.sim._helper: "
+            "a name with a leading underscore is private to its module",
             f"experiments/lab.py:3: experiments.lab imports experiments.commands.demo: {face}",
-            "training/__init__.py:1: training imports experiments.lab: training may import only jgpt, inference",
+            "training/__init__.py:1: training imports experiments.lab: training may import only "
+            + ", ".join(package_layers.MAY_IMPORT["training"]),
         ]
     )
 
 
+def test_a_private_name_read_through_a_module_is_refused(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "kvsim/__init__.py": "",
+            "kvsim/a.py": "def _inner():\n    pass\n",
+            "kvsim/b.py": "from kvsim import a\n\na._inner()\n",
+        },
+    )
+    assert package_layers.violations(root) == [
+        "kvsim/b.py:3: kvsim.b imports kvsim.a._inner: a name with a leading underscore is private to its module"
+    ]
+
+
 def test_the_committed_page_is_what_the_generator_writes():
     page = package_layers.DOC.read_text(encoding="utf-8")
-    assert package_layers.generated(page) == page, "run: python tools/package_layers.py"
+    assert package_layers.generated() == page, "run: python tools/package_layers.py"
 
 
 def test_every_admitted_concept_has_a_place_in_the_page():

@@ -12,14 +12,14 @@ import jax
 import numpy as np
 import pytest
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.artifact import checkpoint_sha256, load_artifact, save_artifact
-from jgpt.catalog import DEFAULT_CATALOG, load_model, read_catalog, resolve_model
-from jgpt.cli import main as jgpt
-from jgpt.errors import ApiError
-from jgpt.identity import sha256_json
-from jgpt.tokenizer import Tokenizer
-from jgpt.weights import initialize, parameter_count
+from jgpt.artifacts.artifact import checkpoint_sha256, load_artifact, save_artifact
+from jgpt.artifacts.catalog import DEFAULT_CATALOG, load_model, read_catalog, resolve_model
+from jgpt.cli.main import main as jgpt
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import sha256_json
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.weights import initialize, parameter_count
+from jgpt.tokenizers.tokenizer import Tokenizer
 
 GPT = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=16, layers=2, heads=4)
 LLAMA = LlamaArchitecture(vocabulary=260, width=32, ffn=48, context=16, layers=2, heads=4, kv_heads=2)
@@ -263,7 +263,7 @@ def test_the_repository_catalog_is_valid_and_every_model_loads_with_its_identiti
 
 def test_catalog_and_architecture_import_without_jax():
     code = (
-        "import sys, jgpt.catalog, jgpt.architecture, jgpt.commands.catalog, jgpt.commands.import_hf; "
+        "import sys, jgpt.artifacts.catalog, jgpt.model.architecture, jgpt.cli.catalog, jgpt.cli.import_hf; "
         "sys.exit('jax' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

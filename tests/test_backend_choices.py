@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from jgpt import bf16_matmul, cli
+from jgpt.cli import main as cli
 from jgpt.kernels.plan import Kernels
-from jgpt.layer_strategy import LayerStrategy
+from jgpt.model import bf16_matmul
+from jgpt.model.layer_strategy import LayerStrategy
 
 
 def test_the_layer_strategy_unrolls_on_a_cpu_and_scans_the_stacked_weights_elsewhere():

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_attention
 
 TOLERANCE = 1e-5

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.kernels import blas_matmul
 from jgpt.kernels.plan import XLA, Kernels
-from jgpt.weights import initialize
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.weights import initialize
 from training import sharding
 from training.batches import Batch, TokenStream
 from training.config import TrainingConfig

@@ -18,15 +18,15 @@ import pytest
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from jgpt.architecture import ModelArchitecture
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_matvec
 from jgpt.kernels.plan import XLA, Kernels
-from jgpt.kv_state import StateIdentity
-from jgpt.layer_strategy import LayerStrategy
-from jgpt.operations import dense
-from jgpt.output_major import OutputMajor
-from jgpt.weights import initialize
+from jgpt.model.architecture import ModelArchitecture
+from jgpt.model.kv_state import StateIdentity
+from jgpt.model.layer_strategy import LayerStrategy
+from jgpt.model.operations import dense
+from jgpt.model.output_major import OutputMajor
+from jgpt.model.weights import initialize
 
 REPO = Path(__file__).resolve().parent.parent
 # The kernel runs where the CPU has AVX-512F; elsewhere the auto plan says one_row="xla" and these parities compare
@@ -38,7 +38,7 @@ ODD = ModelArchitecture(vocabulary=261, width=40, ffn=88, context=48, layers=2, 
 
 
 def planned_product(plan: Kernels):
-    """One output-major projection under `plan`, as the forward pass multiplies it (`jgpt.operations.dense`)."""
+    """One output-major projection under `plan`, as the forward pass multiplies it (`jgpt.model.operations.dense`)."""
     return lambda x, m: dense(x, OutputMajor(m), None, jnp.float32, plan.calls())
 
 
@@ -77,7 +77,7 @@ def test_the_kernel_is_used_for_one_float32_row_only():
     )
     assert ("jgpt_matvec" in lowered(jnp.ones((1, 32)))) == blas_matvec.available()
     assert "jgpt_matvec" not in lowered(jnp.ones((2, 32)))
-    # A bfloat16 computation's operands are bf16-rounded float32 on a CPU (jgpt.bf16_matmul.operand): a float32
+    # A bfloat16 computation's operands are bf16-rounded float32 on a CPU (jgpt.model.bf16_matmul.operand): a float32
     # row again, which the kernel takes; where bfloat16 is native the rule keeps XLA's dot.
     assert ("jgpt_matvec" in lowered(jnp.ones((1, 32)), dtype=jnp.bfloat16)) == blas_matvec.available()
     assert "jgpt_matvec" not in lowered(jnp.ones((1, 32)), XLA)
@@ -156,8 +156,8 @@ import warnings, jax, jax.numpy as jnp, numpy as np
 warnings.simplefilter("error")
 from jgpt.kernels import blas_matvec
 from jgpt.kernels.plan import Kernels
-from jgpt.operations import dense
-from jgpt.output_major import OutputMajor
+from jgpt.model.operations import dense
+from jgpt.model.output_major import OutputMajor
 x, m = jnp.arange(40.0).reshape(1, 40) / 40, jnp.arange(280.0).reshape(7, 40) / 280
 plan = Kernels.auto()
 assert plan.one_row == "xla", plan

@@ -4,7 +4,7 @@ and encoding turns with it render them or are refused naming `chat_template`, an
 jinja2's sandbox keeps a template from reaching Python, but not from asking for a result sized by a
 number: `"a" * 10**10` or `"a"|center(10**10)` exhausted the memory, `9 ** 999999999` held the CPU in
 a big-integer power no signal interrupts, and `1/0` or `"%d" % "x"` ended in a traceback. The template
-now renders in the sandbox process (jgpt.sandbox), whose memory, CPU time, wall clock and output are
+now renders in the sandbox process (jgpt.tokenizers.sandbox), whose memory, CPU time, wall clock and output are
 bounded by the kernel and the parent, whatever the template computes.
 """
 
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt.errors import ApiError
-from jgpt.sandbox import CPU_SECONDS, OUTPUT_LIMIT, WALL_SECONDS
-from jgpt.tokenizer import Tokenizer, Turn
+from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.sandbox import CPU_SECONDS, OUTPUT_LIMIT, WALL_SECONDS
+from jgpt.tokenizers.tokenizer import Tokenizer, Turn
 from tests.hostile import FUZZ
 
 FRAMING = "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"
@@ -71,7 +71,7 @@ def tokenizer_dir(tmp_path_factory):
 @pytest.fixture
 def one_cpu_second(monkeypatch):
     """The fuzz tests' CPU bound: one second, so that the cases that exceed it stay cheap."""
-    from jgpt import sandbox
+    from jgpt.tokenizers import sandbox
 
     monkeypatch.setattr(sandbox, "CPU_SECONDS", 1)
 

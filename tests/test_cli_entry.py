@@ -1,4 +1,4 @@
-"""The `jgpt` console script restarts itself once with huge-page mallocs (jgpt.cli.entry)."""
+"""The `jgpt` console script restarts itself once with huge-page mallocs (jgpt.cli.main.entry)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jgpt import cli
-from jgpt.compilation_cache import cache_directory, environment
+from jgpt.cli import main as cli
+from jgpt.runtime.compilation_cache import cache_directory, environment
 
 
 class Restarted(Exception):
@@ -37,7 +37,7 @@ def test_entry_restarts_with_the_tunable_added_to_the_users_own(monkeypatch):
         cli.entry()
     [(path, argv, environment)] = calls
     assert path == sys.executable
-    assert argv == [sys.executable, "-m", "jgpt.cli", "train", "--steps", "3"]
+    assert argv == [sys.executable, "-m", "jgpt.cli.main", "train", "--steps", "3"]
     assert environment["GLIBC_TUNABLES"] == ("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:"
                                              "glibc.malloc.trim_threshold=0x10000000000")  # fmt: skip
 

@@ -18,10 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt import cli, progress
-from jgpt.command_line import HelpFormatter
-from jgpt.errors import ApiError
-from jgpt.units import byte_size, count, duration_us
+from jgpt.cli import main as cli
+from jgpt.foundation import progress
+from jgpt.foundation.command_line import HelpFormatter
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.units import byte_size, count, duration_us
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "tests" / "data" / "kvsim_worked_example.json"
@@ -282,8 +283,8 @@ def test_weights_are_read_without_orbax_as_orbax_restores_them(tmp_path):
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from jgpt.artifact import _read_ocdbt
-    from jgpt.weights import abstract_weights
+    from jgpt.artifacts.artifact import _read_ocdbt
+    from jgpt.model.weights import abstract_weights
 
     from conftest import tiny_model
 
@@ -298,7 +299,7 @@ def test_weights_are_read_without_orbax_as_orbax_restores_them(tmp_path):
     wider = {**target, "query": type(target["query"])((9, *target["query"].shape[1:]), np.float32)}
     assert _read_ocdbt(directory, wider) is None  # another shape: orbax's to read (and refuse)
     assert _read_ocdbt(tmp_path, target) is None  # not an OCDBT checkpoint
-    code = f"import sys; from jgpt.artifact import load_artifact; load_artifact({str(artifact.path)!r}); print('orbax' in sys.modules)"
+    code = f"import sys; from jgpt.artifacts.artifact import load_artifact; load_artifact({str(artifact.path)!r}); print('orbax' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -306,7 +307,7 @@ def test_weights_are_read_without_orbax_as_orbax_restores_them(tmp_path):
 def test_loading_and_running_a_model_imports_neither_flax_nor_orbax():
     """Start-up: flax (via flax.struct) and orbax were a quarter and a third of a second of `jgpt generate`."""
     code = (
-        "import sys, inference.commands, inference.generation, inference.execution, jgpt.artifact, jgpt.catalog\n"
+        "import sys, inference.commands, inference.generation, inference.execution, jgpt.artifacts.artifact, jgpt.artifacts.catalog\n"
         "print(sorted(m for m in ('flax', 'orbax') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -320,7 +321,7 @@ def test_pytree_dataclass_keeps_flax_structs_contract():
     import jax.numpy as jnp
     from flax import struct as flax_struct
 
-    from jgpt import pytree
+    from jgpt.model import pytree
 
     def declare(module):
         @module.dataclass

@@ -1,6 +1,6 @@
 """A signal at any moment of a command's start-up ends it as a signal should: exit 143 (SIGTERM) or 130 (SIGINT)
-and one line, never a traceback, a crash or a swallowed Ctrl-C (jgpt.cli holds the signals back until
-jgpt.errors.run_guarded has its handlers; a signal inside an import waits for the import's end).
+and one line, never a traceback, a crash or a swallowed Ctrl-C (jgpt.cli.main holds the signals back until
+jgpt.foundation.errors.run_guarded has its handlers; a signal inside an import waits for the import's end).
 
 Before, `jgpt generate` signalled in its first 0.6 s ended, in 30 starts each: SIGTERM, 17 killed with no message,
 8 in an ImportError traceback from jaxlib's initialization (exit 1), 2 in a segmentation fault, 4 cleanly; SIGINT,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from jgpt.errors import raise_if_terminated, run_guarded
+from jgpt.foundation.errors import raise_if_terminated, run_guarded
 
 REPO = Path(__file__).resolve().parent.parent
 JGPT = os.path.join(os.path.dirname(sys.executable), "jgpt")  # the console script, as a user starts it
@@ -30,7 +30,7 @@ HELD_BACK = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))  # SigBlk's
 
 
 def _holding_signals(pid: int) -> bool | None:
-    """Whether the process blocks SIGINT and SIGTERM (jgpt.cli's first line ran); None once it is gone."""
+    """Whether the process blocks SIGINT and SIGTERM (jgpt.cli.main's first line ran); None once it is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
@@ -46,7 +46,7 @@ def _signalled_start(signum: int, delay: float) -> tuple[int, str]:
     process = subprocess.Popen([JGPT, "generate", "--max-new-tokens", "2", "hi"], env=environment,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-    # Before jgpt.cli's first line only the interpreter runs; a signal there takes its default action.
+    # Before jgpt.cli.main's first line only the interpreter runs; a signal there takes its default action.
     deadline = time.monotonic() + DEADLINE
     while not _holding_signals(process.pid) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)

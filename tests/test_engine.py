@@ -11,7 +11,7 @@ from inference.commands import _load
 from inference.engine import InferenceEngine, read_served_workload
 from inference.generation import generate
 from inference.measured_run import measured_run
-from jgpt import cli
+from jgpt.cli import main as cli
 from kvsim.cache_run import simulate
 from kvsim.recorded import parse_document
 from kvsim.system import parse_system

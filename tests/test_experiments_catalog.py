@@ -9,7 +9,7 @@ from experiments.controls import CONTROLS
 from experiments.experiment_design import LABS, REPOSITORY, ExperimentDesign, default_catalog, read_lab
 from experiments.experiment_spec import ExecutionSpec
 from experiments.generation_defaults import generation_defaults
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from kvsim.system import parse_system
 
 CATALOG = default_catalog()

@@ -16,7 +16,7 @@ import pytest
 from experiments.experiment_design import ExperimentDesign, default_catalog
 from experiments.experiment_execution import _simulate, replay, resolve, run_lab, summary
 from experiments.record_integrity import check_measured_run
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from kvsim.cache_run import record_json
 from kvsim.calibration import fit, read_measured_run
 from tests.test_experiments_run import _chromium

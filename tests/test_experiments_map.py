@@ -6,7 +6,7 @@ import json
 import pytest
 
 from experiments.inference_map import InferenceMap, default_inference_map, draw
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 
 COMPONENTS = {
     "RequestEndpoint",

@@ -19,7 +19,7 @@ from experiments.experiment_design import default_catalog
 from experiments.experiment_execution import replay, run_lab
 from experiments.html_report import write_report
 from experiments.inspection import Inspectable
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 
 from conftest import lab_defaults, tiny_model
 

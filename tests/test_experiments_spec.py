@@ -4,8 +4,8 @@ import pytest
 
 from experiments.controls import CONTROLS
 from experiments.experiment_spec import ExecutionSpec, ExperimentSpec
-from jgpt.errors import ApiError
-from jgpt.ontology import OntologyBinding, concept
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.ontology import OntologyBinding, concept
 
 SYSTEM_FIELDS = {
     "max_requests",

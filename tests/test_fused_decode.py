@@ -17,13 +17,13 @@ import pytest
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.kernels import fused_decode
 from jgpt.kernels.plan import XLA, Kernels
-from jgpt.kv_state import KVBuffers, StateIdentity
-from jgpt.layer_strategy import LayerStrategy, LayerWeights
-from jgpt.model import forward
-from jgpt.weights import initialize
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.kv_state import KVBuffers, StateIdentity
+from jgpt.model.layer_strategy import LayerStrategy, LayerWeights
+from jgpt.model.transformer import forward
+from jgpt.model.weights import initialize
 
 REPO = Path(__file__).resolve().parent.parent
 AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else False
@@ -164,11 +164,11 @@ def test_without_a_compiler_decode_keeps_xlas_blocks_silently(tmp_path):
     script = """
 import warnings, jax, jax.numpy as jnp
 warnings.simplefilter("error")
-from jgpt.architecture import ModelArchitecture
+from jgpt.model.architecture import ModelArchitecture
 from jgpt.kernels import fused_decode
 from jgpt.kernels.plan import Kernels
-from jgpt.layer_strategy import LayerStrategy
-from jgpt.weights import initialize
+from jgpt.model.layer_strategy import LayerStrategy
+from jgpt.model.weights import initialize
 a = ModelArchitecture(vocabulary=97, width=168, ffn=420, context=40, layers=3, heads=6)
 layers = LayerStrategy.unrolled_layers(output_major=True).layer_weights(initialize(a, seed=1)[0])
 print(fused_decode.available(), fused_decode.admits(a, 1, jnp.float32, layers.layers), Kernels.auto().decode)

@@ -1,4 +1,4 @@
-"""`jgpt export-hf`: artifacts out to transformers and back (jgpt/hf_export.py).
+"""`jgpt export-hf`: artifacts out to transformers and back (jgpt/artifacts/hf_export.py).
 
 For each family, a jgpt artifact is exported and transformers' AutoModelForCausalLM loads the
 directory. The claim that its logits equal jgpt's within 1e-5 (max abs over random ids at every
@@ -34,13 +34,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.artifact import load_artifact, save_artifact
-from jgpt.catalog import load_model
-from jgpt.cli import main as jgpt
-from jgpt.model import forward
-from jgpt.tokenizer import CONTROL_MARKERS, ROLE_IDS, Tokenizer
-from jgpt.weights import ModelWeights, initialize
+from jgpt.artifacts.artifact import load_artifact, save_artifact
+from jgpt.artifacts.catalog import load_model
+from jgpt.cli.main import main as jgpt
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.transformer import forward
+from jgpt.model.weights import ModelWeights, initialize
+from jgpt.tokenizers.tokenizer import CONTROL_MARKERS, ROLE_IDS, Tokenizer
 from tests.hf_models import save_model
 from tests.hostile import run_jgpt
 
@@ -49,7 +49,7 @@ FORWARD = jax.jit(forward, static_argnames=("architecture", "observe", "unroll")
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 # jgpt's forward in float64, in its own process so that x64 and the overrides cannot reach other tests.
-# The code of jgpt.model and jgpt.operations runs unchanged; only its two dtypes change: `operations.F32`
+# The code of jgpt.model.transformer and jgpt.model.operations runs unchanged; only its two dtypes change: `operations.F32`
 # (what products accumulate in and the stream, statistics, softmax and logits are kept in) and the
 # architecture's `precision` (the operands' dtype; float64 is no precision jgpt offers, so the list is
 # widened here). chex's asserts go, as `forward` asserts float32 logits. The program is checked to hold
@@ -58,10 +58,10 @@ FLOAT64_FORWARD = """
 import dataclasses, sys
 import chex, jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
-from jgpt import architecture as declared, operations
-from jgpt.hf_import import convert
-from jgpt.model import forward
-from jgpt.weights import ModelWeights
+from jgpt.model import architecture as declared, operations
+from jgpt.artifacts.hf_import import convert
+from jgpt.model.transformer import forward
+from jgpt.model.weights import ModelWeights
 operations.F32 = jnp.float64
 declared.PRECISIONS = (*declared.PRECISIONS, "float64")
 chex.disable_asserts()

@@ -16,13 +16,13 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.artifact import load_artifact
-from jgpt.cli import main as jgpt
-from jgpt.errors import ApiError
-from jgpt.hf_import import convert
-from jgpt.model import KVBuffers, forward
-from jgpt.weights import parameter_count
+from jgpt.artifacts.artifact import load_artifact
+from jgpt.artifacts.hf_import import convert
+from jgpt.cli.main import main as jgpt
+from jgpt.foundation.errors import ApiError
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.transformer import KVBuffers, forward
+from jgpt.model.weights import parameter_count
 
 FORWARD = jax.jit(forward, static_argnames=("architecture", "observe", "unroll"))
 TOLERANCE = 1e-5
@@ -203,7 +203,7 @@ def test_import_hf_command_reports_bad_input_in_one_line(tmp_path, capsys):
 
 
 def test_a_tokenizer_next_to_the_model_becomes_the_artifacts_tokenizer(tmp_path):
-    from jgpt.tokenizer import Tokenizer
+    from jgpt.tokenizers.tokenizer import Tokenizer
 
     save_perturbed("llama-mqa-tied", tmp_path / "hf")
     tokenizer = Tokenizer.bytes_only()

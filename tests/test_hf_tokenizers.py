@@ -1,4 +1,4 @@
-"""Imported models keep their own Hugging Face tokenizer (jgpt/hf_tokenizer.py).
+"""Imported models keep their own Hugging Face tokenizer (jgpt/tokenizers/hf_tokenizer.py).
 
 Parity: a GPT-2-style and a Llama-style tokenizer trained locally with `tokenizers`, saved by
 transformers beside a random model of the family; `jgpt import-hf` then `jgpt generate` must
@@ -20,11 +20,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt.artifact import load_artifact
-from jgpt.cli import main as jgpt
-from jgpt.errors import ApiError
-from jgpt.hf_tokenizer import HFTokenizer
-from jgpt.tokenizer import Tokenizer, Turn
+from jgpt.artifacts.artifact import load_artifact
+from jgpt.cli.main import main as jgpt
+from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.hf_tokenizer import HFTokenizer
+from jgpt.tokenizers.tokenizer import Tokenizer, Turn
 from tests.hf_models import gpt2_tokenizer, save_model
 from tests.hostile import FUZZ, mutated_json
 
@@ -72,7 +72,7 @@ def test_generate_selects_the_ids_and_prints_the_text_of_transformers_generate(h
 
 
 def test_prompt_logits_match_torch(hf):
-    from jgpt.model import forward
+    from jgpt.model.transformer import forward
 
     ids = np.asarray(
         [
@@ -248,10 +248,10 @@ def test_a_companion_linking_out_of_the_directory_is_refused(gpt2, tmp_path):
 
 
 def test_a_tokenizer_file_over_the_limit_is_refused_before_reading(tmp_path, monkeypatch):
-    import jgpt.tokenizer
+    import jgpt.tokenizers.tokenizer
 
     Tokenizer.bytes_only().save(tmp_path / "tokenizer.json")
-    monkeypatch.setattr(jgpt.tokenizer, "FILE_LIMIT", 100)
+    monkeypatch.setattr(jgpt.tokenizers.tokenizer, "FILE_LIMIT", 100)
     with pytest.raises(ApiError, match="more than the 100"):
         Tokenizer.load(tmp_path / "tokenizer.json")
 

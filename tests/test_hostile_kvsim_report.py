@@ -32,8 +32,8 @@ from test_kvsim_calibration import TRUTH, conversation_system, measured_run
 
 from experiments.html_report import PLOT_BYTE_LIMIT, PLOT_PIXEL_LIMIT, PLOT_SIDE_LIMIT
 from experiments.report_figures import draw_plots, simulated_arms
-from jgpt.errors import ApiError
-from jgpt.validation import LIMIT
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import LIMIT
 from kvsim import commands, traces
 from kvsim.cache_run import load_json
 from kvsim.calibration import WALL_TOLERANCE_US

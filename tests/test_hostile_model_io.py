@@ -4,7 +4,7 @@ replacement, output modes and a config that describes fewer layers than the weig
 - `export-hf --force` replaces only its own previous export (the files an export writes and nothing else,
   its model.safetensors carrying the export's mark); never the current directory, a parent of it, $HOME
   or the root. It used to delete any non-empty directory, the current one included, with exit 0.
-- `import-hf` reads config.json, the weights and tokenizer.json through `jgpt.paths.confined`: a link out
+- `import-hf` reads config.json, the weights and tokenizer.json through `jgpt.foundation.paths.confined`: a link out
   of the model directory, a directory, a FIFO or a dangling link in their place is refused naming the file
   (each used to be followed, or taken for an absent file).
 - A full disk (injected at a random byte of an export, a real small tmpfs where mounting is permitted, an
@@ -36,13 +36,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt import identity, output_paths
-from jgpt.architecture import ModelArchitecture
-from jgpt.artifact import load_artifact, save_artifact
-from jgpt.errors import ApiError
-from jgpt.hf_export import EXPORT_FILES, _check_out, is_export
-from jgpt.tokenizer import Tokenizer
-from jgpt.weights import initialize
+from jgpt.artifacts.artifact import load_artifact, save_artifact
+from jgpt.artifacts.hf_export import EXPORT_FILES, _check_out, is_export
+from jgpt.foundation import identity, output_paths
+from jgpt.foundation.errors import ApiError
+from jgpt.model.architecture import ModelArchitecture
+from jgpt.model.weights import initialize
+from jgpt.tokenizers.tokenizer import Tokenizer
 from tests.hostile import FUZZ, assert_refused, run_jgpt
 from tests.test_hostile_surfaces import TINY_TRAIN
 from tests.test_path_confinement import tiny_gpt2
@@ -380,7 +380,7 @@ def test_import_on_a_disk_that_fills_keeps_the_previous_artifact(exported, tmp_p
     """orbax's error (a ValueError carrying os_error_code 28, with tracebacks logged by its threads) or a
     failed tokenizer or manifest write: one line, the staging removed, the artifact --overwrite would
     replace untouched."""
-    from jgpt import artifact as artifacts
+    from jgpt.artifacts import artifact as artifacts
 
     out = tmp_path / "artifact"
     assert run_jgpt(["import-hf", exported, "--out", out])[0] == 0
@@ -519,7 +519,7 @@ def test_a_signal_during_import_overwrite_leaves_one_whole_artifact_and_nothing_
 
 
 def test_a_signal_while_the_export_is_staged_keeps_the_previous_one(artifact, exported, tmp_path, monkeypatch):
-    from jgpt import hf_export
+    from jgpt.artifacts import hf_export
 
     out = tmp_path / "hf"
     shutil.copytree(exported, out)
@@ -653,7 +653,7 @@ def test_a_replaced_file_or_export_keeps_its_mode(artifact, exported, tmp_path):
 
 
 def test_the_catalog_keeps_its_mode(tmp_path):
-    from jgpt.catalog import read_catalog, write_catalog
+    from jgpt.artifacts.catalog import read_catalog, write_catalog
 
     path = tmp_path / "catalog.json"
     shutil.copyfile(Path(__file__).resolve().parents[1] / "checkpoints" / "catalog.json", path)

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from tests.hostile import FUZZ, assert_clean, assert_refused, extreme_numbers, hostile_json, mutated_json, run_jgpt
 
 DATA = Path(__file__).parent / "data"
@@ -197,7 +197,7 @@ def test_a_coordinator_outside_any_cluster_without_a_process_layout_is_refused_n
     backend may already be up, and jax.distributed then refuses for that reason instead."""
     environment = {k: v for k, v in os.environ.items() if k not in ("JGPT_NUM_PROCESSES", "JGPT_PROCESS_ID")}
     environment["JAX_COORDINATOR_ADDRESS"] = "localhost:1234"
-    probe = ("from jgpt.errors import ApiError\n"
+    probe = ("from jgpt.foundation.errors import ApiError\n"
              "from training.sharding import initialize_distributed\n"
              "try:\n    initialize_distributed()\n"
              "except ApiError as error:\n    print(error.field)\n    print(error.reason)\n")  # fmt: skip
@@ -252,7 +252,7 @@ def _full_after_two_chunks(descriptor, *args, **kwargs):
 
 def test_a_disk_that_fills_while_a_streamed_record_is_written_keeps_the_old_record(tmp_path, monkeypatch):
     """The simulation's thread, blocked handing over its next chunk, is stopped; nothing is left behind."""
-    from jgpt import identity
+    from jgpt.foundation import identity
 
     source, out = tmp_path / "input.json", tmp_path / "record.jsonl"
     source.write_bytes((DATA / "kvsim_worked_example.json").read_bytes())

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt import identity
-from jgpt.errors import ApiError
+from jgpt.foundation import identity
+from jgpt.foundation.errors import ApiError
 from tests.hostile import FUZZ, assert_refused, run_jgpt
 
 DATA = Path(__file__).parent / "data"

@@ -1,6 +1,6 @@
 """Hostile chat templates and tokenizer files: rendered or loaded within documented bounds, or refused.
 
-Before, on the hand-written checks of jgpt.hf_tokenizer's sandbox (a 4 GiB address-space cap kept the
+Before, on the hand-written checks of jgpt.tokenizers.hf_tokenizer's sandbox (a 4 GiB address-space cap kept the
 machine alive while reproducing): a format width given as a string (`"{:>{w}}".format(1, w="999999999")`)
 rendered 1 GB; products of allowed sizes through replace, join, expandtabs, translate and indent grew
 to 0.9 GB at 30,000 x 30,000 (3.6 GB at the allowed 60,000); a tower of `**` and two nested loops over
@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt import hf_tokenizer, sandbox
-from jgpt.errors import ApiError
-from jgpt.sandbox import CPU_SECONDS, OUTPUT_LIMIT, WALL_SECONDS
-from jgpt.tokenizer import Tokenizer, Turn
+from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers import hf_tokenizer, sandbox
+from jgpt.tokenizers.sandbox import CPU_SECONDS, OUTPUT_LIMIT, WALL_SECONDS
+from jgpt.tokenizers.tokenizer import Tokenizer, Turn
 from tests.hf_models import gpt2_tokenizer, llama_tokenizer
 from tests.hostile import FUZZ, assert_refused
 

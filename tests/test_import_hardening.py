@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt.artifact import load_artifact
-from jgpt.catalog import read_catalog
-from jgpt.errors import ApiError
-from jgpt.hf_import import DIMENSION_LIMIT, convert
-from jgpt.tokenizer import Tokenizer
+from jgpt.artifacts.artifact import load_artifact
+from jgpt.artifacts.catalog import read_catalog
+from jgpt.artifacts.hf_import import DIMENSION_LIMIT, convert
+from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.tokenizer import Tokenizer
 from tests.hostile import FUZZ, assert_refused, mutated_json, run_jgpt
 from tests.test_path_confinement import artifact, tiny_gpt2  # noqa: F401  (artifact is a fixture)
 

@@ -24,13 +24,13 @@ from inference.execution import (
 )
 from inference.generation import generate, generate_stepwise
 from inference.policy import GenerationPolicy, InferenceRequest
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.errors import ApiError
-from jgpt.kv_state import KVState, StateIdentity
-from jgpt.layer_strategy import stored_layout
-from jgpt.model import forward
-from jgpt.tokenizer import TURN_END_ID
-from jgpt.weights import initialize
+from jgpt.foundation.errors import ApiError
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.kv_state import KVState, StateIdentity
+from jgpt.model.layer_strategy import stored_layout
+from jgpt.model.transformer import forward
+from jgpt.model.weights import initialize
+from jgpt.tokenizers.tokenizer import TURN_END_ID
 
 TOLERANCE = 1e-5  # float32 max abs logit error, cached vs full-prefix recompute
 IDENTITY = StateIdentity("c" * 64, "t" * 64, "float32")

@@ -12,15 +12,15 @@ import pytest
 
 from inference.execution import ModelExecution, advance
 from inference.recorded_computations import FORMAT, read_workload, record
-from jgpt import cli
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.artifact import save_artifact
-from jgpt.errors import ApiError
+from jgpt.artifacts.artifact import save_artifact
+from jgpt.cli import main as cli
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_matvec
 from jgpt.kernels.plan import Kernels
-from jgpt.kv_state import StateIdentity
-from jgpt.tokenizer import Tokenizer
-from jgpt.weights import initialize
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.kv_state import StateIdentity
+from jgpt.model.weights import initialize
+from jgpt.tokenizers.tokenizer import Tokenizer
 
 GPT = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=64, layers=2, heads=4)
 LLAMA = LlamaArchitecture(vocabulary=260, width=32, ffn=48, context=64, layers=2, heads=4, kv_heads=2)

@@ -135,10 +135,10 @@ def test_sigterm_cleanup_of_an_artifact_save_removes_its_staging(tmp_path):
     """SIGTERM arriving while the weights are being written: the staging directory goes with it."""
     script = textwrap.dedent(f"""
         import os, signal, sys, time
-        from jgpt import artifact
-        from jgpt.architecture import ModelArchitecture
-        from jgpt.errors import run_guarded
-        from jgpt.weights import initialize
+        from jgpt.artifacts import artifact
+        from jgpt.model.architecture import ModelArchitecture
+        from jgpt.foundation.errors import run_guarded
+        from jgpt.model.weights import initialize
 
         save = artifact._save_weights
         def save_then_wait(directory, weights):
@@ -165,7 +165,7 @@ def test_sigterm_cleanup_of_an_artifact_save_removes_its_staging(tmp_path):
 
 def test_sigterm_cleanup_waits_for_a_deferred_block_then_terminates():
     """An orbax save runs under termination_deferred: SIGTERM lets it finish, then ends the command."""
-    from jgpt.errors import run_guarded, termination_deferred
+    from jgpt.foundation.errors import run_guarded, termination_deferred
 
     steps, before = [], signal.getsignal(signal.SIGTERM)
 
@@ -187,7 +187,7 @@ def test_a_sigterm_whose_exception_is_swallowed_still_ends_the_command():
     the next `raise_if_terminated` (the train loop calls it every step) or, at the latest, when it returns."""
     import gc
 
-    from jgpt.errors import raise_if_terminated, run_guarded
+    from jgpt.foundation.errors import raise_if_terminated, run_guarded
 
     def terminated_inside_a_collection(steps: list[str], check: bool):
         def callback(phase, info):

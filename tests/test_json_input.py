@@ -1,4 +1,4 @@
-"""jgpt.json_input: bounded nesting, finite numbers, one ApiError naming the field."""
+"""jgpt.foundation.json_input: bounded nesting, finite numbers, one ApiError naming the field."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 from hypothesis import given
 
-from jgpt.errors import ApiError
-from jgpt.json_input import DEPTH_LIMIT, parse_json, read_json
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.json_input import DEPTH_LIMIT, parse_json, read_json
 
 from hostile import FUZZ, deep_json, hostile_json, json_values
 

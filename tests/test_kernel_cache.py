@@ -1,5 +1,5 @@
 """The kernel and compilation caches trust only what this user's own jgpt wrote (jgpt.kernels.kernel_cache,
-jgpt.cache_directory, jgpt.compilation_cache).
+jgpt.runtime.cache_directory, jgpt.runtime.compilation_cache).
 
 How a library is planted: a tiny C file whose `__attribute__((constructor))` writes a marker file (the path in
 $JGPT_PLANT_MARKER) is compiled once, and copied under the exact name the cache would load
@@ -31,8 +31,9 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from jgpt import cache_directory, cli, compilation_cache
+from jgpt.cli import main as cli
 from jgpt.kernels import blas_matvec, kernel_cache
+from jgpt.runtime import cache_directory, compilation_cache
 from tests.hostile import FUZZ
 
 REPO = Path(__file__).resolve().parent.parent
@@ -482,7 +483,7 @@ def test_a_compilation_cache_another_user_can_write_or_swap_is_refused(tmp_path,
 
 @needs_root
 def test_the_command_runs_without_a_refused_compilation_cache(monkeypatch, tmp_path, capsys):
-    """`jgpt.cli.entry` passes JAX no cache directory when the check refuses it."""
+    """`jgpt.cli.main.entry` passes JAX no cache directory when the check refuses it."""
     execve = mock.Mock(side_effect=SystemExit(0))
     monkeypatch.setattr(cli.os, "execve", execve)
     monkeypatch.setattr(cli.sys, "platform", "linux")

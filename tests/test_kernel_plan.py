@@ -20,13 +20,13 @@ import pytest
 from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_matvec, fused_decode, plan
 from jgpt.kernels.plan import XLA, Kernels
-from jgpt.kv_state import StateIdentity
-from jgpt.layer_strategy import LayerStrategy
-from jgpt.operations import REFERENCE
-from jgpt.weights import initialize
+from jgpt.model.kv_state import StateIdentity
+from jgpt.model.layer_strategy import LayerStrategy
+from jgpt.model.operations import REFERENCE
+from jgpt.model.weights import initialize
 from training import config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -53,9 +53,7 @@ def test_the_plan_is_a_frozen_validated_value_with_the_reference_as_default():
 
 
 def test_the_reference_computation_loads_no_kernel_module_even_indirectly():
-    script = (
-        "import sys, jgpt.model, jgpt.operations; print(sorted(m for m in sys.modules if m.startswith('jgpt.kernels')))"
-    )
+    script = "import sys, jgpt.model.transformer, jgpt.model.operations; print(sorted(m for m in sys.modules if m.startswith('jgpt.kernels')))"
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["[]"]

@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_kvsim_model import EXAMPLE
 
-from jgpt import cli
-from jgpt.errors import ApiError
+from jgpt.cli import main as cli
+from jgpt.foundation.errors import ApiError
 from kvsim import parse_document, parse_system, record_json, record_value, rerun, simulate
 from kvsim.analytic import AnalyticModel, analytic_computations
 from kvsim.calibration import (

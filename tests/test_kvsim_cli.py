@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jgpt.cli import main as jgpt
+from jgpt.cli.main import main as jgpt
 
 EXAMPLE = json.loads((Path(__file__).parent / "data" / "kvsim_worked_example.json").read_text())
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from kvsim import parse_document, parse_interaction, parse_system, parse_workload, record_value, simulate
 from kvsim.analytic import AnalyticModel, analytic_computations
 from kvsim.recorded import document_json

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jgpt.errors import ApiError
-from jgpt.identity import write_atomically
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import write_atomically
 from kvsim import engine, parse_interaction, parse_system, record_value, run_id, simulate
 from kvsim.analytic import AnalyticModel, analytic_computations, analytic_stream
 from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind

@@ -13,9 +13,9 @@ import pytest
 
 from experiments.experiment_execution import replay
 from inference.execution import ModelExecution
-from jgpt import cli
-from jgpt.catalog import load_model, read_catalog
-from jgpt.errors import ApiError
+from jgpt.artifacts.catalog import load_model, read_catalog
+from jgpt.cli import main as cli
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels.plan import Kernels
 
 from conftest import LAB

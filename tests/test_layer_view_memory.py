@@ -16,12 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from inference.execution import ModelExecution
-from jgpt.architecture import ModelArchitecture
-from jgpt.kv_state import KVBuffers, StateIdentity
-from jgpt.layer_strategy import LayerStrategy, per_layer_view
-from jgpt.model import forward
-from jgpt.output_major import OutputMajor
-from jgpt.weights import initialize, parameter_count
+from jgpt.model.architecture import ModelArchitecture
+from jgpt.model.kv_state import KVBuffers, StateIdentity
+from jgpt.model.layer_strategy import LayerStrategy, per_layer_view
+from jgpt.model.output_major import OutputMajor
+from jgpt.model.transformer import forward
+from jgpt.model.weights import initialize, parameter_count
 
 REPO = Path(__file__).resolve().parent.parent
 # Widths of 36 and 68 floats: a layer of a bias or norm scale starts off XLA's 64-byte alignment.
@@ -99,7 +99,7 @@ def test_tensor_parallel_weights_are_held_once():
 def _tensor_parallel_view() -> tuple[int, int]:
     """Bytes of a 2-way tensor-parallel execution's per-layer view inside and outside its split weights."""
     from inference.tensor_parallel import TensorParallelExecution
-    from jgpt.mesh import mesh
+    from jgpt.runtime.mesh import mesh
 
     architecture = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=64, layers=2, heads=4)
     one = ModelExecution(initialize(architecture, 3)[0], architecture, StateIdentity("c", "t", "float32"),

@@ -117,8 +117,8 @@ def _train(mesh, steps: int):
     import jax
     import jax.numpy as jnp
 
-    from jgpt.architecture import ModelArchitecture
-    from jgpt.weights import initialize
+    from jgpt.model.architecture import ModelArchitecture
+    from jgpt.model.weights import initialize
     from training import optimizer, sharding
     from training.batches import TokenStream
     from training.config import TrainingConfig
@@ -146,10 +146,10 @@ def _infer(mesh) -> dict:
     from inference.generation import generate
     from inference.policy import GenerationPolicy, InferenceRequest
     from inference.tensor_parallel import TensorParallelExecution
-    from jgpt.architecture import ModelArchitecture
-    from jgpt.kv_state import StateIdentity
-    from jgpt.mesh import addressable_bytes
-    from jgpt.weights import initialize
+    from jgpt.model.architecture import ModelArchitecture
+    from jgpt.model.kv_state import StateIdentity
+    from jgpt.model.weights import initialize
+    from jgpt.runtime.mesh import addressable_bytes
 
     architecture = ModelArchitecture(vocabulary=260, width=32, ffn=64, context=64, layers=2, heads=4)
     one = ModelExecution(initialize(architecture, 3)[0], architecture, StateIdentity("c", "t", "float32"))
@@ -178,7 +178,7 @@ def _infer(mesh) -> dict:
 def _measure() -> dict:
     import jax
 
-    from jgpt.mesh import addressable_bytes, mesh
+    from jgpt.runtime.mesh import addressable_bytes, mesh
 
     assert jax.device_count() == DEVICES
     grid = mesh(MODEL_AXIS)

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture, architecture_from_json
-from jgpt.errors import ApiError
-from jgpt.kv_state import KVBuffers
-from jgpt.layer_strategy import LayerStrategy, per_layer_view
-from jgpt.model import forward
-from jgpt.ontology import is_admitted
-from jgpt.walkthrough import walkthrough
-from jgpt.weights import BLOCK_NAMES, ModelWeights, check_weights, initialize, parameter_count
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.ontology import is_admitted
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture, architecture_from_json
+from jgpt.model.kv_state import KVBuffers
+from jgpt.model.layer_strategy import LayerStrategy, per_layer_view
+from jgpt.model.transformer import forward
+from jgpt.model.walkthrough import walkthrough
+from jgpt.model.weights import BLOCK_NAMES, ModelWeights, check_weights, initialize, parameter_count
 
 GPT = ModelArchitecture(vocabulary=61, width=32, ffn=80, context=24, layers=2, heads=4)
 LLAMA = LlamaArchitecture(vocabulary=61, width=32, ffn=48, context=24, layers=3, heads=4, kv_heads=2)
@@ -165,7 +165,7 @@ class ForwardBoundaryTest(chex.TestCase):
             low = dataclasses.replace(architecture, precision="bfloat16")
             out = self.variant(functools.partial(forward, architecture=low))(weights_of(name), token_ids=ids)
             chex.assert_type(out.logits, jnp.float32)
-            # Attention's operands stay float32 (jgpt.bf16_matmul.attention_dtype); only a bf16 KV state rounds them.
+            # Attention's operands stay float32 (jgpt.model.bf16_matmul.attention_dtype); only a bf16 KV state rounds them.
             self.assertEqual(out.cache.keys.dtype, jnp.float32)
             error = float(jnp.max(jnp.abs(out.logits - reference)))
             # bfloat16 keeps 8 mantissa bits: relative rounding 2^-8 of operands of magnitude ~1.
@@ -320,7 +320,7 @@ def test_every_layer_strategy_gives_the_rolled_scans_logits_cache_and_observatio
 ])  # fmt: skip
 def test_the_layer_strategy_is_chosen_by_asking_the_backend(monkeypatch, backend, expected):
     from inference.execution import ModelExecution
-    from jgpt.kv_state import StateIdentity
+    from jgpt.model.kv_state import StateIdentity
 
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     assert LayerStrategy.for_backend() == expected

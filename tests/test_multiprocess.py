@@ -89,7 +89,7 @@ def test_two_processes_train_the_same_steps_to_the_same_weights_as_one(tmp_path)
 
 
 def test_jgpt_train_over_two_processes_writes_one_run_reaches_one_process_weights_and_resumes(tmp_path):
-    from jgpt.artifact import load_artifact
+    from jgpt.artifacts.artifact import load_artifact
 
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY_RUN))
@@ -133,13 +133,13 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def _architecture():
-    from jgpt.architecture import LlamaArchitecture
+    from jgpt.model.architecture import LlamaArchitecture
 
     return LlamaArchitecture(vocabulary=260, width=32, ffn=64, context=16, layers=2, heads=2)
 
 
 def _initial() -> dict:
-    from jgpt.weights import initialize
+    from jgpt.model.weights import initialize
 
     return {k: np.asarray(v) for k, v in initialize(_architecture(), 0)[0].as_dict().items()}
 
@@ -149,9 +149,9 @@ def _train(mesh):
     import jax
     import jax.numpy as jnp
 
-    from jgpt.mesh import batch_sharding, replicated
-    from jgpt.mesh import mesh as device_mesh
-    from jgpt.weights import initialize
+    from jgpt.model.weights import initialize
+    from jgpt.runtime.mesh import batch_sharding, replicated
+    from jgpt.runtime.mesh import mesh as device_mesh
     from training import optimizer, sharding
     from training.batches import TokenStream
     from training.config import TrainingConfig
@@ -177,7 +177,7 @@ def _train(mesh):
 def _process(out: str) -> None:
     import jax
 
-    from jgpt.mesh import mesh
+    from jgpt.runtime.mesh import mesh
     from training import sharding
 
     sharding.initialize_distributed()

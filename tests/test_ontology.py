@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from jgpt import ontology
-from jgpt.errors import ApiError
-from jgpt.ontology import OntologyBinding
+from jgpt.foundation import ontology
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.ontology import OntologyBinding
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -113,7 +113,7 @@ def test_binding_from_json_names_the_nested_field(value, field):
 
 
 def test_registry_imports_no_jax():
-    code = "import sys, jgpt.ontology as o; o.admitted_concepts(); print('jax' in sys.modules)"
+    code = "import sys, jgpt.foundation.ontology as o; o.admitted_concepts(); print('jax' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert result.stdout.strip() == "False"
 

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.layer_strategy import HELD_OUTPUT_MAJOR, PROJECTIONS, LayerStrategy, stored_layout
-from jgpt.operations import dense
-from jgpt.output_major import OutputMajor
-from jgpt.weights import initialize
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.layer_strategy import HELD_OUTPUT_MAJOR, PROJECTIONS, LayerStrategy, stored_layout
+from jgpt.model.operations import dense
+from jgpt.model.output_major import OutputMajor
+from jgpt.model.weights import initialize
 
 GPT = ModelArchitecture(vocabulary=61, width=32, ffn=80, context=24, layers=2, heads=4)
 LLAMA = LlamaArchitecture(vocabulary=61, width=32, ffn=48, context=24, layers=3, heads=4, kv_heads=2)

@@ -17,15 +17,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jgpt.architecture import ModelArchitecture
-from jgpt.artifact import load_artifact, save_artifact
-from jgpt.catalog import read_catalog, resolve_model
-from jgpt.errors import ApiError
-from jgpt.hf_import import convert
-from jgpt.identity import sha256_json
-from jgpt.paths import confined
-from jgpt.tokenizer import Tokenizer
-from jgpt.weights import initialize
+from jgpt.artifacts.artifact import load_artifact, save_artifact
+from jgpt.artifacts.catalog import read_catalog, resolve_model
+from jgpt.artifacts.hf_import import convert
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import sha256_json
+from jgpt.foundation.paths import confined
+from jgpt.model.architecture import ModelArchitecture
+from jgpt.model.weights import initialize
+from jgpt.tokenizers.tokenizer import Tokenizer
 from tests.hostile import FUZZ, assert_refused
 
 ESCAPES = ["../outside.json", "/etc/passwd", "a/../../outside.json", "..", "a\\..\\b", "a\x00b", ""]

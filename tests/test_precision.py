@@ -20,11 +20,11 @@ from inference.execution import ModelExecution
 from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.precision import at_precision
-from jgpt.artifact import save_artifact
-from jgpt.catalog import load_model, read_catalog
-from jgpt.cli import main as jgpt
-from jgpt.errors import ApiError
-from jgpt.tokenizer import Turn
+from jgpt.artifacts.artifact import save_artifact
+from jgpt.artifacts.catalog import load_model, read_catalog
+from jgpt.cli.main import main as jgpt
+from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.tokenizer import Turn
 
 # bf16 keeps 8 significant bits: each dense product's operands (and the KV state) are rounded by up to 2^-9
 # relative. Over the shipped model's 4 layers the logits (|logit| up to ~20) moved by at most 0.106 (measured with
@@ -68,9 +68,9 @@ def test_an_unknown_precision_is_refused(shipped):
 
 
 def test_a_bf16_train_step_keeps_f32_master_weights_and_follows_the_f32_loss():
-    from jgpt.architecture import LlamaArchitecture
-    from jgpt.mesh import batch_sharding, mesh
-    from jgpt.weights import initialize
+    from jgpt.model.architecture import LlamaArchitecture
+    from jgpt.model.weights import initialize
+    from jgpt.runtime.mesh import batch_sharding, mesh
     from training import optimizer
     from training.batches import TokenStream
     from training.config import TrainingConfig
@@ -156,18 +156,18 @@ def relative_rms(a, b) -> float:
 
 
 def test_the_backend_says_whether_bf16_matmuls_are_native():
-    from jgpt import bf16_matmul
+    from jgpt.model import bf16_matmul
 
     assert not bf16_matmul.native("cpu") and bf16_matmul.native("gpu") and bf16_matmul.native("tpu")
     assert bf16_matmul.native() == (jax.default_backend() != "cpu")
 
 
 def test_bf16_matmuls_as_rounded_f32_operands_match_native_bf16_on_logits_and_train_steps(monkeypatch):
-    from jgpt import bf16_matmul
-    from jgpt.architecture import LlamaArchitecture
-    from jgpt.mesh import batch_sharding, mesh
-    from jgpt.model import forward
-    from jgpt.weights import initialize
+    from jgpt.model import bf16_matmul
+    from jgpt.model.architecture import LlamaArchitecture
+    from jgpt.model.transformer import forward
+    from jgpt.model.weights import initialize
+    from jgpt.runtime.mesh import batch_sharding, mesh
     from training import optimizer
     from training.batches import TokenStream
     from training.config import TrainingConfig
@@ -224,10 +224,10 @@ def test_bf16_rounds_the_dense_products_and_keeps_attention_products_f32(monkeyp
     """Traced in the native form, where the rounding is visible as bf16 operands: the scan body's seven dense
     products (query, key, value, attention output, SwiGLU up, gate, down) and the output projection take bf16
     operands; attention's scores and value mix take f32 ones, in the forward pass and in its gradient."""
-    from jgpt import bf16_matmul
-    from jgpt.architecture import LlamaArchitecture
-    from jgpt.model import forward
-    from jgpt.weights import initialize
+    from jgpt.model import bf16_matmul
+    from jgpt.model.architecture import LlamaArchitecture
+    from jgpt.model.transformer import forward
+    from jgpt.model.weights import initialize
 
     def products(precision: str):
         """(forward, gradient) operand dtypes of a 2-layer model's products; the layers scan over one body."""

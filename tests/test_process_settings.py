@@ -1,5 +1,5 @@
-"""The malloc tunables (jgpt.process_settings): glibc takes them only from a process's start, which is what
-the `jgpt` command's restart and the `python -m jgpt.process_settings --` launcher are for."""
+"""The malloc tunables (jgpt.runtime.process_settings): glibc takes them only from a process's start, which is what
+the `jgpt` command's restart and the `python -m jgpt.runtime.process_settings --` launcher are for."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jgpt import process_settings
+from jgpt.runtime import process_settings
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = Path(sys.executable).parent / "jgpt"  # installed by `pip install -e .`
@@ -22,7 +22,7 @@ ALL = ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:
 # With "late" the program sets GLIBC_TUNABLES itself, after its start.
 PROBE = """
 import ctypes, os, sys
-from jgpt import process_settings
+from jgpt.runtime import process_settings
 
 class MallocInfo(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -56,12 +56,12 @@ pytestmark = pytest.mark.skipif(not process_settings.applies(), reason="glibc re
 def test_glibc_takes_the_tunables_only_from_the_start_of_a_process():
     assert probe(sys.executable, "-c", PROBE) == "1 False"  # importing jgpt sets nothing
     assert probe(sys.executable, "-c", PROBE, "late") == "1 False"  # set from inside: too late for glibc
-    launched = probe(sys.executable, "-m", "jgpt.process_settings", "--", sys.executable, "-c", PROBE)
+    launched = probe(sys.executable, "-m", "jgpt.runtime.process_settings", "--", sys.executable, "-c", PROBE)
     assert launched == "0 True"
 
 
 def test_the_jgpt_command_restarts_into_them_and_a_plain_interpreter_has_none():
-    """What the restart in jgpt.cli.entry fixes: without it the command's process runs without the tunables."""
+    """What the restart in jgpt.cli.main.entry fixes: without it the command's process runs without the tunables."""
     assert probe(str(SCRIPT), "devices").splitlines()[2] == f"malloc tunables: in force (GLIBC_TUNABLES={ALL})"
     assert probe(sys.executable, "-m", "jgpt", "devices").splitlines()[2].startswith("malloc tunables: NOT in force")
 
@@ -81,10 +81,10 @@ def test_the_users_own_tunables_win(own, value):
 
 
 def test_the_launcher_prints_the_value_to_export_and_refuses_other_arguments():
-    done = subprocess.run([sys.executable, "-m", "jgpt.process_settings"], cwd=REPO, env=plain_environment(),
+    done = subprocess.run([sys.executable, "-m", "jgpt.runtime.process_settings"], cwd=REPO, env=plain_environment(),
                           capture_output=True, text=True)  # fmt: skip
     assert (done.returncode, done.stdout) == (0, ALL + "\n")
     for argv, code in ((["--"], 2), (["python"], 2), (["--", "/nonexistent/program"], 127)):
-        done = subprocess.run([sys.executable, "-m", "jgpt.process_settings", *argv], cwd=REPO,
+        done = subprocess.run([sys.executable, "-m", "jgpt.runtime.process_settings", *argv], cwd=REPO,
                               env=plain_environment(), capture_output=True, text=True)  # fmt: skip
         assert done.returncode == code and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr

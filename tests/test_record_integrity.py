@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from experiments.experiment_execution import _dumps, replay
 from experiments.record_integrity import model_bindings
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from tests.hostile import FUZZ, assert_refused, mutated_json, run_jgpt
 from tests.test_report_injection import rewrite_entry
 

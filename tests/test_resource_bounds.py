@@ -4,7 +4,7 @@
   the context leaves after the prompt (`inference.generation.selectable`); the budget keeps its meaning (the row
   stops at the context). `generate --max-new-tokens 2147483647` with a draft or prompt lookup used to be killed
   by the OOM killer at 23.8 GB, and with `--json` ended in an XLA out-of-memory traceback.
-- A run whose buffers would still pass jgpt.limits.BUFFER_LIMIT is refused naming the size: `max_new_tokens`
+- A run whose buffers would still pass jgpt.foundation.limits.BUFFER_LIMIT is refused naming the size: `max_new_tokens`
   for a generation, `scheduling.max_active_requests` for the engine's slot state (a SYSTEM.json with 65,536
   active requests sized a 34 GB buffer and died in a traceback after a minute of compiling), `kv_cache.*` for
   the states its pool may retain.
@@ -29,12 +29,12 @@ import inference.commands
 import inference.execution
 import inference.generation
 import inference.speculative
-import jgpt.limits
+import jgpt.foundation.limits
 from inference.engine import InferenceEngine
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.slot_execution import SlotExecution
-from jgpt.errors import ApiError
-from jgpt.tokenizer import Tokenizer
+from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.tokenizer import Tokenizer
 from kvsim.system import parse_system
 from kvsim.workload import WALL_CLOCK_LIMIT_US
 
@@ -129,7 +129,7 @@ def test_selectable_is_the_budget_or_what_the_context_leaves():
 def test_buffers_past_the_limit_are_refused_naming_the_budget_before_anything_runs(
     options, monkeypatch, nothing_compiles
 ):
-    monkeypatch.setattr(jgpt.limits, "BUFFER_LIMIT", 100_000)
+    monkeypatch.setattr(jgpt.foundation.limits, "BUFFER_LIMIT", 100_000)
     line = assert_refused(["generate", "--max-new-tokens", BIGGEST, *options, "reverse abcd"], field="max_new_tokens")
     assert "BUFFER_LIMIT" in line and "bytes" in line, line
 
@@ -137,7 +137,7 @@ def test_buffers_past_the_limit_are_refused_naming_the_budget_before_anything_ru
 def test_kept_logits_count_against_the_limit(monkeypatch, nothing_compiles):
     """The chat model's 128-slot state fits 600 kB; with --json its logits of 119 steps (119 x 260 x 4 bytes
     kept, and the reference's of every slot) do not."""
-    monkeypatch.setattr(jgpt.limits, "BUFFER_LIMIT", 600_000)
+    monkeypatch.setattr(jgpt.foundation.limits, "BUFFER_LIMIT", 600_000)
     assert_refused(["generate", "--json", "--max-new-tokens", BIGGEST, "reverse abcd"], field="max_new_tokens")
 
 
@@ -153,7 +153,9 @@ def test_record_clamps_the_same_way(tmp_path):
 
 
 def test_record_refuses_a_request_past_the_limit_before_running_any(tmp_path, monkeypatch, nothing_compiles):
-    monkeypatch.setattr(jgpt.limits, "BUFFER_LIMIT", 600_000)  # the reference's logits of 114 steps do not fit
+    monkeypatch.setattr(
+        jgpt.foundation.limits, "BUFFER_LIMIT", 600_000
+    )  # the reference's logits of 114 steps do not fit
     document = _workload(2, budget=4)
     document["requests"][1]["request"]["generation"]["max_new_tokens"] = BIGGEST
     w, _, out = _files(tmp_path, document, _system())
@@ -199,7 +201,7 @@ def test_65536_active_requests_are_refused_naming_the_slot_count_and_bytes(tmp_p
 
 def _pool_case(tmp_path: Path, monkeypatch, retention: str):
     """One active request, but a pool that may retain every request's state: 1 MiB of limit cannot hold it."""
-    monkeypatch.setattr(jgpt.limits, "BUFFER_LIMIT", 1 << 20)
+    monkeypatch.setattr(jgpt.foundation.limits, "BUFFER_LIMIT", 1 << 20)
     system = _system(max_active_requests=1)
     system["kv_cache"].update(device_kv_bytes=2**53, retention_policy=retention)
     w, s, out = _files(tmp_path, _workload(64), system)
@@ -367,7 +369,7 @@ FUZZ_BUFFER_LIMIT = 150_000
 def test_fuzz_serve_extreme_times_and_system_numbers(tmp_path, monkeypatch, where, value, retention):
     """A number at or past the edges in SYSTEM.json or as a declared time: refused before compile naming the
     field (or the size it drives past the limit), or served quickly with --as-fast-as-possible."""
-    monkeypatch.setattr(jgpt.limits, "BUFFER_LIMIT", FUZZ_BUFFER_LIMIT)
+    monkeypatch.setattr(jgpt.foundation.limits, "BUFFER_LIMIT", FUZZ_BUFFER_LIMIT)
     sentinel = "__number__"
     system, workload = _system(max_active_requests=1), _workload(2, cancel_at=0)
     system["kv_cache"]["retention_policy"] = retention
@@ -405,7 +407,7 @@ def test_a_lab_served_on_the_engine_refuses_far_times_before_anything_runs(workl
     """kvsim-fidelity serves both workloads on the engine: its third turn, two days away, is refused
     when the lab is read (kvsim arms alone take any time kvsim does)."""
     from experiments.experiment_design import LABS, ExperimentDesign
-    from jgpt.json_input import read_json
+    from jgpt.foundation.json_input import read_json
 
     lab = read_json(LABS / "kvsim-fidelity.json", "lab")
     ExperimentDesign.from_json(lab)

@@ -13,10 +13,10 @@ from inference.execution import ModelExecution
 from inference.generation import generate, generate_stepwise
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.sampling import SelectionRule, filtered_logits, select
-from jgpt.architecture import LlamaArchitecture
-from jgpt.errors import ApiError
-from jgpt.kv_state import StateIdentity
-from jgpt.weights import initialize
+from jgpt.foundation.errors import ApiError
+from jgpt.model.architecture import LlamaArchitecture
+from jgpt.model.kv_state import StateIdentity
+from jgpt.model.weights import initialize
 
 SIGNIFICANCE = 1e-3  # the chi-square test fails when draws this unlikely under the filtered distribution occur
 DRAWS = 10_000
@@ -140,7 +140,7 @@ def test_a_sampled_selection_records_its_candidates_and_key(model):
 
 def test_policy_sampling_fields_are_checked_and_read_from_workloads():
     from inference.recorded_computations import read_workload
-    from jgpt.tokenizer import Tokenizer
+    from jgpt.tokenizers.tokenizer import Tokenizer
 
     assert GenerationPolicy(4).to_json() == {
         "max_new_tokens": 4,

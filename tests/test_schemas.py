@@ -16,9 +16,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from jgpt import cli
-from jgpt.commands.schema import SCHEMAS, schema
-from jgpt.errors import ApiError
+from jgpt.cli import main as cli
+from jgpt.cli.schema import SCHEMAS, schema
+from jgpt.foundation.errors import ApiError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -32,8 +32,8 @@ EXAMPLES = {
 }
 # Documents with no schema yet (patterns): read by code that has no description, or by no code at all.
 WITHOUT_SCHEMA = {
-    "checkpoints/catalog.json": "ModelCatalog: jgpt.catalog reads it with its own checks",
-    "checkpoints/*/manifest.json": "artifact manifest: jgpt.artifact reads it with its own checks",
+    "checkpoints/catalog.json": "ModelCatalog: jgpt.artifacts.catalog reads it with its own checks",
+    "checkpoints/*/manifest.json": "artifact manifest: jgpt.artifacts.artifact reads it with its own checks",
     "checkpoints/*/tokenizer.json": "a Hugging Face tokenizer.json (its format is the tokenizers library's)",
     "experiments/evidence/*.json": "lab evidence summary: written for people, read by no code",
 }
@@ -137,7 +137,7 @@ def _lab(tmp_path, document):
 
 def _workload(tmp_path, document):
     from inference.recorded_computations import read_workload
-    from jgpt.tokenizer import Tokenizer
+    from jgpt.tokenizers.tokenizer import Tokenizer
 
     return read_workload(document, Tokenizer.bytes_only())
 

@@ -17,11 +17,11 @@ from inference.generation import generate
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.sampling import SelectionRule, filtered_logits, select, step_key
 from inference.speculative import PromptLookup, generate_speculative, lookup, speculative_sample, verify_window
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.errors import ApiError
-from jgpt.kv_state import StateIdentity
-from jgpt.model import forward
-from jgpt.weights import initialize
+from jgpt.foundation.errors import ApiError
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.kv_state import StateIdentity
+from jgpt.model.transformer import forward
+from jgpt.model.weights import initialize
 
 TOLERANCE = 1e-5  # float32 max abs logit difference between two cached computations of the same prefix
 TARGET = StateIdentity("c" * 64, "t" * 64, "float32")
@@ -131,7 +131,7 @@ def test_speculative_ids_equal_greedy_on_an_imported_hugging_face_model(tmp_path
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from jgpt.hf_import import convert
+    from jgpt.artifacts.hf_import import convert
 
     executions = []
     for layers, seed in ((3, 0), (1, 1)):
@@ -239,8 +239,8 @@ def test_speculative_sampling_as_temperature_goes_to_zero_selects_greedys_ids(te
 
 
 def test_speculative_on_the_shipped_chat_model_with_its_draft():
-    from jgpt.catalog import load_model
-    from jgpt.tokenizer import Tokenizer
+    from jgpt.artifacts.catalog import load_model
+    from jgpt.tokenizers.tokenizer import Tokenizer
     from training.conversation_corpus import split_conversations
     from training.corpus import exercises_of
 

@@ -15,7 +15,7 @@ import pytest
 from experiments.commands.lab import summary_text
 from experiments.experiment_design import ExperimentDesign, default_catalog
 from experiments.experiment_execution import replay, run_lab
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 
 from conftest import lab_defaults, tiny_model
 

@@ -14,8 +14,8 @@ import tokenizers
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from jgpt.errors import ApiError
-from jgpt.tokenizer import BYTE_LEVEL_ALPHABET, CONTROL_MARKERS, ROLES, Tokenizer, Turn
+from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.tokenizer import BYTE_LEVEL_ALPHABET, CONTROL_MARKERS, ROLES, Tokenizer, Turn
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog, and the dog sleeps on.",

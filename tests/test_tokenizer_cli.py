@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from jgpt.cli import main
-from jgpt.tokenizer import Tokenizer
+from jgpt.cli.main import main
+from jgpt.tokenizers.tokenizer import Tokenizer
 
 
 def jgpt(*args, cwd=None):

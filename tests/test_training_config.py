@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture, architecture_from_json
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture, architecture_from_json
 from training.config import TrainingConfig, architecture_settings, from_json
 
 GPT = {"width": 32, "ffn": 64, "context": 64, "layers": 2, "heads": 4}

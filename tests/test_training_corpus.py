@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jgpt.errors import ApiError
-from jgpt.tokenizer import Tokenizer, Turn
+from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.tokenizer import Tokenizer, Turn
 from training import conversation_corpus
 from training.batches import TokenRows, TokenStream
 from training.config import TrainingConfig

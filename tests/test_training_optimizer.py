@@ -9,8 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.weights import initialize
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.weights import initialize
 from training.config import TrainingConfig
 from training.optimizer import adamw, decay_mask, schedule
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jgpt.artifact import load_artifact
-from jgpt.cli import main as jgpt
+from jgpt.artifacts.artifact import load_artifact
+from jgpt.cli.main import main as jgpt
 from training import conversation_corpus
 from training.provenance import source_sha256
 
@@ -162,7 +162,9 @@ def test_provenance_is_complete_and_its_data_hash_reproduces_from_the_generator(
     assert {k: v for k, v in provenance["source_sha256"].items() if k.startswith("training/")} == {
         k: v for k, v in now.items() if k.startswith("training/")
     }
-    assert "training/step.py" in provenance["source_sha256"] and "jgpt/model.py" in provenance["source_sha256"]
+    assert (
+        "training/step.py" in provenance["source_sha256"] and "jgpt/model/transformer.py" in provenance["source_sha256"]
+    )
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -189,8 +191,8 @@ def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(un
 
 def test_exact_match_agrees_with_a_naive_full_recompute_greedy_loop(uninterrupted):
     from inference.execution import ModelExecution
-    from jgpt.model import forward
-    from jgpt.tokenizer import Tokenizer
+    from jgpt.model.transformer import forward
+    from jgpt.tokenizers.tokenizer import Tokenizer
     from training.corpus import held_out_conversations
     from training.evaluation import exact_match
 

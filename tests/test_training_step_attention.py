@@ -15,13 +15,13 @@ import numpy as np
 import optax
 import pytest
 
-from jgpt.architecture import LlamaArchitecture, ModelArchitecture
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_attention
 from jgpt.kernels.plan import CAUSAL_BLOCK_ROWS, Kernels
-from jgpt.model import forward
-from jgpt.operations import KernelCalls
-from jgpt.weights import initialize
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.operations import KernelCalls
+from jgpt.model.transformer import forward
+from jgpt.model.weights import initialize
 from training import sharding
 from training.batches import Batch, TokenStream
 from training.config import TrainingConfig

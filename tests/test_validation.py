@@ -1,4 +1,4 @@
-"""jgpt.validation: every reader refuses what it should, naming the field, and agrees with its schema.
+"""jgpt.foundation.validation: every reader refuses what it should, naming the field, and agrees with its schema.
 
 The properties run over jgpt's own document descriptions: a document built to a description
 is read back unchanged and validates against the generated JSON Schema; one wrong value
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jgpt.errors import ApiError
-from jgpt.validation import (
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.validation import (
     LIMIT,
     UNSAFE_PATH,
     Anything,
@@ -322,7 +322,7 @@ def test_relative_path_refuses_what_would_leave_its_directory(path):
 
 @given(st.text(alphabet="ab./\\\x00", max_size=8))
 def test_the_unsafe_path_pattern_is_the_pure_path_rule(path):
-    """UNSAFE_PATH (one regex: the schemas' and jgpt.paths.confined's) against pathlib's reading of the path."""
+    """UNSAFE_PATH (one regex: the schemas' and jgpt.foundation.paths.confined's) against pathlib's reading of the path."""
     pure = PurePosixPath(path)
     assert bool(re.search(UNSAFE_PATH, path)) == (
         pure.is_absolute() or ".." in pure.parts or "\\" in path or "\x00" in path

@@ -141,7 +141,7 @@ def test_the_installed_wheel_works_outside_the_checkout(wheel, tmp_path_factory)
 
 def _imports_nothing_of_the_checkout(installed: Installed) -> None:
     assert not installed.elsewhere.resolve().is_relative_to(ROOT)
-    script = "import json, sys, jgpt.catalog as c; print(json.dumps([c.__file__, str(c.DEFAULT_CATALOG), sys.path]))"
+    script = "import json, sys, jgpt.artifacts.catalog as c; print(json.dumps([c.__file__, str(c.DEFAULT_CATALOG), sys.path]))"
     module, catalog, path = json.loads(installed.run("python", "-c", script))
     assert Path(module) == installed.site / "jgpt" / "catalog.py"
     assert Path(catalog) == installed.site / "jgpt" / "checkpoints" / "catalog.json"
@@ -155,7 +155,7 @@ def _lists_and_verifies_the_shipped_models(installed: Installed) -> None:
     listed = json.loads(installed.run("jgpt", "catalog", "--json"))
     assert listed == json.loads((ROOT / SHIPPED_MODELS / "catalog.json").read_text())
     # load_model hashes every asset of each artifact and checks the identities the catalog names.
-    script = "from jgpt.catalog import load_model\nfor m in ('chat', 'chat-draft'): print(m, load_model(m).checkpoint_sha256)"
+    script = "from jgpt.artifacts.catalog import load_model\nfor m in ('chat', 'chat-draft'): print(m, load_model(m).checkpoint_sha256)"
     loaded = dict(line.split() for line in installed.run("python", "-c", script).splitlines())
     assert loaded == {model["id"]: model["weights"]["sha256"] for model in listed["models"]}
 

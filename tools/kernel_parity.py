@@ -26,14 +26,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jgpt.architecture import Architecture, LlamaArchitecture, ModelArchitecture  # noqa: E402
-from jgpt.errors import ApiError  # noqa: E402
+from jgpt.foundation.errors import ApiError  # noqa: E402
 from jgpt.kernels import blas_attention, blas_matmul, blas_matvec, fused_decode  # noqa: E402
 from jgpt.kernels.plan import CAUSAL_BLOCK_ROWS, XLA, Kernels  # noqa: E402
-from jgpt.kv_state import KVBuffers  # noqa: E402
-from jgpt.layer_strategy import LayerStrategy  # noqa: E402
-from jgpt.model import forward  # noqa: E402
-from jgpt.weights import initialize  # noqa: E402
+from jgpt.model.architecture import Architecture, LlamaArchitecture, ModelArchitecture  # noqa: E402
+from jgpt.model.kv_state import KVBuffers  # noqa: E402
+from jgpt.model.layer_strategy import LayerStrategy  # noqa: E402
+from jgpt.model.transformer import forward  # noqa: E402
+from jgpt.model.weights import initialize  # noqa: E402
 from training import sharding  # noqa: E402
 from training.batches import Batch  # noqa: E402
 from training.step import check_training_kernels, mean_loss  # noqa: E402

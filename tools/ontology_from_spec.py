@@ -1,8 +1,8 @@
-"""Generate `jgpt/ontology.json` from the team's ontology text.
+"""Generate `jgpt/foundation/ontology.json` from the team's ontology text.
 
 Run once when the spec changes:
 
-    python tools/ontology_from_spec.py /work/shared/spec/ontology.txt jgpt/ontology.json
+    python tools/ontology_from_spec.py /work/shared/spec/ontology.txt jgpt/foundation/ontology.json
 
 The spec is a sequence of paragraphs. An admitted concept is a name followed by
 a description paragraph, a lifecycle paragraph and one "Owns: ... Excludes: ..."

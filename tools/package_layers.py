@@ -1,13 +1,12 @@
-"""The package layers, read from the code, and the generated parts of docs/architecture.md.
+"""The layers, read from the code, and the generated page docs/layers.md.
 
-    python tools/package_layers.py          # rewrite the generated parts of docs/architecture.md
+    python tools/package_layers.py          # rewrite docs/layers.md
 
-Two parts of that page are generated here so that they cannot drift: the table of
-allowed imports (from MAY_IMPORT, the same rules tests/test_architecture.py checks
-every module's imports against) and the table of where each ontology concept lives
-(from the ontology registry and the classes the code defines). The test fails when
-the committed page differs from what this writes. Nothing here imports the packages
-it reads (only `jgpt.ontology`, which is jax-free): the sources are parsed with `ast`.
+The page is generated whole so that it cannot drift: the table of allowed imports (from MAY_IMPORT, the
+same rules tests/test_architecture.py checks every module's imports against) and the table of where each
+ontology concept lives (from the ontology registry and the classes the code defines). The test fails when
+the committed page differs from what this writes. Nothing here imports the packages it reads (only
+`jgpt.foundation.ontology`, which is pure Python): the sources are parsed with `ast`.
 """
 
 from __future__ import annotations
@@ -21,35 +20,66 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jgpt import ontology  # noqa: E402
+from jgpt.foundation import ontology  # noqa: E402
 
-DOC = ROOT / "docs" / "architecture.md"
-# Lowest first. Each package may import itself and the packages listed for it, nothing above.
+DOC = ROOT / "docs" / "layers.md"  # generated whole; docs/architecture.md explains it and links to it
+# The rooms of jgpt, each a layer of its own, lowest first.
+ROOMS = ("foundation", "runtime", "tokenizers", "model", "kernels", "artifacts", "cli")
+CORE = ("jgpt.foundation", "jgpt.runtime", "jgpt.tokenizers", "jgpt.model", "jgpt.kernels", "jgpt.artifacts")
+# Lowest first. Each layer may import itself and the layers listed for it, nothing else.
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
-    "jgpt": (),
-    "kvsim": ("jgpt",),
-    "inference": ("jgpt", "kvsim"),
-    "training": ("jgpt", "inference"),
-    "experiments": ("jgpt", "kvsim", "inference", "training"),
+    "jgpt.foundation": (),
+    "jgpt.runtime": ("jgpt.foundation",),
+    "jgpt.tokenizers": ("jgpt.foundation",),
+    "jgpt.model": ("jgpt.foundation", "jgpt.runtime"),
+    "jgpt.kernels": ("jgpt.foundation", "jgpt.runtime", "jgpt.model"),
+    "jgpt.artifacts": ("jgpt.foundation", "jgpt.runtime", "jgpt.tokenizers", "jgpt.model"),
+    "kvsim": ("jgpt.foundation", "jgpt.tokenizers"),
+    "inference": (*CORE, "kvsim"),
+    "training": (*CORE, "inference"),
+    "experiments": (*CORE, "kvsim", "inference", "training"),
+    "jgpt.cli": (*CORE, "kvsim", "inference", "training", "experiments"),
+    "jgpt": ("jgpt.cli",),
 }
-PACKAGES = tuple(MAY_IMPORT)
+LAYERS = tuple(MAY_IMPORT)
+PACKAGES = ("jgpt", "kvsim", "inference", "training", "experiments")
 WHY = {
-    "jgpt": "the core: architectures, weights, operations, forward pass, KVState, tokenizer, artifacts, "
-    "ontology registry, validation, errors",
-    "kvsim": "the simulator: it reads recorded computation counts, never jax or model code, so of `jgpt` "
-    "only modules that import no jax (checked through their own imports)",
+    "jgpt.foundation": "errors, validation, JSON input, identities, paths, units, progress, limits, the ontology "
+    "registry, the command-line parser: pure Python, no jax and no numpy",
+    "jgpt.runtime": "JAX backends and meshes, the compilation cache and its trusted directories, malloc settings",
+    "jgpt.tokenizers": "jgpt's byte-level BPE, Hugging Face tokenizers, the Encoding, chat templates in a child "
+    "process; jax-free",
+    "jgpt.model": "the model math in pure JAX: architecture, weights, operations, the forward pass, KVState",
+    "jgpt.kernels": "the kernel plan and the compiled kernels it plugs into the forward pass",
+    "jgpt.artifacts": "ModelArtifact, the catalog, Hugging Face import and export",
+    "kvsim": "the simulator: it reads recorded computation counts, never jax or model code; of jgpt only the "
+    "jax-free foundation and the tokenizers' framing ids (checked through their own imports)",
     "inference": "jitted prefill/decode, evidence, the InferenceEngine; the engine serves the very "
-    "KVResidencySystemConfig and Workload kvsim simulates, so it reads kvsim's config types",
+    "KVResidencySystemConfig and Workload kvsim simulates, and decides with kvsim's serving policy",
     "training": "optax training; evaluation generates with inference",
     "experiments": "labs compose the whole flow",
+    "jgpt.cli": "the command-line faces; `main` is the umbrella `jgpt` command above every package",
+    "jgpt": "`python -m jgpt`, the umbrella command",
 }
 SCRIPTS = ("bench", "tools")  # run as scripts on top of every package; they may import any package but no face
 JAX = ("jax", "jaxlib", "flax", "optax", "orbax", "chex", "torch", "transformers")
-FACE_FILES = ("cli.py", "commands.py")  # and every module of a `commands/` package
-# The reference computation, readable alone: these modules import nothing from the kernels package, which plugs
-# into them only through the callables a kernel plan hands the forward pass (`jgpt.operations.KernelCalls`).
-REFERENCE_MODULES = ("jgpt.model", "jgpt.operations")
+# Layers that must run where jax is not installed (kvsim's hosts, the Makefile's first `python3 -m`): checked
+# through every import they reach, any depth. numpy is refused in the foundation too.
+JAX_FREE = {"jgpt.foundation": JAX + ("numpy",), "jgpt.tokenizers": JAX, "kvsim": JAX}
+FACE_FILES = ("commands.py",)  # and every module of a `commands/` package and of jgpt.cli
+ENTRY_POINTS = ("jgpt.cli.main",)  # and every `__main__`
+# The reference computation, readable alone: the model room sits below the kernels, which plug into it only
+# through the callables a kernel plan hands the forward pass (`jgpt.model.operations.KernelCalls`).
+REFERENCE_MODULES = ("jgpt.model.transformer", "jgpt.model.operations")
 KERNELS = "jgpt.kernels"
+
+
+def layer(module: str) -> str:
+    """The layer a dotted module belongs to: a room of jgpt, or a top-level package."""
+    parts = module.split(".")
+    if parts[0] == "jgpt" and len(parts) > 1 and parts[1] in ROOMS:
+        return f"jgpt.{parts[1]}"
+    return parts[0]
 
 
 @dataclass(frozen=True)
@@ -90,12 +120,36 @@ def imports(module: str, path: Path, known: set[str]) -> list[Import]:
 def is_face(module: str) -> bool:
     """A command-line face: argument parsing and printing over the library, never a library itself."""
     parts = module.split(".")
-    return f"{parts[-1]}.py" in FACE_FILES or "commands" in parts[1:]
+    return f"{parts[-1]}.py" in FACE_FILES or "commands" in parts[1:] or layer(module) == "jgpt.cli"
 
 
 def is_entry_point(module: str) -> bool:
     """`python -m PACKAGE` and the umbrella `jgpt` command: the only modules that may import a face."""
-    return module.endswith(".__main__") or module == "jgpt.cli"
+    return module.endswith(".__main__") or module in ENTRY_POINTS
+
+
+def private_uses(module: str, path: Path, known: set[str]) -> list[Import]:
+    """Names with a leading underscore taken from another module of the tree: imported by name, or read
+    as an attribute of a module imported whole (`from pkg import mod` then `mod._name`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found, bound = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                if target in known:
+                    bound[alias.asname or alias.name] = target
+                elif alias.name.startswith("_") and not alias.name.startswith("__") and node.module in known:
+                    found.append(Import(module, target, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in known:
+                    bound[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.append(Import(module, f"{bound[node.value.id]}.{node.attr}", node.lineno))
+    return [use for use in found if use.target.rpartition(".")[0] != module]
 
 
 def violations(root: Path = ROOT) -> list[str]:
@@ -111,27 +165,37 @@ def violations(root: Path = ROOT) -> list[str]:
         )
 
     for edge in edges:
-        source, target = edge.module.split(".")[0], edge.target.split(".")[0]
+        source, target = layer(edge.module), layer(edge.target)
         if source in MAY_IMPORT and target in MAY_IMPORT and target != source and target not in MAY_IMPORT[source]:
             refuse(edge, f"{source} may import only {', '.join(MAY_IMPORT[source]) or 'itself'}")
-        if is_face(edge.target) and not is_entry_point(edge.module):
-            refuse(edge, "a command module is a face; only entry points (__main__, jgpt.cli) import one")
-        if source == "kvsim" and target in JAX:
-            refuse(edge, "kvsim imports no jax or model libraries")
-        if source in MAY_IMPORT and source != "kvsim" and target == "kvsim" and edge.target != "kvsim":
+        if is_face(edge.target) and not is_entry_point(edge.module) and not is_face(edge.module):
+            refuse(edge, "a command module is a face; only entry points (__main__, jgpt.cli.main) import one")
+        if source in JAX_FREE and target in JAX_FREE[source]:
+            refuse(edge, f"{source} imports no {target}")
+        if (
+            source in MAY_IMPORT
+            and source not in ("kvsim", "jgpt.cli")
+            and target == "kvsim"
+            and edge.target != "kvsim"
+        ):
             refuse(edge, "other packages use kvsim's public API: import the name from kvsim")
-        if edge.module in REFERENCE_MODULES and (edge.target == KERNELS or edge.target.startswith(KERNELS + ".")):
-            refuse(edge, "the reference computation imports no kernel; a kernel plan plugs kernels in")
     for edge in edges:
-        if edge.module.startswith("kvsim") and edge.target.startswith("jgpt"):
-            heavy = _jax_reached(edge.target, edges)
+        source = layer(edge.module)
+        if source in JAX_FREE and edge.target.startswith("jgpt") and layer(edge.target) != source:
+            heavy = _reached(edge.target, edges, JAX_FREE[source])
             if heavy:
-                refuse(edge, f"kvsim imports only jax-free jgpt modules; this one reaches {heavy}")
-    return problems
+                refuse(
+                    edge,
+                    f"{source} imports only modules free of {', '.join(JAX_FREE[source])}; this one reaches {heavy}",
+                )
+    for module, path in found.items():
+        for use in private_uses(module, path, known):
+            refuse(use, "a name with a leading underscore is private to its module")
+    return list(dict.fromkeys(problems))
 
 
-def _jax_reached(start: str, edges: list[Import]) -> str | None:
-    """The first jax-family import reachable from a module through its own imports (any depth), if any."""
+def _reached(start: str, edges: list[Import], refused: tuple[str, ...]) -> str | None:
+    """The first import of a `refused` library reachable from a module through its own imports (any depth)."""
     graph: dict[str, set[str]] = {}
     for edge in edges:
         graph.setdefault(edge.module, set()).add(edge.target)
@@ -143,18 +207,20 @@ def _jax_reached(start: str, edges: list[Import]) -> str | None:
         seen.add(module)
         parents = [module.rsplit(".", n)[0] for n in range(1, module.count(".") + 1)]  # run before it
         for target in sorted(graph.get(module, set()) | set(parents)):
-            if target.split(".")[0] in JAX:
+            if target.split(".")[0] in refused:
                 return f"{target} (through {module})"
             stack.append(target)
     return None
 
 
 def layer_table() -> str:
-    rows = ["| package | may import | why |", "|---|---|---|"]
-    for package, allowed in MAY_IMPORT.items():
-        names = ", ".join(f"`{name}`" for name in allowed) or "nothing but itself"
-        rows.append(f"| `{package}` | {names} | {WHY[package]} |")
-    rows.append(f"| {', '.join(f'`{s}`' for s in SCRIPTS)} | every package | scripts on top of everything |")
+    rows = ["| layer | may import | why |", "|---|---|---|"]
+    for name, allowed in MAY_IMPORT.items():
+        names = ", ".join(f"`{other}`" for other in allowed) or "nothing but itself"
+        rows.append(f"| `{name}` | {names} | {WHY[name]} |")
+    rows.append(
+        f"| {', '.join(f'`{s}`' for s in SCRIPTS)} | every layer but the faces | scripts on top of everything |"
+    )
     return "\n".join(rows)
 
 
@@ -211,20 +277,22 @@ def concept_table(root: Path = ROOT) -> str:
     return "\n".join(rows)
 
 
-def _replace(text: str, part: str, body: str) -> str:
-    begin, end = f"<!-- generated: {part} (tools/package_layers.py) -->", f"<!-- end: {part} -->"
-    if text.count(begin) != 1 or text.count(end) != 1:
-        raise SystemExit(f"{DOC}: expected one {begin} ... {end} pair")
-    head, rest = text.split(begin)
-    return f"{head}{begin}\n{body}\n{end}{rest.split(end)[1]}"
+HEADER = """# Layers and concepts (generated)
+
+Written by `python tools/package_layers.py` from the rules in that file and from the code; do not edit
+by hand. `tests/test_architecture.py` fails when this page differs from what the tool writes, and when
+any module's imports break the rules below. docs/architecture.md explains them.
+"""
 
 
-def generated(text: str, root: Path = ROOT) -> str:
-    """The page with its generated parts written afresh."""
-    return _replace(_replace(text, "layers", layer_table()), "concepts", concept_table(root))
+def generated(root: Path = ROOT) -> str:
+    """The whole page, written afresh."""
+    return (
+        f"{HEADER}\n## Layers and allowed imports\n\nLowest first; each layer may import itself and the layers "
+        f"listed for it.\n\n{layer_table()}\n\n## Where each concept lives\n\n{concept_table(root)}\n"
+    )
 
 
 if __name__ == "__main__":
-    page = DOC.read_text(encoding="utf-8")
-    DOC.write_text(generated(page), encoding="utf-8")
+    DOC.write_text(generated(), encoding="utf-8")
     print(f"wrote {DOC.relative_to(ROOT)}")

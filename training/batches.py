@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgpt import pytree as struct
+from jgpt.model import pytree as struct
 
 
 @struct.dataclass

@@ -8,11 +8,11 @@ import json
 import sys
 from pathlib import Path
 
-from jgpt import progress
-from jgpt.architecture import PRECISION_NAMES
-from jgpt.command_line import ArgumentParser
-from jgpt.errors import ApiError
-from jgpt.output_paths import output_directory
+from jgpt.foundation import progress
+from jgpt.foundation.command_line import ArgumentParser
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.output_paths import output_directory
+from jgpt.model.architecture import PRECISION_NAMES
 
 # Command-line flag -> TrainingConfig field, for the fields a user commonly overrides.
 OVERRIDES = {
@@ -118,7 +118,7 @@ def train_command(prog: str, argv: list[str]) -> int:
     config = training_config(args)
     output_directory(config.out, "out", [args.config, config.data])
 
-    from jgpt.artifact import save_artifact
+    from jgpt.artifacts.artifact import save_artifact
     from training.run_lock import run_lock
     from training.sharding import main_process
     from training.trainer import train
@@ -145,7 +145,7 @@ def train_command(prog: str, argv: list[str]) -> int:
 
 def training_config(args: argparse.Namespace):
     """The TrainingConfig of `jgpt train`: the --config file's fields, overridden by the flags given."""
-    from jgpt.json_input import read_json
+    from jgpt.foundation.json_input import read_json
     from training.config import architecture_settings, from_json
 
     # The file's own fields, not a completed config: a field it leaves out (the warm-up) follows the flags.
@@ -219,7 +219,7 @@ def main(command: str, argv: list[str]) -> int:
 
 def module_main(argv: list[str] | None = None) -> int:
     """`python -m training train|eval ...`."""
-    from jgpt.errors import run_guarded
+    from jgpt.foundation.errors import run_guarded
 
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] not in COMMANDS:

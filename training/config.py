@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jgpt.architecture import Architecture, LlamaArchitecture, ModelArchitecture, architecture_from_json
-from jgpt.errors import ApiError
-from jgpt.identity import sha256_json
-from jgpt.json_input import read_json
-from jgpt.limits import CONVERSATION_LIMIT, PARAMETER_LIMIT, VOCABULARY_LIMIT, bounded
-from jgpt.validation import Number, integer, is_integer, number, string
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import sha256_json
+from jgpt.foundation.json_input import read_json
+from jgpt.foundation.limits import CONVERSATION_LIMIT, PARAMETER_LIMIT, VOCABULARY_LIMIT, bounded
+from jgpt.foundation.validation import Number, integer, is_integer, number, string
+from jgpt.model.architecture import Architecture, LlamaArchitecture, ModelArchitecture, architecture_from_json
 
 SELECTIONS = ("best_development_loss", "final")
 TOKENIZERS = ("bytes", "bpe")
@@ -123,14 +123,14 @@ class TrainingConfig:
         string(self.attention, "attention", ATTENTIONS)
         if not (isinstance(self.unroll, bool) or is_integer(self.unroll) and self.unroll > 0):  # True: fully
             raise ApiError("unroll", f"must be true, false or a positive integer, got {self.unroll!r}")
-        from jgpt.weights import parameter_count  # jax: `jgpt train --help` reads this module's defaults
+        from jgpt.model.weights import parameter_count  # jax: `jgpt train --help` reads this module's defaults
 
         architecture = self._read_architecture()
         object.__setattr__(self, "architecture", architecture)
         if parameter_count(architecture) > PARAMETER_LIMIT:
             raise ApiError(
                 "architecture",
-                f"{parameter_count(architecture):,} parameters exceed the limit of {PARAMETER_LIMIT:,} (jgpt.limits)",
+                f"{parameter_count(architecture):,} parameters exceed the limit of {PARAMETER_LIMIT:,} (jgpt.foundation.limits)",
             )
         if self.context is not None:
             integer(self.context, "context", minimum=2)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jgpt.errors import ApiError
-from jgpt.identity import read_bytes
-from jgpt.tokenizer import Tokenizer
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import read_bytes
+from jgpt.tokenizers.tokenizer import Tokenizer
 from training import conversation_corpus
 from training.batches import TokenRows, TokenStream, rows_from_sequences
 from training.config import TrainingConfig

@@ -6,9 +6,9 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from jgpt import progress
-from jgpt.tokenizer import Tokenizer
-from jgpt.weights import ModelWeights
+from jgpt.foundation import progress
+from jgpt.model.weights import ModelWeights
+from jgpt.tokenizers.tokenizer import Tokenizer
 from training.batches import TokenRows
 from training.corpus import HeldOutExercise
 

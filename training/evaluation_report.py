@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
-from jgpt import progress
-from jgpt.catalog import load_model, read_catalog
-from jgpt.errors import ApiError
-from jgpt.limits import CONVERSATION_LIMIT, bounded
-from jgpt.tokenizer import Tokenizer
+from jgpt.artifacts.catalog import load_model, read_catalog
+from jgpt.foundation import progress
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.limits import CONVERSATION_LIMIT, bounded
+from jgpt.tokenizers.tokenizer import Tokenizer
 from training import conversation_corpus, sharding
 from training import corpus as corpora
 from training.evaluation import DEVELOPMENT_BATCH, development_loss, exact_match

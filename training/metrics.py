@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from jgpt.identity import read_bytes, write_atomically
-from jgpt.json_input import parse_json
+from jgpt.foundation.identity import read_bytes, write_atomically
+from jgpt.foundation.json_input import parse_json
 
 
 def read(path: Path) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import optax
 
-from jgpt.mesh import leaf_name
+from jgpt.runtime.mesh import leaf_name
 
 # Leaves whose name contains one of these are scale or offset parameters (or lookup tables) that
 # weight decay would only pull toward zero without regularising a linear map.

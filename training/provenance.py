@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jgpt.identity import source_hashes
+from jgpt.foundation.identity import source_hashes
 
 
 @dataclasses.dataclass(frozen=True)

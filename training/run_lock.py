@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from training.sharding import main_process
 
 LOCK = "train.lock"

@@ -1,7 +1,7 @@
-"""Training over a device mesh (`jgpt.mesh`): data parallel plus FSDP-style sharding, within and across processes.
+"""Training over a device mesh (`jgpt.runtime.mesh`): data parallel plus FSDP-style sharding, within and across processes.
 
 The batch splits over the `data` axis; weights and both Adam moments split by
-`jgpt.mesh.WEIGHT_ROLES` with the FSDP width split on (`state_shardings`), so
+`jgpt.runtime.mesh.WEIGHT_ROLES` with the FSDP width split on (`state_shardings`), so
 on a `data x model` mesh each device holds 1/(data x model) of every matrix
 whose dimensions divide evenly.
 
@@ -19,9 +19,9 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from jgpt.devices import backend
-from jgpt.errors import ApiError
-from jgpt.mesh import DATA_AXIS, batch_sharding, mesh, replicated, tree_shardings
+from jgpt.foundation.errors import ApiError
+from jgpt.runtime.devices import backend
+from jgpt.runtime.mesh import DATA_AXIS, batch_sharding, mesh, replicated, tree_shardings
 
 __all__ = ["batch_sharding", "check_batch_size", "data_mesh", "initialize_distributed", "main_process", "mesh",
            "replicated", "state_shardings", "to_host"]  # fmt: skip

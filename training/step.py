@@ -25,13 +25,13 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
-from jgpt import pytree as struct
-from jgpt.architecture import Architecture
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_attention, blas_matmul
 from jgpt.kernels.plan import XLA, Kernels
-from jgpt.model import forward
-from jgpt.weights import ModelWeights
+from jgpt.model import pytree as struct
+from jgpt.model.architecture import Architecture
+from jgpt.model.transformer import forward
+from jgpt.model.weights import ModelWeights
 from training.batches import Batch, TokenRows, TokenStream
 
 

@@ -25,11 +25,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from jgpt.errors import ApiError, raise_if_terminated, termination_deferred
-from jgpt.identity import canonical_json, system_refusal, write_atomically
-from jgpt.json_input import read_json
-from jgpt.output_paths import library_write
-from jgpt.weights import ModelWeights, initialize
+from jgpt.foundation.errors import ApiError, raise_if_terminated, termination_deferred
+from jgpt.foundation.identity import canonical_json, system_refusal, write_atomically
+from jgpt.foundation.json_input import read_json
+from jgpt.foundation.output_paths import library_write
+from jgpt.model.weights import ModelWeights, initialize
 from training import corpus as corpora
 from training import metrics, optimizer, sharding
 from training.batches import TokenRows, TokenStream

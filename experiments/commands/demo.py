@@ -25,11 +25,11 @@ def main(command: str, argv: list[str]) -> int:
     from experiments.experiment_execution import replay, run_lab
     from experiments.generation_defaults import generation_defaults
     from experiments.lab_recording import record_workload
-    from jgpt.artifact import TOKENIZER
-    from jgpt.catalog import resolve_model
+    from jgpt.artifacts.artifact import TOKENIZER
+    from jgpt.artifacts.catalog import resolve_model
     from jgpt.kernels.plan import Kernels
-    from jgpt.span_table import render
-    from jgpt.tokenizer import Tokenizer
+    from jgpt.tokenizers.span_table import render
+    from jgpt.tokenizers.tokenizer import Tokenizer
 
     lab = default_catalog().lab(args.lab)
     lab.refuse_if_planned()

@@ -7,10 +7,10 @@ import textwrap
 from pathlib import Path
 
 from experiments.experiment_design import ExperimentDesign, default_catalog
-from jgpt import progress
-from jgpt.command_line import ArgumentParser
-from jgpt.output_paths import output_directory, output_file
-from jgpt.units import byte_size, duration_us
+from jgpt.foundation import progress
+from jgpt.foundation.command_line import ArgumentParser
+from jgpt.foundation.output_paths import output_directory, output_file
+from jgpt.foundation.units import byte_size, duration_us
 
 
 def main(command: str, argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """jgpt's own kernels, and the plan that says which of them a run uses.
 
-The reference computation is `jgpt.model` and `jgpt.operations`, which import nothing from here.
+The reference computation is `jgpt.model.transformer` and `jgpt.model.operations`, which import nothing from here.
 A kernel replaces one of their steps only where a `Kernels` plan (`jgpt.kernels.plan`), chosen once
 where a run is configured, hands its callable to the forward pass (`Kernels.calls()`). Each kernel is
 an XLA FFI handler in C++ (`*.cc`, with the headers `*.h` they include), compiled on first use and

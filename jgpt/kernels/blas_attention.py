@@ -11,7 +11,7 @@ buffer, and its value mix, each product a single-threaded sgemm, the (batch row,
 over XLA's intra-op pool. The [T, T] weights are never stored: the backward pass recomputes each block's
 from the log-sum-exp per query the forward pass keeps.
 
-It rounds differently from `jgpt.operations.attention` (scaled products, blockwise softmax), so it is
+It rounds differently from `jgpt.model.operations.attention` (scaled products, blockwise softmax), so it is
 opt-in; `tests/test_blas_attention.py` holds outputs and gradients within 1e-5 relative of it.
 """
 
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_matmul
 
 F32 = jnp.float32

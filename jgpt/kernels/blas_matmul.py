@@ -6,7 +6,7 @@ operand layout and `dot_general` form tried (`bench/train_step.py --products`
 prints the table; measured on the 2-core development machine under load; quiet,
 at 3,072 rows, XLA's dot, this kernel and torch ran 94-164 GFLOP/s alike, and
 the step was faster with this kernel in 7 of 9 processes: docs/training.md, Speed): the
-layouts that made 16-row decode 2-3x faster (`jgpt.output_major`) change little
+layouts that made 16-row decode 2-3x faster (`jgpt.model.output_major`) change little
 at hundreds of rows, while numpy's OpenBLAS and torch's MKL ran these products
 at the same rate per core (docs/training.md, Speed). So on CPU the train step
 computes each projection's three products (forward `x @ W`, input gradient
@@ -17,7 +17,7 @@ thread, so no second thread pool competes with XLA's for the cores. BLAS takes
 either operand transposed as stored, so no layout is converted: the weights stay
 `[I, O]` and the optimizer, the artifact and the HF parity see them as always. A
 training plan with `products="blas"` (`jgpt.kernels.plan`) hands `float32_matmul` to
-every dense product of the forward pass (`jgpt.operations.dense`).
+every dense product of the forward pass (`jgpt.model.operations.dense`).
 
 The kernel is compiled on first use with the system's C++ compiler (`$CXX`, else
 `g++`) and cached per user, loaded only once verified (`jgpt.kernels.kernel_cache`, which

@@ -31,7 +31,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_matmul
 
 F32 = jnp.float32

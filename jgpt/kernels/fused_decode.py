@@ -36,12 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgpt.architecture import Architecture, LlamaArchitecture
 from jgpt.kernels import blas_matmul
-from jgpt.layer_strategy import LayerWeights
-from jgpt.operations import rotary_angles
-from jgpt.output_major import OutputMajor
-from jgpt.weights import weight_shapes
+from jgpt.model.architecture import Architecture, LlamaArchitecture
+from jgpt.model.layer_strategy import LayerWeights
+from jgpt.model.operations import rotary_angles
+from jgpt.model.output_major import OutputMajor
+from jgpt.model.weights import weight_shapes
 
 F32 = jnp.float32
 SOURCE = Path(__file__).with_name("fused_decode.cc")

@@ -7,7 +7,7 @@ ships, and every later process loads the library from `$XDG_CACHE_HOME/jgpt/kern
 user's own jgpt wrote there:
 
 * The directory: `jgpt/` and `jgpt/kernels/` are made with mode 0700, and used only if each is a real
-  directory owned by this user and writable by no one else (`jgpt.cache_directory.open_private`). Else one
+  directory owned by this user and writable by no one else (`jgpt.runtime.cache_directory.open_private`). Else one
   warning line, and the kernel is built in a private temporary directory for this process only (the cache
   is neither read nor written): the same kernel and the same results, a few seconds of compiling later;
   falling back to XLA instead would change speed and rounding with the state of a directory.
@@ -49,7 +49,7 @@ from pathlib import Path
 import jax
 import jaxlib
 
-from jgpt.cache_directory import CacheRefused, cache_home, not_own, open_private, warn_once
+from jgpt.runtime.cache_directory import CacheRefused, cache_home, not_own, open_private, warn_once
 
 # A cached file opened to be verified: never through a symbolic link, never blocking on a FIFO.
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -3,9 +3,9 @@
 A plan is chosen once, where an execution or a training run is configured, and recorded in what
 the run writes (`to_json`: a `generate --json` response's and a recorded document's
 `execution.kernels`, a training run's `run.json` as its `products` and `attention`). Nothing below it
-decides again: `calls()` maps the plan to the callables `jgpt.model.forward` receives as a
-jit-static argument (`jgpt.operations.KernelCalls`), and a step whose callable is None runs the
-reference computation of `jgpt.operations`.
+decides again: `calls()` maps the plan to the callables `jgpt.model.transformer.forward` receives as a
+jit-static argument (`jgpt.model.operations.KernelCalls`), and a step whose callable is None runs the
+reference computation of `jgpt.model.operations`.
 
     products   "xla" | "blas"       dense products of many rows (stored [I, O] weights): XLA's dot, or
                                     `blas_matmul` (forward and both backward products by OpenBLAS sgemm)
@@ -34,10 +34,10 @@ from typing import Any
 
 import jax
 
-from jgpt.architecture import Architecture
-from jgpt.errors import ApiError
+from jgpt.foundation.errors import ApiError
 from jgpt.kernels import blas_attention, blas_matmul, blas_matvec, fused_decode
-from jgpt.operations import KernelCalls
+from jgpt.model.architecture import Architecture
+from jgpt.model.operations import KernelCalls
 
 PRODUCTS = ("xla", "blas")
 ATTENTIONS = ("full", "causal_blocks", "causal_blas")
@@ -65,7 +65,7 @@ class Kernels:
 
     @classmethod
     def xla(cls) -> Kernels:
-        """The pure-JAX reference: every step as `jgpt.operations` writes it."""
+        """The pure-JAX reference: every step as `jgpt.model.operations` writes it."""
         return cls()
 
     @classmethod
@@ -90,7 +90,7 @@ class Kernels:
         the decode and one-row kernels read output-major matrices only, and the decode kernel float32 blocks of at
         least `fused_decode.SMALLEST_BYTES`; where they cannot run, the plan says "xla" for them. What is left to
         each pass is its rows and operands (one token of one row; one float32 row, which bfloat16 operands are on
-        a CPU: `jgpt.operations.dense`)."""
+        a CPU: `jgpt.model.operations.dense`)."""
         fused = self.decode == "fused" and output_major and fused_decode.takes_model(architecture)
         return dataclasses.replace(
             self, decode="fused" if fused else "xla", one_row=self.one_row if output_major else "xla"
