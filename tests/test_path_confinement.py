@@ -212,7 +212,7 @@ def test_path_confinement_safetensors_index_shards(tmp_path, shard):
 
 def test_path_confinement_lab_record_file_entries(tmp_path):
     """A record naming ../ or an absolute path is refused before the file is read, naming the entry."""
-    from experiments.experiment_execution import _dumps, replay
+    from experiments.experiment_execution import dumps, replay
 
     lab = json.loads(Path("experiments/labs/admission-slots-latency.json").read_text())
     (tmp_path / "outside.json").write_text("{}")
@@ -226,7 +226,7 @@ def test_path_confinement_lab_record_file_entries(tmp_path):
             "arms": [{}],
         }
         (tmp_path / "run").mkdir(exist_ok=True)
-        (tmp_path / "run" / "record.json").write_bytes(_dumps(record))
+        (tmp_path / "run" / "record.json").write_bytes(dumps(record))
         with pytest.raises(ApiError) as error:
             replay(tmp_path / "run" / "record.json")
         assert error.value.field == "record.recordings[0].computations.path"

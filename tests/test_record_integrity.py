@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from experiments.experiment_execution import _dumps, replay
+from experiments.experiment_execution import dumps, replay
 from experiments.record_integrity import model_bindings
 from jgpt.foundation.errors import ApiError
 from tests.hostile import FUZZ, assert_refused, mutated_json, run_jgpt
@@ -28,7 +28,7 @@ def _edited(lab_run, tmp_path, change) -> Path:
     shutil.copytree(lab_run.directory, directory)
     record = json.loads((directory / "record.json").read_text())
     change(directory, record)
-    (directory / "record.json").write_bytes(_dumps(record))
+    (directory / "record.json").write_bytes(dumps(record))
     return directory / "record.json"
 
 
@@ -140,7 +140,7 @@ def test_record_integrity_a_file_entry_with_a_key_removed_or_added_is_refused(la
 def _canonical(document: bytes) -> bytes:
     """A mutated record as `lab run` would have written it, when it still is finite JSON; else as it is."""
     try:
-        return _dumps(json.loads(document))
+        return dumps(json.loads(document))
     except (ValueError, RecursionError):
         return document
 
@@ -179,7 +179,7 @@ def test_record_integrity_any_hostile_observations_file_is_refused_naming_it(lab
     mutated = _canonical(data.draw(mutated_json(observations)))
     (directory / entry["path"]).write_bytes(mutated)
     entry.update(sha256=hashlib.sha256(mutated).hexdigest(), bytes=len(mutated))
-    (directory / "record.json").write_bytes(_dumps(record))
+    (directory / "record.json").write_bytes(dumps(record))
     try:
         replay(directory / "record.json")
     except ApiError as error:
@@ -201,10 +201,10 @@ def test_record_integrity_an_inspected_request_id_that_is_not_a_string_is_refuse
     entry = record["recordings"][0]["observations"]
     observations = json.loads((directory / entry["path"]).read_text())
     observations["requests"][0]["request_id"] = request_id
-    mutated = _dumps(observations)
+    mutated = dumps(observations)
     (directory / entry["path"]).write_bytes(mutated)
     entry.update(sha256=hashlib.sha256(mutated).hexdigest(), bytes=len(mutated))
-    (directory / "record.json").write_bytes(_dumps(record))
+    (directory / "record.json").write_bytes(dumps(record))
     with pytest.raises(ApiError) as error:
         replay(directory / "record.json")
     assert error.value.field == "record.recordings[0].observations.requests[0]", error.value

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.experiment_execution import _dumps, _execution_id
+from experiments.experiment_execution import dumps, _execution_id
 from experiments.generation_defaults import generation_defaults
 from experiments.html_report import write_report
 from tests.test_experiments_run import _chromium
@@ -50,13 +50,13 @@ def _rewrite(directory: Path, record: dict) -> Path:
     record["id"] = _execution_id(
         lab, record["arms"], record["recordings"], lab.workload or generation_defaults().workload
     )
-    (directory / "record.json").write_bytes(_dumps(record))
+    (directory / "record.json").write_bytes(dumps(record))
     return directory / "record.json"
 
 
 def rewrite_entry(directory: Path, entry: dict, document) -> None:
     """Write `document` as the file a record entry names, with the entry's sha256 and bytes to match."""
-    data = _dumps(document)
+    data = dumps(document)
     (directory / entry["path"]).write_bytes(data)
     entry.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
 
