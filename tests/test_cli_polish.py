@@ -4,7 +4,6 @@ training run's warm-up, --json that parses, human units, and progress only on a 
 from __future__ import annotations
 
 import argparse
-import importlib
 import io
 import json
 import os
@@ -55,9 +54,9 @@ def every_option(monkeypatch) -> list[tuple[str, argparse.ArgumentParser, argpar
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
     options = []
-    for command, (module, _) in cli.COMMANDS.items():
+    for command, (face, _) in cli.COMMANDS.items():
         with pytest.raises(_Built) as built:
-            importlib.import_module(module).main(command, [])
+            face().main(command, [])
         for name, parser in _walk(built.value.parser, f"jgpt {command}"):
             options += [
                 (name, parser, action)
