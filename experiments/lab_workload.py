@@ -26,13 +26,13 @@ from typing import Any
 
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.validation import Integer, ListOf, Object, String, Tagged, Text
-from jgpt.tokenizers.tokenizer import Turn, turns_from_json
+from jgpt.tokenizers.framing import Turn, turns_from_json
 from kvsim import CustomerInteraction, RequestArrival, Workload, interaction_json, parse_interaction
 
 KINDS = ("requests", "conversations")
 
-# Turns are read by jgpt.tokenizers.tokenizer.turns_from_json and actions by kvsim.parse_interaction, not from these.
-_TURNS = ListOf(Object({}, open=True, about="a Turn: {role, text} (jgpt.tokenizers.tokenizer.turns_from_json)"), 1)
+# Turns are read by jgpt.tokenizers.framing.turns_from_json and actions by kvsim.parse_interaction, not from these.
+_TURNS = ListOf(Object({}, open=True, about="a Turn: {role, text} (jgpt.tokenizers.framing.turns_from_json)"), 1)
 _ACTIONS = ListOf(Object({}, open=True, about="a cancel or consume action of kvsim's CustomerInteraction"))
 _REQUEST = Object({"request_id": Text(), "arrival_us": Integer(), "turns": _TURNS})
 _CONVERSATION = Object({"id": Text(), "arrival_us": Integer(), "turn_gap_us": Integer(), "turns": _TURNS})

@@ -93,7 +93,7 @@ def _generate(argv: list[str]) -> int:
 
     from inference.generation import generate, generate_stepwise
     from inference.policy import GenerationPolicy, InferenceRequest
-    from jgpt.tokenizers.tokenizer import Turn
+    from jgpt.tokenizers.framing import Turn
 
     sampling = {
         name: getattr(args, name)

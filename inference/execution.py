@@ -37,7 +37,7 @@ from jgpt.model.kv_state import KVState, StateIdentity
 from jgpt.model.layer_strategy import LayerStrategy, LayerView
 from jgpt.model.transformer import forward
 from jgpt.model.weights import ModelWeights
-from jgpt.tokenizers.tokenizer import TURN_END_ID
+from jgpt.tokenizers.framing import TURN_END_ID
 
 MIN_BUCKET = 16
 CAPACITY_STEP = 32

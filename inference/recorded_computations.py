@@ -24,13 +24,14 @@ from jgpt.foundation.errors import ApiError
 from jgpt.foundation.identity import write_atomically
 from jgpt.foundation.validation import Integer, Integers, ListOf, Object, String
 from jgpt.model.kv_state import KVState
-from jgpt.tokenizers.tokenizer import Tokenizer, Turn, turns_from_json
+from jgpt.tokenizers.framing import Turn, turns_from_json
+from jgpt.tokenizers.tokenizer import Tokenizer
 from kvsim import SERVED_INTERACTION, WALL_CLOCK_LIMIT_US
 
 FORMAT = "jgpt-recorded-computations"
 VERSION = 1
 
-# Turns are read by jgpt.tokenizers.tokenizer.turns_from_json and the policy by GenerationPolicy.from_json, not from these.
+# Turns are read by jgpt.tokenizers.framing.turns_from_json and the policy by GenerationPolicy.from_json, not from these.
 _BODY = Object(
     {},
     {"text": String(), "turns": ListOf(Object({}, open=True, about="a Turn: {role, text}")), "prompt_ids": Integers(),

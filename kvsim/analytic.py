@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from jgpt.tokenizers.framing import ROLE_IDS, TURN_END_ID  # pure Python: no numpy, no HF tokenizers
 from kvsim.recorded import RecordedComputations, RecordedRequest, StreamedComputations
 
 PRECISIONS = {1: "int8", 2: "bfloat16", 4: "float32"}
@@ -106,8 +107,6 @@ def framing_ids() -> dict[str, int]:
     and its turn end ("turn_end"), read from the tokenizer rather than copied, so a model with that
     tokenizer reads the turns as it was trained to. Nothing reads a document by them: its turn end
     is the id its complete requests end with."""
-    from jgpt.tokenizers.tokenizer import ROLE_IDS, TURN_END_ID  # numpy and HF tokenizers: only when generating ids
-
     return {**ROLE_IDS, "turn_end": TURN_END_ID}
 
 

@@ -18,8 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.framing import Turn
 from jgpt.tokenizers.sandbox import CPU_SECONDS, OUTPUT_LIMIT, WALL_SECONDS
-from jgpt.tokenizers.tokenizer import Tokenizer, Turn
+from jgpt.tokenizers.tokenizer_file import load_tokenizer
 from tests.hostile import FUZZ
 
 FRAMING = "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"
@@ -91,7 +92,7 @@ def test_a_chat_template_computing_anything_renders_or_is_refused_naming_it_quic
     )
     start = time.perf_counter()
     try:
-        tokenizer = Tokenizer.load(tokenizer_dir / "tokenizer.json")
+        tokenizer = load_tokenizer(tokenizer_dir / "tokenizer.json")
         encoding = tokenizer.encode_turns([Turn("user", "hi"), Turn("assistant", "yo")])
     except ApiError as error:
         assert error.field == "chat_template", error
@@ -118,5 +119,5 @@ def test_the_templates_that_broke_it_are_refused_naming_the_reason(tokenizer_dir
         json.dumps({"eos_token": "<|endoftext|>", "chat_template": f"{{{{ {expression} }}}}{FRAMING}"})
     )
     with pytest.raises(ApiError, match=phrase) as error:
-        Tokenizer.load(tokenizer_dir / "tokenizer.json")
+        load_tokenizer(tokenizer_dir / "tokenizer.json")
     assert error.value.field == "chat_template" and "tokenizer_config.json:chat_template" in error.value.reason

@@ -40,7 +40,8 @@ from jgpt.cli.main import main as jgpt
 from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
 from jgpt.model.transformer import forward
 from jgpt.model.weights import ModelWeights, initialize
-from jgpt.tokenizers.tokenizer import CONTROL_MARKERS, ROLE_IDS, Tokenizer
+from jgpt.tokenizers.framing import CONTROL_MARKERS, ROLE_IDS
+from jgpt.tokenizers.tokenizer import Tokenizer
 from tests.hf_models import save_model
 from tests.hostile import run_jgpt
 

@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 from jgpt.artifacts.artifact import load_artifact
 from jgpt.cli.main import main as jgpt
 from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.framing import Turn
 from jgpt.tokenizers.hf_tokenizer import HFTokenizer
-from jgpt.tokenizers.tokenizer import Tokenizer, Turn
+from jgpt.tokenizers.tokenizer import Tokenizer
+from jgpt.tokenizers.tokenizer_file import load_tokenizer
 from tests.hf_models import gpt2_tokenizer, save_model
 from tests.hostile import FUZZ, mutated_json
 
@@ -160,7 +162,7 @@ def _gpt2_with(gpt2, tmp_path, **config) -> HFTokenizer:
     source.mkdir()
     shutil.copy(gpt2.dir / "tokenizer.json", source)
     (source / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", **config}))
-    return Tokenizer.load(source / "tokenizer.json")
+    return load_tokenizer(source / "tokenizer.json")
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +235,7 @@ def test_foreign_tokenizer_files_are_checked_before_the_library_reads_them(gpt2,
         if config is not None:
             (directory / "tokenizer_config.json").write_text(json.dumps(config))
         with pytest.raises(ApiError, match=phrase):
-            Tokenizer.load(directory / "tokenizer.json")
+            load_tokenizer(directory / "tokenizer.json")
 
 
 def test_a_companion_linking_out_of_the_directory_is_refused(gpt2, tmp_path):
@@ -243,17 +245,17 @@ def test_a_companion_linking_out_of_the_directory_is_refused(gpt2, tmp_path):
     shutil.copy(gpt2.dir / "tokenizer.json", source)
     (source / "tokenizer_config.json").symlink_to(tmp_path / "outside.json")
     with pytest.raises(ApiError) as error:
-        Tokenizer.load(source / "tokenizer.json")
+        load_tokenizer(source / "tokenizer.json")
     assert error.value.field == "tokenizer" and "outside its directory" in error.value.reason
 
 
 def test_a_tokenizer_file_over_the_limit_is_refused_before_reading(tmp_path, monkeypatch):
-    import jgpt.tokenizers.tokenizer
+    import jgpt.tokenizers.tokenizer_json
 
     Tokenizer.bytes_only().save(tmp_path / "tokenizer.json")
-    monkeypatch.setattr(jgpt.tokenizers.tokenizer, "FILE_LIMIT", 100)
+    monkeypatch.setattr(jgpt.tokenizers.tokenizer_json, "FILE_LIMIT", 100)
     with pytest.raises(ApiError, match="more than the 100"):
-        Tokenizer.load(tmp_path / "tokenizer.json")
+        load_tokenizer(tmp_path / "tokenizer.json")
 
 
 def test_record_runs_a_workload_with_the_imported_tokenizer(hf, tmp_path, capsys):
@@ -312,7 +314,7 @@ def test_any_hostile_foreign_tokenizer_or_config_loads_or_is_refused_naming_it(t
     for name, document in files.items():
         (directory / name).write_bytes(document)
     try:
-        tokenizer = Tokenizer.load(directory / "tokenizer.json")
+        tokenizer = load_tokenizer(directory / "tokenizer.json")
     except ApiError as error:
         assert error.field in ("tokenizer", "chat_template") or error.field.startswith("tokenizer_config.json"), error
     else:

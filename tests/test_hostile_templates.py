@@ -21,9 +21,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jgpt.foundation.errors import ApiError
-from jgpt.tokenizers import hf_tokenizer, sandbox
+from jgpt.tokenizers import hf_tokenizer, regex_probe, sandbox
+from jgpt.tokenizers.framing import Turn
 from jgpt.tokenizers.sandbox import CPU_SECONDS, OUTPUT_LIMIT, WALL_SECONDS
-from jgpt.tokenizers.tokenizer import Tokenizer, Turn
+from jgpt.tokenizers.tokenizer_file import load_tokenizer
 from tests.hf_models import gpt2_tokenizer, llama_tokenizer
 from tests.hostile import FUZZ, assert_refused
 
@@ -56,7 +57,7 @@ def _load(directory, config=None, template=None, spec=None):
         (directory / "tokenizer.json").write_text(json.dumps(spec))
     config = {"eos_token": EOS, **({} if template is None else {"chat_template": template}), **(config or {})}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return Tokenizer.load(directory / "tokenizer.json")
+    return load_tokenizer(directory / "tokenizer.json")
 
 
 def _peak_rss_mib() -> float:
@@ -256,7 +257,7 @@ def test_real_pre_tokenizer_patterns_load_and_encode(directory, gpt2_json, patte
         ("(a|aa)+$", "normalizer", "retry-limit-in-match over"),
         ("(x+x+)+y", "pre_tokenizer", "retry-limit-in-match over"),  # on a run of a character it names
         (r"(\s|\p{Z})+$", "pre_tokenizer", "retry-limit-in-match over"),  # on a run of spaces
-        ("a" * (hf_tokenizer.REGEX_LIMIT + 1), "pre_tokenizer", "at most 4096 characters"),
+        ("a" * (regex_probe.REGEX_LIMIT + 1), "pre_tokenizer", "at most 4096 characters"),
         (5, "pre_tokenizer", "a Regex must be valid Unicode text"),
         ("\ud800", "normalizer", "a Regex must be valid Unicode text"),
         ("(", "pre_tokenizer", "Oniguruma error"),
@@ -270,7 +271,7 @@ def test_a_pathological_regex_is_refused_when_the_tokenizer_loads(directory, gpt
 
 def test_a_regex_panic_that_escapes_the_probe_is_a_refusal_naming_the_text(directory, gpt2_json, monkeypatch):
     """The library is called narrowly at every use: a panic on a user's text is that text's refusal."""
-    monkeypatch.setattr(hf_tokenizer, "_check_regexes", lambda spec, source: None)
+    monkeypatch.setattr(hf_tokenizer, "check_regexes", lambda spec, source: None)
     tokenizer = _load(directory, template=FRAMING, spec=_with_split(gpt2_json, "(a+)+$"))
     for encode, field in [
         (tokenizer.encode_text, "text"),

@@ -30,7 +30,7 @@ from jgpt.model.kv_state import KVState, StateIdentity
 from jgpt.model.layer_strategy import stored_layout
 from jgpt.model.transformer import forward
 from jgpt.model.weights import initialize
-from jgpt.tokenizers.tokenizer import TURN_END_ID
+from jgpt.tokenizers.framing import TURN_END_ID
 
 TOLERANCE = 1e-5  # float32 max abs logit error, cached vs full-prefix recompute
 IDENTITY = StateIdentity("c" * 64, "t" * 64, "float32")

@@ -2,6 +2,8 @@
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -290,3 +292,14 @@ def test_published_bytes_without_token_bytes_are_bytes_only():
     assert error.value.field == "computations.requests[A].output_token_bytes"
     control["requests"][0]["output_token_bytes"] = [0, 0]
     assert _run(document=control, actions=consume)["outcomes"]["requests"]["A"]["status"] == "completed"
+
+
+def test_the_framing_ids_are_jgpts_and_come_without_numpy_or_hf_tokenizers():
+    """kvsim reads the ids from the tokenizers' pure-Python framing module, so generating a conversation's ids
+    loads neither numpy nor HF `tokenizers`."""
+    code = (
+        "import sys, kvsim.analytic\n"
+        "print(kvsim.analytic.framing_ids(), sorted(m for m in ('numpy', 'tokenizers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "{'system': 256, 'user': 257, 'assistant': 258, 'turn_end': 259} []"

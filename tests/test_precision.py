@@ -24,7 +24,7 @@ from jgpt.artifacts.artifact import save_artifact
 from jgpt.artifacts.catalog import load_model, read_catalog
 from jgpt.cli.main import main as jgpt
 from jgpt.foundation.errors import ApiError
-from jgpt.tokenizers.tokenizer import Turn
+from jgpt.tokenizers.framing import Turn
 
 # bf16 keeps 8 significant bits: each dense product's operands (and the KV state) are rounded by up to 2^-9
 # relative. Over the shipped model's 4 layers the logits (|logit| up to ~20) moved by at most 0.106 (measured with

@@ -22,7 +22,7 @@ from inference.measured_run import measured_run
 from inference.policy import GenerationPolicy, InferenceRequest
 from inference.recorded_computations import record
 from jgpt.artifacts.catalog import load_model, read_catalog
-from jgpt.tokenizers.tokenizer import Turn
+from jgpt.tokenizers.framing import Turn
 from kvsim import parse_document, parse_system, record_value, simulate
 from kvsim.calibration import read_measured_run
 from kvsim.fidelity import compare, replay

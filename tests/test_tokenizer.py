@@ -15,7 +15,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from jgpt.foundation.errors import ApiError
-from jgpt.tokenizers.tokenizer import BYTE_LEVEL_ALPHABET, CONTROL_MARKERS, ROLES, Tokenizer, Turn
+from jgpt.tokenizers.framing import CONTROL_MARKERS, ROLES, Turn
+from jgpt.tokenizers.tokenizer import Tokenizer
+from jgpt.tokenizers.tokenizer_file import load_tokenizer
+from jgpt.tokenizers.tokenizer_json import BYTE_LEVEL_ALPHABET
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog, and the dog sleeps on.",
@@ -302,7 +305,7 @@ def test_training_is_deterministic_and_the_file_round_trips(tmp_path):
     path = tmp_path / "tokenizer.json"
     BPE.save(path)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == BPE.tokenizer_sha256
-    loaded = Tokenizer.load(path)
+    loaded = load_tokenizer(path)
     assert loaded == BPE and loaded.encode_text(CORPUS[1]) == BPE.encode_text(CORPUS[1])
     assert list(tmp_path.iterdir()) == [path]  # no temporary left behind
     hf = tokenizers.Tokenizer.from_file(str(path))
@@ -340,22 +343,22 @@ def test_load_rejects_files_without_the_jgpt_layout(tmp_path):
     bad = tmp_path / "swapped.json"
     bad.write_text(json.dumps(spec))
     with pytest.raises(ApiError, match="0..255"):
-        Tokenizer.load(bad)
+        load_tokenizer(bad)
     spec = json.loads(BPE.document)
     spec["model"]["dropout"] = 0.1  # random merges would make ids irreproducible
     (tmp_path / "dropout.json").write_text(json.dumps(spec))
     with pytest.raises(ApiError, match="no dropout"):
-        Tokenizer.load(tmp_path / "dropout.json")
+        load_tokenizer(tmp_path / "dropout.json")
     spec = json.loads(BPE.document)
     spec["model"]["merges"].append(["<|", "user|>"])
     (tmp_path / "forging.json").write_text(json.dumps(spec))
     with pytest.raises(ApiError, match="forge turn framing"):
-        Tokenizer.load(tmp_path / "forging.json")
+        load_tokenizer(tmp_path / "forging.json")
     (tmp_path / "text.json").write_text("not json")
     with pytest.raises(ApiError, match="not a JSON tokenizer"):
-        Tokenizer.load(tmp_path / "text.json")
+        load_tokenizer(tmp_path / "text.json")
     with pytest.raises(ApiError, match="cannot read"):
-        Tokenizer.load(tmp_path / "missing.json")
+        load_tokenizer(tmp_path / "missing.json")
 
 
 def test_misuse_of_train_and_encode_turns_is_an_api_error():

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from jgpt.cli.main import main
-from jgpt.tokenizers.tokenizer import Tokenizer
+from jgpt.tokenizers.tokenizer_file import load_tokenizer
 
 
 def jgpt(*args, cwd=None):
@@ -68,7 +68,7 @@ def test_train_then_tokenize_with_the_trained_file(tmp_path, capsys):
     corpus.write_text("the cat sat on the mat with the hat\n" * 30 + "naïve café\n" * 10, encoding="utf-8")
     out = tmp_path / "tokenizer.json"
     assert main(["tokenize", "--train", str(corpus), "--vocab-size", "300", "--out", str(out)]) == 0
-    trained = Tokenizer.load(out)
+    trained = load_tokenizer(out)
     assert trained.merge_count > 0 and trained.tokenizer_sha256 in capsys.readouterr().out
     assert main(["tokenize", "--json", "--tokenizer", str(out), "the cat"]) == 0
     document = json.loads(capsys.readouterr().out)

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jgpt.foundation.errors import ApiError
-from jgpt.tokenizers.tokenizer import Tokenizer, Turn
+from jgpt.tokenizers.framing import Turn
+from jgpt.tokenizers.tokenizer import Tokenizer
 from training import conversation_corpus
 from training.batches import TokenRows, TokenStream
 from training.config import TrainingConfig

@@ -192,12 +192,12 @@ def test_eval_reports_the_training_development_loss_and_exact_match_per_skill(un
 def test_exact_match_agrees_with_a_naive_full_recompute_greedy_loop(uninterrupted):
     from inference.execution import ModelExecution
     from jgpt.model.transformer import forward
-    from jgpt.tokenizers.tokenizer import Tokenizer
+    from jgpt.tokenizers.tokenizer_file import load_tokenizer
     from training.corpus import held_out_conversations
     from training.evaluation import exact_match
 
     artifact = load_artifact(uninterrupted[0] / "model")
-    tokenizer = Tokenizer.load(artifact.tokenizer_path)
+    tokenizer = load_tokenizer(artifact.tokenizer_path)
     held_out = conversation_corpus.split_conversations(5, "development", 4, 101)
     exercises = held_out_conversations(tokenizer, held_out, 101).exercises
     naive: dict[str, list[bool]] = {}

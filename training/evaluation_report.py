@@ -8,7 +8,7 @@ from jgpt.artifacts.catalog import load_model, read_catalog
 from jgpt.foundation import progress
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.limits import CONVERSATION_LIMIT, bounded
-from jgpt.tokenizers.tokenizer import Tokenizer
+from jgpt.tokenizers.tokenizer_file import load_tokenizer
 from training import conversation_corpus, sharding
 from training import corpus as corpora
 from training.evaluation import DEVELOPMENT_BATCH, development_loss, exact_match
@@ -38,7 +38,7 @@ def evaluate_model(
         artifact = load_model(model)
     if artifact.tokenizer_path is None:
         raise ApiError("model", f"{model} has no tokenizer to encode evaluation data with")
-    tokenizer = Tokenizer.load(artifact.tokenizer_path)
+    tokenizer = load_tokenizer(artifact.tokenizer_path)
     architecture = artifact.architecture
     if data is None:
         seed = artifact.provenance.get("seed", 0) if seed is None else seed

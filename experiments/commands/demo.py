@@ -30,6 +30,7 @@ def main(command: str, argv: list[str]) -> int:
     from jgpt.kernels.plan import Kernels
     from jgpt.tokenizers.span_table import render
     from jgpt.tokenizers.tokenizer import Tokenizer
+    from jgpt.tokenizers.tokenizer_file import load_tokenizer
 
     lab = default_catalog().lab(args.lab)
     lab.refuse_if_planned()
@@ -37,7 +38,7 @@ def main(command: str, argv: list[str]) -> int:
     recording = record_workload(defaults.execution, defaults.workload, Kernels.auto())
     model = recording.model
     tokenizer_file = resolve_model(model["model_id"]) / TOKENIZER
-    tokenizer = Tokenizer.load(tokenizer_file) if tokenizer_file.is_file() else Tokenizer.bytes_only()
+    tokenizer = load_tokenizer(tokenizer_file) if tokenizer_file.is_file() else Tokenizer.bytes_only()
     first = defaults.workload.requests[0]
     print(f"== the prompt of {first.request_id!r}, framed into token ids (every id explained by its span) ==")
     print(render(tokenizer.encode_turns(first.turns, open_turn="assistant"), tokenizer) + "\n")

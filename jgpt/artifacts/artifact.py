@@ -42,6 +42,7 @@ from jgpt.foundation.validation import is_integer
 from jgpt.model.architecture import Architecture, architecture_from_json
 from jgpt.model.weights import ModelWeights, abstract_weights, check_weights, parameter_count
 from jgpt.tokenizers.tokenizer import Tokenizer
+from jgpt.tokenizers.tokenizer_file import load_tokenizer
 
 FORMAT = "jgpt-artifact-v1"
 WEIGHT_FORMAT = "orbax-checkpoint"
@@ -93,7 +94,7 @@ class ModelArtifact:
 
     def tokenizer(self) -> Tokenizer:
         """The artifact's tokenizer; a model saved without one reads pure bytes."""
-        return Tokenizer.bytes_only() if self.tokenizer_path is None else Tokenizer.load(self.tokenizer_path)
+        return Tokenizer.bytes_only() if self.tokenizer_path is None else load_tokenizer(self.tokenizer_path)
 
     @property
     def parameters(self) -> int:

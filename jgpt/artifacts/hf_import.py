@@ -401,12 +401,12 @@ def import_hf(directory: str | Path, out: str | Path, *, overwrite: bool = False
 
 def _tokenizer(directory: Path, architecture: Architecture):
     """The Tokenizer of tokenizer.json when present, checked now rather than when the model first generates."""
-    from jgpt.tokenizers.tokenizer import Tokenizer
+    from jgpt.tokenizers.tokenizer_file import load_tokenizer
 
     if _model_file(directory, "tokenizer.json") is None:
         return None
     try:  # read by its name in the directory, so that its companions are looked for beside it there
-        tokenizer = Tokenizer.load(directory / "tokenizer.json")
+        tokenizer = load_tokenizer(directory / "tokenizer.json")
     except ApiError as error:
         raise ApiError(
             "tokenizer.json", f"{error.reason} (move it aside to import the model without a tokenizer)"

@@ -13,8 +13,10 @@ from jgpt.foundation.limits import VOCABULARY_LIMIT, bounded
 from jgpt.foundation.output_paths import output_file
 from jgpt.foundation.validation import LIMIT
 from jgpt.tokenizers.encoding import Encoding
+from jgpt.tokenizers.framing import FIRST_MERGE_ID, ROLES, Turn, turns_from_json
 from jgpt.tokenizers.span_table import render
-from jgpt.tokenizers.tokenizer import FIRST_MERGE_ID, ROLES, Tokenizer, Turn, turns_from_json
+from jgpt.tokenizers.tokenizer import Tokenizer
+from jgpt.tokenizers.tokenizer_file import load_tokenizer
 
 EXAMPLES = """\
 examples:
@@ -60,7 +62,7 @@ def main(command: str, argv: list[str]) -> int:
         return train(args)
     if (args.text is None) == (args.turns is None):
         raise ApiError("input", "give exactly one of TEXT or --turns FILE.json (or --train CORPUS.txt)")
-    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else Tokenizer.bytes_only()
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else Tokenizer.bytes_only()
     tokenizer = tokenizer.with_context_limit(args.context_limit)
     if args.turns is not None:
         turns = turns_from_json(read_json(args.turns, "turns"))

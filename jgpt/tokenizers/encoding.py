@@ -17,10 +17,16 @@ all spans tile the ids exactly; the tests check both properties.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import sha256_json
+from jgpt.foundation.validation import is_integer
+from jgpt.tokenizers.framing import Turn
 
 # Why a span exists, as recorded in `Span.reason`.
 TURN_FRAMING = "turn framing"  # a role marker or TURN_END
@@ -81,6 +87,43 @@ class Encoding:
             "codec_version": self.codec_version,
             "unicode_version": self.unicode_version,
         }
+
+
+def encoding_of(
+    ids: list[int],
+    spans: list[Span],
+    turns: Sequence[Turn],
+    texts: list[str],
+    open_turn: str | None,
+    manifest: Mapping[str, Any],
+) -> Encoding:
+    """The Encoding of encoded turns (either kind of tokenizer, whose codec `manifest` names the
+    context_limit), refused past that limit."""
+    context_limit = manifest["context_limit"]
+    if context_limit is not None and len(ids) > context_limit:
+        raise ApiError(
+            "context_limit",
+            f"the input encodes to {len(ids)} token ids, more than the context_limit of {context_limit}",
+        )
+    canonical_input = {
+        "open_turn": open_turn,
+        "turns": [{"role": turn.role, "text": text} for turn, text in zip(turns, texts)],
+    }
+    return Encoding(
+        ids=tuple(ids),
+        spans=tuple(spans),
+        input_sha256=sha256_json(canonical_input),
+        input_kind="conversation" if open_turn is None else "generation prompt",
+        manifest_sha256=sha256_json(manifest),
+        context_limit=context_limit,
+        codec_version=manifest["codec_version"],
+        unicode_version=manifest["unicode_version"],
+    )
+
+
+def check_context_limit(context_limit: Any) -> None:
+    if context_limit is not None and (not is_integer(context_limit) or context_limit < 1):
+        raise ApiError("context_limit", f"must be a positive integer or None, got {context_limit!r}")
 
 
 def control_span(token_id: int, token_start: int, turn: int) -> Span:

@@ -4,7 +4,7 @@ jgpt's byte tokenizer (jgpt/tokenizers/tokenizer.py) frames turns with its own c
 imported from Hugging Face keeps the tokenizer it was trained with: its `tokenizer.json`
 runs in HF `tokenizers` unchanged (normalizer, pre-tokenizer, BPE merges, post-processor,
 decoder), and `tokenizer_config.json` beside it names the EOS token (the stop id) and may
-carry a chat template (as may `chat_template.jinja`). Two BPE kinds are read:
+carry a chat template (as may `chat_template.jinja`). Two BPE kinds are read (jgpt/tokenizers/hf_vocabulary.py):
 
     byte-level        GPT-2's: every vocabulary piece spells bytes through the ByteLevel alphabet
     byte-fallback     Llama's (SentencePiece converted): "▁" spells a space, "<0xNN>" the byte NN
@@ -36,38 +36,39 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from jgpt.foundation.errors import ApiError, library_failure, one_line
+from jgpt.foundation.errors import ApiError, library_failure
 from jgpt.foundation.identity import write_atomically
 from jgpt.foundation.json_input import parse_json
 from jgpt.foundation.paths import confined
-from jgpt.foundation.validation import is_integer
 from jgpt.tokenizers import sandbox
-from jgpt.tokenizers.encoding import BPE_MERGE, BYTE, UTF8_SEQUENCE, Encoding, Span, bounded_text_spans, control_span
-from jgpt.tokenizers.tokenizer import (
-    BYTE_LEVEL_ALPHABET,
-    Decoded,
-    PieceTable,
-    Token,
-    Tokenizer,
-    Turn,
-    bpe_model,
+from jgpt.tokenizers.encoding import (
+    BPE_MERGE,
+    BYTE,
+    UTF8_SEQUENCE,
+    Encoding,
+    Span,
+    bounded_text_spans,
     check_context_limit,
-    describe_piece,
-    read_limited,
-    utf8_with_markers,
+    control_span,
+    encoding_of,
 )
+from jgpt.tokenizers.framing import Turn, encodable
+from jgpt.tokenizers.hf_vocabulary import hf_pieces
+from jgpt.tokenizers.regex_probe import check_regexes
+from jgpt.tokenizers.tokenizer import Tokenizer
+from jgpt.tokenizers.tokenizer_json import read_limited
+from jgpt.tokenizers.utf8_markers import utf8_with_markers
+from jgpt.tokenizers.vocabulary import Decoded, PieceTable, Token, checked_ids, describe_piece
 
 CODEC_VERSION = "hf-tokenizers/1"
 CONFIG, TEMPLATE = "tokenizer_config.json", "chat_template.jinja"
 COMPANIONS = (CONFIG, TEMPLATE)  # saved beside tokenizer.json when the source had them
-_BYTE_OF_CHAR = {char: b for b, char in enumerate(BYTE_LEVEL_ALPHABET)}
-_FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _TURN_MARK = re.compile("\x00jgpt-turn-(\\d+)\x00")  # stands for a turn's text while a template renders
 
 
 @dataclass(frozen=True, repr=False)
 class HFTokenizer(Tokenizer):
-    """A Hugging Face tokenizer.json used as is; build with `Tokenizer.load`."""
+    """A Hugging Face tokenizer.json used as is; read one with `jgpt.tokenizers.tokenizer_file.load_tokenizer`."""
 
     # Never None here (the base class's None is the byte-level tokenizer's): declared again, in its place.
     _library: tokenizers.Tokenizer = field(compare=False)
@@ -90,7 +91,7 @@ class HFTokenizer(Tokenizer):
     def of(cls, document: bytes, spec: Any, directory: Path, context_limit: int | None, source: str) -> HFTokenizer:
         """Check a parsed tokenizer.json (and the companions in `directory`) and bind it."""
         check_context_limit(context_limit)
-        pieces, specials, merges, fallback = _hf_pieces(spec, source)
+        pieces, specials, merges, fallback = hf_pieces(spec, source)
         # Confined: a companion that is a link out of the directory is refused, never read.
         companions = {
             name: read_limited(confined(directory, name, "tokenizer"), "tokenizer")
@@ -98,7 +99,7 @@ class HFTokenizer(Tokenizer):
             if os.path.lexists(directory / name)
         }
         config = _config(companions.get(CONFIG), source)
-        _check_regexes(spec, source)
+        check_regexes(spec, source)
         text = _library(document, source)
         text.encode_special_tokens = True  # typed special-token text stays text
         framing = _library(document, source)
@@ -120,7 +121,7 @@ class HFTokenizer(Tokenizer):
             eos_id,
             specials,
             template,
-            _checked(bos, f"{CONFIG}:bos_token") if isinstance(bos, str) else "",
+            encodable(bos, f"{CONFIG}:bos_token") if isinstance(bos, str) else "",
             merges,
             fallback,
             framing,
@@ -175,7 +176,7 @@ class HFTokenizer(Tokenizer):
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of text as the tokenizer's own pipeline gives them, without special tokens."""
-        return _encoded(self._library, _checked(text, "text"), "text", special=False).ids
+        return _encoded(self._library, encodable(text, "text"), "text", special=False).ids
 
     def encode_turns(self, turns: Sequence[Turn], *, open_turn: str | None = None) -> Encoding:
         """With a chat template: the turns rendered by it (open_turn adds its generation prompt).
@@ -184,7 +185,7 @@ class HFTokenizer(Tokenizer):
             raise ApiError(f"turns[{not_turns[0]}]", f"must be a Turn, got {type(turns[not_turns[0]]).__name__}")
         if open_turn is not None and open_turn != "assistant":
             raise ApiError("open_turn", f"a chat template opens only the assistant's turn, got {open_turn!r}")
-        texts = [_checked(turn.text, f"turns[{n}].text") for n, turn in enumerate(turns)]
+        texts = [encodable(turn.text, f"turns[{n}].text") for n, turn in enumerate(turns)]
         if self.chat_template is None:
             if len(turns) != 1:
                 raise ApiError(
@@ -193,7 +194,7 @@ class HFTokenizer(Tokenizer):
             ids, spans = self._plain(texts[0])
         else:
             ids, spans = self._templated(self.chat_template, turns, texts, open_turn is not None)
-        return self._encoding(ids, spans, turns, texts, open_turn)
+        return encoding_of(ids, spans, turns, texts, open_turn, self.manifest)
 
     def _plain(self, text: str) -> tuple[list[int], list[Span]]:
         encoding = _encoded(self._library, text, "turns[0].text", special=True)
@@ -222,7 +223,7 @@ class HFTokenizer(Tokenizer):
             "eos_token": eos,
             "bos_token": self.bos_token,
         }
-        rendered = _checked(sandbox.render(template, context, "chat_template"), "chat_template")
+        rendered = encodable(sandbox.render(template, context, "chat_template"), "chat_template")
         parts = _TURN_MARK.split(rendered)  # template text, turn index, template text, ...
         order = [int(n) for n in parts[1::2]]
         if order != list(range(len(turns))):
@@ -289,7 +290,7 @@ class HFTokenizer(Tokenizer):
         in the bytes the ids spell. With final=False (generation still running), the tokens whose
         text a later id could still change are held back, their bytes as `pending`: those past the
         last whole character, or with byte fallback the trailing run of <0xNN> pieces."""
-        checked = self._id_array(ids)
+        checked = checked_ids(ids, self.vocab_size)
         data = self.table.bytes_of(checked)
         _, problem, pending = utf8_with_markers(data, not final)
         ends = np.cumsum(self.table.lengths[checked])  # [n] byte offset after each token
@@ -313,22 +314,6 @@ class HFTokenizer(Tokenizer):
 
 
 _LIBRARY_VERSION = f"tokenizers {tokenizers.__version__}"
-
-
-def _checked(text: str, field_name: str) -> str:
-    """Text as given (the tokenizer normalizes it itself), refusing what has no UTF-8: the library
-    raises a TypeError on a lone surrogate, so none may reach it (no encoding of one is right)."""
-    if not isinstance(text, str):
-        raise ApiError(field_name, f"must be a string, got {type(text).__name__}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ApiError(
-            field_name,
-            f"is not valid Unicode: lone surrogate U+{ord(error.object[error.start]):04X} "
-            f"at character {error.start} (undecodable input bytes?)",
-        ) from None
-    return text
 
 
 def _byte_offsets(text: str) -> np.ndarray:
@@ -357,7 +342,7 @@ def _first_line(error: BaseException) -> str:
 def _library(document: bytes, source: str) -> tokenizers.Tokenizer:
     try:
         library = tokenizers.Tokenizer.from_str(document.decode("utf-8"))
-    except BaseException as error:  # its own exception types, or a Rust panic on what _hf_pieces missed
+    except BaseException as error:  # its own exception types, or a Rust panic on what hf_pieces missed
         if not library_failure(error):
             raise
         raise ApiError("tokenizer", f"{source}: HF tokenizers rejects it: {error}") from None
@@ -365,91 +350,6 @@ def _library(document: bytes, source: str) -> tokenizers.Tokenizer:
     library.no_truncation()
     library.no_padding()
     return library
-
-
-def _hf_pieces(spec: Any, source: str) -> tuple[tuple[bytes, ...], dict[int, str], int, np.ndarray]:
-    """Check a parsed foreign tokenizer.json; return the bytes each id spells, the special tokens,
-    the merge count and which ids are byte-fallback pieces. Every value the library reads is type-checked first (it panics in Rust
-    on some inconsistent files, such as a merge whose parts are not in the vocabulary)."""
-
-    def reject(reason: str) -> ApiError:
-        return ApiError("tokenizer", f"{source}: {reason}")
-
-    model = bpe_model(spec, reject)
-    vocab = model["vocab"]
-    if not all(is_integer(token_id) and token_id >= 0 for token_id in vocab.values()):
-        raise reject("vocab ids must be non-negative integers")
-    added = spec.get("added_tokens", [])
-    if not isinstance(added, list) or not all(
-        isinstance(token, dict)
-        and is_integer(token.get("id"))
-        and token["id"] >= 0
-        and isinstance(token.get("content"), str)
-        and token["content"]
-        and isinstance(token.get("special", False), bool)
-        for token in added
-    ):
-        raise reject(
-            "added_tokens must be a list of objects with an integer id, a content string and a boolean special"
-        )
-    for n, merge in enumerate(model["merges"]):
-        pair = merge.split(" ") if isinstance(merge, str) else merge
-        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(part, str) and part for part in pair):
-            raise reject(f'merges[{n}] must be two pieces, as [left, right] or "left right", got {merge!r}')
-        missing = next((piece for piece in (*pair, "".join(pair)) if piece not in vocab), None)
-        if missing is not None:
-            raise reject(f"merges[{n}] {merge!r}: {missing!r} is not in the vocab")
-    byte_level = not model.get("byte_fallback") and _declares(spec.get("decoder"), "ByteLevel")
-    if not byte_level and not (model.get("byte_fallback") is True and _declares(spec.get("decoder"), "ByteFallback")):
-        raise reject(
-            "jgpt reads byte-level BPE (GPT-2's ByteLevel) and byte-fallback BPE (Llama's), "
-            "where every piece spells known bytes"
-        )
-    by_id: dict[int, bytes] = {}
-    for piece, token_id in vocab.items():
-        if token_id in by_id:
-            raise reject(f"vocab id {token_id} is given to more than one piece")
-        by_id[token_id] = _spelled(piece, byte_level, reject)
-    specials = {}
-    for token in added:
-        if token["id"] in by_id and token["content"] not in vocab:
-            raise reject(
-                f"added token {token['content']!r} takes id {token['id']}, which the vocab gives another piece"
-            )
-        if not _is_unicode(token["content"]):
-            raise reject(f"added token {token['content']!r} is not valid Unicode (a lone surrogate)")
-        if token.get("special", False):
-            specials[token["id"]] = token["content"]
-            by_id[token["id"]] = b""  # framing: spells no text bytes
-        else:
-            by_id.setdefault(token["id"], token["content"].encode("utf-8"))
-    if set(by_id) != set(range(len(by_id))):
-        raise reject(f"vocab and added token ids must run from 0 to {len(by_id) - 1} without gaps")
-    fallback = np.zeros(len(by_id), dtype=bool)
-    if not byte_level:
-        fallback[[token_id for piece, token_id in vocab.items() if _FALLBACK_PIECE.fullmatch(piece)]] = True
-    return tuple(by_id[token_id] for token_id in range(len(by_id))), specials, len(model["merges"]), fallback
-
-
-def _spelled(piece: str, byte_level: bool, reject) -> bytes:
-    if not piece:
-        raise reject("the vocab has an empty piece")
-    if not _is_unicode(piece):
-        raise reject(f"vocab entry {piece!r} is not valid Unicode (a lone surrogate)")
-    if byte_level:
-        if not all(char in _BYTE_OF_CHAR for char in piece):
-            raise reject(f"vocab entry {piece!r} is not a byte-level piece")
-        return bytes(map(_BYTE_OF_CHAR.__getitem__, piece))
-    fallback = _FALLBACK_PIECE.fullmatch(piece)
-    return bytes([int(fallback[1], 16)]) if fallback else piece.replace("\u2581", " ").encode("utf-8")
-
-
-def _declares(component: Any, kind: str) -> bool:
-    """Whether a decoder (or a Sequence of them) includes one of type `kind`."""
-    if not isinstance(component, dict):
-        return False
-    parts = component.get("decoders") if component.get("type") == "Sequence" else [component]
-    return isinstance(parts, list) and any(isinstance(part, dict) and part.get("type") == kind for part in parts)
 
 
 def _config(document: bytes | None, source: str) -> dict[str, Any]:
@@ -469,7 +369,7 @@ def _token_id(value: Any, library: tokenizers.Tokenizer, field_name: str) -> int
     content = value.get("content") if isinstance(value, dict) else value
     if not isinstance(content, str):
         raise ApiError(field_name, f"must name a token (jgpt stops generation there), got {value!r}")
-    _checked(content, field_name)
+    encodable(content, field_name)
     token_id = library.token_to_id(content)
     if token_id is None:
         raise ApiError(field_name, f"{content!r} is not a token of tokenizer.json")
@@ -492,63 +392,3 @@ def _text_file(data: bytes, name: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ApiError(name, f"is not valid UTF-8 at byte {error.start}") from None
-
-
-def _is_unicode(text: str) -> bool:
-    """Whether text has a UTF-8 encoding (no lone surrogate, which JSON's \\ud800 escape can write)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-# A regex in tokenizer.json (a Split pre-tokenizer's, a Replace normalizer's or decoder's pattern) longer
-# than this is refused: real ones (GPT-4o's, Llama 3's, Qwen's, DeepSeek's) hold a few hundred characters.
-REGEX_LIMIT = 4096
-# Each probe text is one character this many times, as is and followed by one that ends no match.
-PROBE_LENGTH = 1024
-_PROBE_CHARACTERS = "aA1 \n\t.'é日👋\x00"  # letters, digits, spaces and punctuation the usual classes name
-_PROBED_CHARACTERS_LIMIT = 128
-
-
-def _check_regexes(spec: dict[str, Any], source: str) -> None:
-    """A regex the file declares (compiled by the library's Oniguruma) can backtrack for ever on some text,
-    or past Oniguruma's retry limit, where the library panics. Each is bounded in size; then the file's
-    normalizer, pre-tokenizer and decoder run in the sandbox process (jgpt.tokenizers.sandbox: CPU, memory and
-    wall-clock bounds) on runs of each common character and of each one the regexes name, so that a
-    pattern that backtracks exponentially or polynomially on such runs is refused when the tokenizer
-    loads rather than on a user's text. A failure that still escapes at use is refused there (`_encoded`)."""
-    pipeline = {key: spec.get(key) for key in ("normalizer", "pre_tokenizer", "decoder")}
-    patterns = list(_regexes(pipeline))
-    if not patterns:
-        return  # the library's built-in pre-tokenizers (ByteLevel, Whitespace) are its own code
-    for pattern in patterns:
-        if not isinstance(pattern, str) or len(pattern) > REGEX_LIMIT or not _is_unicode(pattern):
-            raise ApiError(
-                "tokenizer",
-                f"{source}: a Regex must be valid Unicode text of at most {REGEX_LIMIT} characters, "
-                f"got {one_line(repr(pattern)[:80])}",
-            )
-    characters = list(dict.fromkeys(_PROBE_CHARACTERS + "".join(patterns)))[:_PROBED_CHARACTERS_LIMIT]
-    texts = [character * PROBE_LENGTH + end for character in characters for end in ("", "\x01")]
-    try:
-        sandbox.probe(pipeline, texts, "tokenizer")
-    except ApiError as error:
-        raise ApiError(
-            "tokenizer",
-            f"{source}: its normalizer, pre-tokenizer or decoder {error.reason} "
-            f"on a probe text ({PROBE_LENGTH} repetitions of one character)",
-        ) from None
-
-
-def _regexes(value: Any):
-    """Every {"Regex": pattern} value inside a parsed tokenizer.json component."""
-    if isinstance(value, dict):
-        if "Regex" in value:
-            yield value["Regex"]
-        for child in value.values():
-            yield from _regexes(child)
-    elif isinstance(value, list):
-        for child in value:
-            yield from _regexes(child)

@@ -1,139 +1,63 @@
-"""The Tokenizer: a byte-level vocabulary with turn framing and optional BPE merges.
+"""The Tokenizer: jgpt's byte-level vocabulary with turn framing and optional BPE merges.
 
-Vocabulary layout (fixed across jgpt):
-
-    0..255    the raw bytes, id == byte value
-    256..258  role markers <|system|>, <|user|>, <|assistant|>
-    259       TURN_END <|turn_end|>
-    260..     learned byte-level BPE merges, in merge order
-
-A turn is framed as `[role marker] text-tokens [TURN_END]`. Text is NFC-normalized
-before encoding; the normalization is declared in the tokenizer file, so it is part
-of `tokenizer_sha256`. The file is a standard Hugging Face `tokenizer.json`;
-merges are learned and applied by HF `tokenizers`. With zero merges the ids are the
-UTF-8 bytes themselves, so that path needs no library call.
+The vocabulary layout and the framing of a turn, `[role marker] text-tokens [TURN_END]`, are
+jgpt.tokenizers.framing's. Text is NFC-normalized before encoding; the normalization is declared
+in the tokenizer file, so it is part of `tokenizer_sha256`. The file is a standard Hugging Face
+`tokenizer.json`; merges are learned and applied by HF `tokenizers`. With zero merges the ids are
+the UTF-8 bytes themselves, so that path needs no library call.
 
 Control tokens exist only as ids: text that happens to read "<|user|>" is encoded
 as its bytes, so user text can never forge framing.
 
-`Tokenizer.load` also reads a Hugging Face tokenizer.json that is not jgpt's layout (an
-imported model's own): it returns an `HFTokenizer` (jgpt/tokenizers/hf_tokenizer.py), which keeps
-this interface and uses that file as is.
+A file on disk is read by `jgpt.tokenizers.tokenizer_file.load_tokenizer`, which returns this
+Tokenizer for jgpt's layout and an `HFTokenizer` for any other.
 """
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import os
-import re
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import tokenizers
 
 from jgpt.foundation.errors import ApiError, library_failure
-from jgpt.foundation.identity import read_bytes, sha256_json, write_atomically
-from jgpt.foundation.json_input import parse_json
+from jgpt.foundation.identity import write_atomically
 from jgpt.foundation.validation import LIMIT, is_integer
-from jgpt.tokenizers.encoding import Encoding, Span, control_span, text_spans
+from jgpt.tokenizers.encoding import Encoding, Span, check_context_limit, control_span, encoding_of, text_spans
+from jgpt.tokenizers.framing import (
+    BYTE_COUNT,
+    CONTROL_MARKERS,
+    FIRST_MERGE_ID,
+    NORMALIZATION,
+    ROLE_IDS,
+    ROLES,
+    TURN_END_ID,
+    Turn,
+    normalize,
+)
+from jgpt.tokenizers.tokenizer_json import (
+    BYTE_LEVEL_ALPHABET,
+    BYTE_OF_CHAR,
+    bpe_model,
+    check_merges,
+    parse_tokenizer_json,
+)
+from jgpt.tokenizers.utf8_markers import utf8_with_markers
+from jgpt.tokenizers.vocabulary import Decoded, PieceTable, Token, checked_ids, describe_piece
 
-ROLES = ("system", "user", "assistant")
-BYTE_COUNT = 256
-ROLE_IDS = {role: BYTE_COUNT + n for n, role in enumerate(ROLES)}
-TURN_END_ID = BYTE_COUNT + len(ROLES)
-FIRST_MERGE_ID = TURN_END_ID + 1
-CONTROL_MARKERS = {**{ROLE_IDS[role]: f"<|{role}|>" for role in ROLES}, TURN_END_ID: "<|turn_end|>"}
-
-NORMALIZATION: Final = "NFC"
 CODEC_VERSION = "jgpt-byte-bpe/1"
-# The largest tokenizer file read: Llama 3's tokenizer.json is 9 MB; memory follows this bound.
-FILE_LIMIT = 64 << 20
-
-
-def _byte_level_alphabet() -> tuple[str, ...]:
-    """The printable stand-in HF ByteLevel uses for each byte (the GPT-2 convention):
-    visible Latin-1 characters stand for themselves, the rest shift to U+0100 onwards."""
-    visible = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
-    hidden = iter(range(0x100, 0x200))
-    return tuple(chr(b) if b in visible else chr(next(hidden)) for b in range(BYTE_COUNT))
-
-
-BYTE_LEVEL_ALPHABET = _byte_level_alphabet()
-_BYTE_OF_CHAR = {char: b for b, char in enumerate(BYTE_LEVEL_ALPHABET)}
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One role-tagged conversation input."""
-
-    role: str  # system | user | assistant
-    text: str
-
-    def __post_init__(self):
-        if self.role not in ROLE_IDS:
-            raise ApiError("role", f"unknown role {self.role!r}; choose one of {', '.join(ROLES)}")
-        if not isinstance(self.text, str):
-            raise ApiError("text", f"must be a string, got {type(self.text).__name__}")
-
-
-@dataclass(frozen=True)
-class Token:
-    """One vocabulary entry, described for display.
-
-    kind: "byte" | "merge" | "control". piece: the entry as text, with `<0xNN>` for
-    bytes that are not whole UTF-8 characters. group: "turn framing" for controls;
-    for bytes "ascii", "utf-8 lead", "utf-8 continuation" or "never in utf-8"; for
-    merges "whole characters" or "partial characters".
-    """
-
-    id: int
-    kind: str
-    piece: str
-    group: str
-
-
-@dataclass(frozen=True)
-class Decoded:
-    """Text for a sequence of ids. `note` (the decoding_note) is None exactly when the
-    bytes were valid UTF-8; control tokens appear as their markers, e.g. <|turn_end|>."""
-
-    text: str
-    note: str | None
-    pending: bytes = b""  # a valid UTF-8 prefix held back at the end when final=False
-
-
-@dataclass(frozen=True)
-class PieceTable:
-    """The bytes each id spells, laid out for vectorized lookups (controls spell b"")."""
-
-    pieces: tuple[bytes, ...]  # [vocab]
-    lengths: np.ndarray  # [vocab] int64
-    starts: np.ndarray  # [vocab] int64 offset of each piece in `flat`
-    flat: np.ndarray  # [sum(lengths)] uint8, all pieces back to back
-
-    @classmethod
-    def of(cls, pieces: tuple[bytes, ...]) -> PieceTable:
-        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        flat = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-        return cls(pieces, lengths, np.cumsum(lengths) - lengths, flat)
-
-    def bytes_of(self, ids: np.ndarray) -> bytes:
-        """The concatenated bytes of ids: one gather over `flat`, no loop over tokens."""
-        lengths = self.lengths[ids]  # [n]
-        output_starts = np.cumsum(lengths) - lengths  # [n] where each piece lands in the output
-        shift = np.repeat(self.starts[ids] - output_starts, lengths)  # [total] flat offset minus output offset
-        return self.flat[shift + np.arange(shift.size)].tobytes()
 
 
 @dataclass(frozen=True, repr=False)
 class Tokenizer:
-    """An identified vocabulary and codec. Build with bytes_only, train or load."""
+    """An identified vocabulary and codec. Build with bytes_only or train; read a file with load_tokenizer."""
 
     document: bytes  # the exact tokenizer.json bytes
     tokenizer_sha256: str
@@ -181,23 +105,12 @@ class Tokenizer:
         return cls._from_document(_document(merges), context_limit)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, context_limit: int | None = None) -> Tokenizer:
-        """jgpt's own tokenizer file, or any other Hugging Face tokenizer.json as an HFTokenizer
-        (with the tokenizer_config.json beside it, as Hugging Face saves them)."""
-        document = read_limited(Path(path), "tokenizer")
-        spec = _parse(document, str(path))
-        if _is_jgpt_layout(spec):
-            return Tokenizer._from_spec(document, spec, context_limit, str(path))
-        from jgpt.tokenizers.hf_tokenizer import HFTokenizer
-
-        return HFTokenizer.of(document, spec, Path(path).parent, context_limit, str(path))
-
-    @classmethod
     def _from_document(cls, document: bytes, context_limit: int | None, source: str = "tokenizer") -> Tokenizer:
-        return cls._from_spec(document, _parse(document, source), context_limit, source)
+        return cls.from_spec(document, parse_tokenizer_json(document, source), context_limit, source)
 
     @classmethod
-    def _from_spec(cls, document: bytes, spec: Any, context_limit: int | None, source: str) -> Tokenizer:
+    def from_spec(cls, document: bytes, spec: Any, context_limit: int | None, source: str) -> Tokenizer:
+        """A tokenizer file's exact bytes and their parse, checked to have jgpt's layout."""
         check_context_limit(context_limit)
         pieces = _pieces_of(spec, source)
         merges = spec["model"]["merges"]
@@ -309,32 +222,7 @@ class Tokenizer:
         if open_turn is not None:
             spans.append(control_span(ROLE_IDS[open_turn], len(ids), len(turns)))
             ids.append(ROLE_IDS[open_turn])
-        return self._encoding(ids, spans, turns, texts, open_turn)
-
-    def _encoding(
-        self, ids: list[int], spans: list[Span], turns: Sequence[Turn], texts: list[str], open_turn: str | None
-    ) -> Encoding:
-        """The Encoding of encoded turns (either kind of tokenizer), refused past the context limit."""
-        if self.context_limit is not None and len(ids) > self.context_limit:
-            raise ApiError(
-                "context_limit",
-                f"the input encodes to {len(ids)} token ids, more than the context_limit of {self.context_limit}",
-            )
-        canonical_input = {
-            "open_turn": open_turn,
-            "turns": [{"role": turn.role, "text": text} for turn, text in zip(turns, texts)],
-        }
-        manifest = self.manifest
-        return Encoding(
-            ids=tuple(ids),
-            spans=tuple(spans),
-            input_sha256=sha256_json(canonical_input),
-            input_kind="conversation" if open_turn is None else "generation prompt",
-            manifest_sha256=sha256_json(manifest),
-            context_limit=self.context_limit,
-            codec_version=manifest["codec_version"],
-            unicode_version=manifest["unicode_version"],
-        )
+        return encoding_of(ids, spans, turns, texts, open_turn, self.manifest)
 
     # ---- decoding ---------------------------------------------------------------------
 
@@ -344,7 +232,7 @@ class Tokenizer:
         With final=False (generation still running) a valid but unfinished UTF-8
         sequence at the very end is no error: it is returned as `pending`.
         """
-        checked = self._id_array(ids)
+        checked = checked_ids(ids, self.vocab_size)
         # Runs of text tokens between control tokens decode independently: a control
         # token cuts any character still open before it.
         controls = np.flatnonzero((checked >= BYTE_COUNT) & (checked < FIRST_MERGE_ID)).tolist()
@@ -363,148 +251,6 @@ class Tokenizer:
                 position = start + int(np.searchsorted(np.cumsum(self.table.lengths[run]), byte, side="right"))
                 notes.append(f"{reason} in the token at position {position}")
         return Decoded("".join(parts), "; ".join(notes) or None, pending)
-
-    def _id_array(self, ids: Sequence[int]) -> np.ndarray:
-        """ids as int64 [n], each checked to be in the vocabulary."""
-        array = np.asarray(ids)
-        if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
-            raise ApiError("ids", f"must be a flat sequence of integers, got shape {array.shape} of {array.dtype}")
-        array = array.astype(np.int64, copy=False)  # also types an empty sequence
-        out_of_range = np.flatnonzero((array < 0) | (array >= self.vocab_size))
-        if out_of_range.size:
-            n = int(out_of_range[0])
-            raise ApiError("ids", f"id {int(array[n])} at position {n} is not in the vocabulary of {self.vocab_size}")
-        return array
-
-
-def describe_piece(token_id: int, piece: bytes, *, merge: bool) -> Token:
-    """A text token's entry: a merge (or any piece of several bytes), or one byte grouped by its UTF-8 role."""
-    text, problem, _ = utf8_with_markers(piece)
-    if merge:
-        return Token(token_id, "merge", text, "partial characters" if problem else "whole characters")
-    byte = piece[0]
-    group = (
-        "ascii"
-        if byte < 0x80
-        else "utf-8 continuation"
-        if byte < 0xC0
-        else "utf-8 lead"
-        if 0xC2 <= byte <= 0xF4
-        else "never in utf-8"
-    )
-    return Token(token_id, "byte", text, group)
-
-
-def read_limited(path: Path, field: str) -> bytes:
-    """A tokenizer file's bytes, refused before reading when it is larger than FILE_LIMIT."""
-    try:
-        size = path.stat().st_size
-    except OSError as error:
-        raise ApiError(field, f"cannot read {path}: {error.strerror}") from None
-    if size > FILE_LIMIT:
-        raise ApiError(field, f"{path} has {size:,} bytes, more than the {FILE_LIMIT:,} a tokenizer file may have")
-    return read_bytes(path, field)
-
-
-def _parse(document: bytes, source: str) -> Any:
-    try:
-        return parse_json(document, "tokenizer", source=source)
-    except ApiError as error:
-        raise ApiError("tokenizer", f"not a JSON tokenizer file: {error.reason}") from None
-
-
-def _is_jgpt_layout(spec: Any) -> bool:
-    """A file that declares any of jgpt's control tokens at its id is jgpt's (and checked as such)."""
-    added = spec.get("added_tokens") if isinstance(spec, dict) else None
-    return isinstance(added, list) and any(
-        CONTROL_MARKERS.get(token["id"]) == token.get("content")
-        for token in added
-        if isinstance(token, dict) and is_integer(token.get("id"))
-    )
-
-
-def check_context_limit(context_limit: Any) -> None:
-    if context_limit is not None and (not is_integer(context_limit) or context_limit < 1):
-        raise ApiError("context_limit", f"must be a positive integer or None, got {context_limit!r}")
-
-
-def normalize(text: str, field_name: str) -> str:
-    """NFC-normalize text, rejecting what has no UTF-8 (lone surrogates, e.g. from
-    undecodable command-line bytes)."""
-    if not isinstance(text, str):
-        raise ApiError(field_name, f"must be a string, got {type(text).__name__}")
-    normalized = unicodedata.normalize(NORMALIZATION, text)
-    try:
-        normalized.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ApiError(
-            field_name,
-            f"is not valid Unicode: lone surrogate U+{ord(error.object[error.start]):04X} "
-            f"at character {error.start} (undecodable input bytes?)",
-        ) from None
-    return normalized
-
-
-def turns_from_json(value: Any, field_name: str = "turns") -> tuple[Turn, ...]:
-    """Turns from a parsed JSON list of {"role", "text"} objects."""
-    if not isinstance(value, list):
-        raise ApiError(field_name, f'must be a JSON list of {{"role", "text"}} objects, got {_json_type(value)}')
-    turns = []
-    for n, item in enumerate(value):
-        where = f"{field_name}[{n}]"
-        if not isinstance(item, dict):
-            raise ApiError(where, f'must be an object with "role" and "text", got {_json_type(item)}')
-        for key in ("role", "text"):
-            if not isinstance(item.get(key), str):
-                reason = "missing" if key not in item else f"must be a string, got {_json_type(item[key])}"
-                raise ApiError(f"{where}.{key}", reason)
-        if unknown := set(item) - {"role", "text"}:
-            raise ApiError(where, f'unknown fields {sorted(unknown)}; a turn has only "role" and "text"')
-        try:
-            turns.append(Turn(item["role"], item["text"]))
-        except ApiError as error:
-            raise ApiError(f"{where}.{error.field}", error.reason) from None
-    return tuple(turns)
-
-
-def _json_type(value: Any) -> str:
-    names = {
-        dict: "an object",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        type(None): "null",
-    }
-    return names.get(type(value), type(value).__name__)
-
-
-def utf8_with_markers(data: bytes, hold_pending: bool = False) -> tuple[str, tuple[str, int] | None, bytes]:
-    """Decode UTF-8, writing each byte that is not part of a valid character as <0xNN>.
-
-    Returns (text, problem, pending). problem is None for valid UTF-8, else a
-    description of the first malformed sequence and its byte offset. With
-    hold_pending an unfinished but valid sequence at the end is returned as pending
-    bytes, not as a problem. Linear in len(data), however many bytes are malformed.
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")  # bad byte b -> U+DC00+b
-    text = decoder.decode(data, final=not hold_pending)
-    pending = decoder.getstate()[0]
-    escaped = len(_ESCAPED_BYTE.findall(text))
-    if not escaped:
-        return text, None, pending
-    try:
-        data[: len(data) - len(pending)].decode("utf-8")
-    except UnicodeDecodeError as error:  # always raised: it names the first malformed sequence
-        bad = error.object[error.start : error.end]
-        kind = "incomplete" if error.reason == "unexpected end of data" else "malformed"
-        others = f", {escaped} bad bytes in all" if escaped > len(bad) else ""
-        problem = f"{kind} UTF-8 ({error.reason}: {' '.join(f'0x{b:02X}' for b in bad)}{others})", error.start
-    return _ESCAPED_BYTE.sub(lambda match: f"<0x{ord(match[0]) - 0xDC00:02X}>", text), problem, pending
-
-
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
 
 # GPT-2's split of text into words, spaces and punctuation before merging; no prefix space,
@@ -559,24 +305,6 @@ def _document(merges: list[tuple[str, str]]) -> bytes:
     return (json.dumps(spec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
-def bpe_model(spec: Any, reject: Callable[[str], ApiError]) -> dict:
-    """The "model" object of a parsed tokenizer.json, checked to be a BPE whose pieces each spell their
-    bytes alone (both kinds of tokenizer read only that)."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
-        raise reject('has no "model" object')
-    model = spec["model"]
-    if (
-        model.get("type") != "BPE"
-        or not isinstance(model.get("vocab"), dict)
-        or not isinstance(model.get("merges"), list)
-        or model.get("dropout") is not None
-    ):
-        raise reject("jgpt reads BPE tokenizers: model must be BPE with a vocab object, a merges list and no dropout")
-    if any(model.get(name) is not None for name in ("continuing_subword_prefix", "end_of_word_suffix")):
-        raise reject("a piece must spell its bytes alone: no continuing_subword_prefix nor end_of_word_suffix")
-    return model
-
-
 def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
     """Check that a parsed tokenizer.json has jgpt's layout; return the bytes of each id.
 
@@ -609,22 +337,12 @@ def _pieces_of(spec: Any, source: str) -> tuple[bytes, ...]:
         raise reject(f"added_tokens and vocab must hold exactly the control tokens {CONTROL_MARKERS}")
     by_id: dict[int, bytes] = {}
     for piece, token_id in model["vocab"].items():
-        if not piece or not is_integer(token_id) or not all(char in _BYTE_OF_CHAR for char in piece):
+        if not piece or not is_integer(token_id) or not all(char in BYTE_OF_CHAR for char in piece):
             raise reject(f"vocab entry {piece!r} is not a byte-level piece with an integer id")
         if token_id in by_id:
             raise reject(f"vocab id {token_id} is given to more than one piece")
-        by_id[token_id] = b"" if token_id in CONTROL_MARKERS else bytes(map(_BYTE_OF_CHAR.__getitem__, piece))
-    for n, merge in enumerate(model["merges"]):
-        pair = merge.split(" ") if isinstance(merge, str) else merge
-        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(part, str) and part for part in pair):
-            raise reject(f'merges[{n}] must be two pieces, as [left, right] or "left right", got {merge!r}')
-        # (The ByteLevel split never puts "<|" and "user" in one word, so training cannot
-        # learn such a merge; a hand-made file could.)
-        if "".join(pair) in CONTROL_MARKERS.values():
-            raise reject("a merge spells a control marker, which would let text forge turn framing")
-        missing = next((piece for piece in (*pair, "".join(pair)) if piece not in model["vocab"]), None)
-        if missing is not None:
-            raise reject(f"merges[{n}] {merge!r}: {missing!r} is not in the vocab")
+        by_id[token_id] = b"" if token_id in CONTROL_MARKERS else bytes(map(BYTE_OF_CHAR.__getitem__, piece))
+    check_merges(model, reject, CONTROL_MARKERS.values())
     if any(by_id.get(b) != bytes([b]) for b in range(BYTE_COUNT)):
         raise reject("ids 0..255 must be the single bytes 0..255")
     if set(by_id) != set(range(len(by_id))):
