@@ -152,19 +152,6 @@ def integers(value: Any, field: str, minimum: int = 0, maximum: int = LIMIT) -> 
     return items
 
 
-_JSON_NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", list: "an array",
-               dict: "an object"}  # fmt: skip
-
-
-def typed(value: Any, kinds: type | tuple[type, ...], field: str) -> Any:
-    """`value` if it is an instance of one of `kinds` (Python types of JSON values); booleans are never numbers."""
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        wanted = " or ".join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
-        raise ApiError(field, f"expected {wanted}, got {kind(value)}")
-    return value
-
-
 def kind(value: Any) -> str:
     """The JSON-ish name of a value's type, for error messages."""
     return "null" if value is None else type(value).__name__
