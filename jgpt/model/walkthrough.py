@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jgpt.model.architecture import Architecture, ModelArchitecture
+from jgpt.model.architecture import Architecture, LlamaArchitecture, ModelArchitecture
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +51,134 @@ def _stage(owner, label, scope, detail, inputs, operations, related, inspection)
     return ArchitectureStage(owner, label, scope, detail, tuple(inputs), tuple(operations), tuple(related), inspection)
 
 
-def _tail(
+ATTENTION_OPERATIONS = (
+    "weights = softmax(q k^T / sqrt(head_dim), causal)",
+    "mixed = weights v",
+    "out = mixed @ attention_output",
+)
+
+
+def walkthrough(architecture: Architecture) -> ArchitectureWalkthrough:
+    """The declared single-block schematic of either architecture: its input and attention stages, then the
+    residual and feed-forward stages and the output stages both share."""
+    a = architecture
+    if isinstance(a, ModelArchitecture):  # the alternative whose position is "learned"
+        attention = _learned_position_attention(a)
+        norm, stream = "layernorm", 1
+        feed_forward = ("u = x @ ff_up + ff_up_bias", "g = gelu(u)", "out = g @ ff_down + ff_down_bias")
+    else:
+        attention = _rotary_attention(a)
+        norm, stream = "rmsnorm", 0
+        feed_forward = ("u = x @ ff_up", "g = silu(x @ ff_gate)", "out = (g * u) @ ff_down")
+    block = _feed_forward_block(a, stream, len(attention), norm, feed_forward)
+    return ArchitectureWalkthrough((*attention, *block, *_output(a, len(attention) + len(block) - 1, norm)))
+
+
+def _attention_detail(a: Architecture) -> str:
+    return (
+        f"{a.heads} heads of width {a.head_dim}"
+        + (f" sharing {a.kv_heads} key/value heads" if a.kv_heads != a.heads else "")
+        + "; each position attends causally to itself and earlier positions; keys and values are kept per layer."
+    )
+
+
+def _learned_position_attention(a: ModelArchitecture) -> list[ArchitectureStage]:
+    """The GPT baseline's stages up to attention: learned position vectors added to the token embedding."""
+    return [
+        _stage(
+            "PositionEncoding",
+            "position vectors",
+            "input",
+            f"Learned absolute vectors, one per position up to context {a.context}.",
+            (),
+            ("position_embedding[positions]",),
+            ("ModelWeights",),
+            "position_embedding",
+        ),
+        _stage(
+            "Embedding",
+            "token embedding",
+            "input",
+            "Looks up each token id's vector and adds its position vector: the residual stream.",
+            (0,),
+            ("token_embedding[token_ids] + position vectors",),
+            ("Tokenizer",),
+            "embedding",
+        ),
+        _stage(
+            "Normalization",
+            "pre-attention norm",
+            "block",
+            "LayerNorm (mean, variance, scale, bias) of the residual stream.",
+            (1,),
+            ("layernorm(x; ln1_scale, ln1_bias)",),
+            ("Attention",),
+            "ln1",
+        ),
+        _stage(
+            "Attention",
+            "causal self-attention",
+            "block",
+            _attention_detail(a),
+            (2,),
+            ("q, k, v = x @ query, key, value (+ biases)", *ATTENTION_OPERATIONS, "+ attention_output_bias"),
+            ("KVState", "PositionEncoding"),
+            "attention",
+        ),
+    ]
+
+
+def _rotary_attention(a: LlamaArchitecture) -> list[ArchitectureStage]:
+    """The Llama alternative's stages up to attention: positions enter as rotations of queries and keys."""
+    return [
+        _stage(
+            "Embedding",
+            "token embedding",
+            "input",
+            "Looks up each token id's vector; positions enter later as rotations of queries and keys.",
+            (),
+            ("token_embedding[token_ids]",),
+            ("Tokenizer",),
+            "embedding",
+        ),
+        _stage(
+            "Normalization",
+            "pre-attention norm",
+            "block",
+            "RMSNorm (root mean square, scale, no bias) of the residual stream.",
+            (0,),
+            ("rmsnorm(x; ln1_scale)",),
+            ("Attention",),
+            "ln1",
+        ),
+        _stage(
+            "PositionEncoding",
+            "rotary positions",
+            "block",
+            f"Rotates query and key channel pairs by angle position * {a.rope_theta:g}^(-2i/head_dim); "
+            "attention scores then depend on relative position.",
+            (1,),
+            ("q, k = x @ query, key", "q, k = rotate(q, k; positions)"),
+            ("Attention",),
+            "key",
+        ),
+        _stage(
+            "Attention",
+            "causal self-attention",
+            "block",
+            _attention_detail(a),
+            (1, 2),
+            ("v = x @ value", *ATTENTION_OPERATIONS),
+            ("KVState", "PositionEncoding"),
+            "attention",
+        ),
+    ]
+
+
+def _feed_forward_block(
     a: Architecture, stream: int, first: int, norm: str, feed_forward: tuple[str, ...]
 ) -> list[ArchitectureStage]:
-    """Stages from the attention residual to the logits.
+    """The block's stages from the attention residual to the feed-forward residual.
 
     `stream` is the index of the embedding stage (the residual input), `first` the
     index the attention residual gets (attention is the stage just before it).
@@ -101,12 +225,18 @@ def _tail(
             ("FeedForward",),
             "residual2",
         ),
+    ]
+
+
+def _output(a: Architecture, block_out: int, norm: str) -> list[ArchitectureStage]:
+    """The stages after the last block; `block_out` is the index of the feed-forward residual."""
+    return [
         _stage(
             "Normalization",
             "final norm",
             "output",
             f"{norm} after the last of {a.layers} blocks.",
-            (residual + 3,),
+            (block_out,),
             (f"{norm}(out; ln_final_scale)",),
             ("OutputProjection",),
             "ln_final",
@@ -116,128 +246,9 @@ def _tail(
             "logits",
             "output",
             f"Projects each final hidden vector to {a.vocabulary} vocabulary scores, accumulated in float32.",
-            (residual + 4,),
+            (block_out + 1,),
             ("logits = h @ lm_head" + (" + lm_bias" if a.has_biases else ""),),
             ("Decoding",),
             "logits",
         ),
     ]
-
-
-def walkthrough(architecture: Architecture) -> ArchitectureWalkthrough:
-    """The declared single-block schematic of either architecture."""
-    a = architecture
-    attention_detail = (
-        f"{a.heads} heads of width {a.head_dim}"
-        + (f" sharing {a.kv_heads} key/value heads" if a.kv_heads != a.heads else "")
-        + "; each position attends causally to itself and earlier positions; keys and values are kept per layer."
-    )
-    attention_ops = (
-        "weights = softmax(q k^T / sqrt(head_dim), causal)",
-        "mixed = weights v",
-        "out = mixed @ attention_output",
-    )
-    if isinstance(a, ModelArchitecture):  # the alternative whose position is "learned"
-        stages = [
-            _stage(
-                "PositionEncoding",
-                "position vectors",
-                "input",
-                f"Learned absolute vectors, one per position up to context {a.context}.",
-                (),
-                ("position_embedding[positions]",),
-                ("ModelWeights",),
-                "position_embedding",
-            ),
-            _stage(
-                "Embedding",
-                "token embedding",
-                "input",
-                "Looks up each token id's vector and adds its position vector: the residual stream.",
-                (0,),
-                ("token_embedding[token_ids] + position vectors",),
-                ("Tokenizer",),
-                "embedding",
-            ),
-            _stage(
-                "Normalization",
-                "pre-attention norm",
-                "block",
-                "LayerNorm (mean, variance, scale, bias) of the residual stream.",
-                (1,),
-                ("layernorm(x; ln1_scale, ln1_bias)",),
-                ("Attention",),
-                "ln1",
-            ),
-            _stage(
-                "Attention",
-                "causal self-attention",
-                "block",
-                attention_detail,
-                (2,),
-                ("q, k, v = x @ query, key, value (+ biases)", *attention_ops, "+ attention_output_bias"),
-                ("KVState", "PositionEncoding"),
-                "attention",
-            ),
-        ]
-        return ArchitectureWalkthrough(
-            tuple(
-                stages
-                + _tail(
-                    a,
-                    1,
-                    len(stages),
-                    "layernorm",
-                    ("u = x @ ff_up + ff_up_bias", "g = gelu(u)", "out = g @ ff_down + ff_down_bias"),
-                )
-            )
-        )
-    stages = [
-        _stage(
-            "Embedding",
-            "token embedding",
-            "input",
-            "Looks up each token id's vector; positions enter later as rotations of queries and keys.",
-            (),
-            ("token_embedding[token_ids]",),
-            ("Tokenizer",),
-            "embedding",
-        ),
-        _stage(
-            "Normalization",
-            "pre-attention norm",
-            "block",
-            "RMSNorm (root mean square, scale, no bias) of the residual stream.",
-            (0,),
-            ("rmsnorm(x; ln1_scale)",),
-            ("Attention",),
-            "ln1",
-        ),
-        _stage(
-            "PositionEncoding",
-            "rotary positions",
-            "block",
-            f"Rotates query and key channel pairs by angle position * {a.rope_theta:g}^(-2i/head_dim); "
-            "attention scores then depend on relative position.",
-            (1,),
-            ("q, k = x @ query, key", "q, k = rotate(q, k; positions)"),
-            ("Attention",),
-            "key",
-        ),
-        _stage(
-            "Attention",
-            "causal self-attention",
-            "block",
-            attention_detail,
-            (1, 2),
-            ("v = x @ value", *attention_ops),
-            ("KVState", "PositionEncoding"),
-            "attention",
-        ),
-    ]
-    return ArchitectureWalkthrough(
-        tuple(
-            stages
-            + _tail(a, 0, len(stages), "rmsnorm", ("u = x @ ff_up", "g = silu(x @ ff_gate)", "out = (g * u) @ ff_down"))
-        )
-    )
