@@ -304,7 +304,7 @@ GPT2_CONFIG = {
 @FUZZ
 @given(data=st.data())
 def test_any_hostile_foreign_tokenizer_or_config_loads_or_is_refused_naming_it(tmp_path_factory, data):
-    """A Hugging Face tokenizer.json or its tokenizer_config.json, mutated: Tokenizer.load refuses it naming
+    """A Hugging Face tokenizer.json or its tokenizer_config.json, mutated: load_tokenizer refuses it naming
     the file (or its field), or what it accepts encodes to ids of its vocabulary and decodes to text."""
     directory = tmp_path_factory.mktemp("foreign")
     spec = json.loads(gpt2_tokenizer().to_str())
