@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.experiment_execution import dumps, _execution_id
+from experiments.experiment_execution import _execution_id, dumps
 from experiments.generation_defaults import generation_defaults
 from experiments.html_report import write_report
 from tests.test_experiments_run import _chromium
