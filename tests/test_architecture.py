@@ -78,6 +78,10 @@ def test_each_kind_of_bend_is_refused_with_its_file_and_line(tmp_path):
     )
     face = "a command module is a face; only entry points (__main__, jgpt.cli.main) import one"
     kvsim_api = "other packages use kvsim's public API: import the name from kvsim"
+    # the upward import closes a circle: demo -> training -> lab -> demo
+    cycle = "import cycle experiments.commands.demo -> training -> experiments.lab -> experiments.commands.demo"
+    cycle_from_training = "import cycle training -> experiments.lab -> experiments.commands.demo -> training"
+    cycle_from_lab = "import cycle experiments.lab -> experiments.commands.demo -> training -> experiments.lab"
     assert sorted(package_layers.violations(root)) == sorted(
         [
             "jgpt/model/core.py:2: jgpt.model.core imports inference.engine: "
@@ -100,6 +104,9 @@ def test_each_kind_of_bend_is_refused_with_its_file_and_line(tmp_path):
             f"experiments/lab.py:3: experiments.lab imports experiments.commands.demo: {face}",
             "training/__init__.py:1: training imports experiments.lab: training may import only "
             + ", ".join(package_layers.MAY_IMPORT["training"]),
+            f"experiments/commands/demo.py:1: experiments.commands.demo imports training: {cycle}",
+            f"training/__init__.py:1: training imports experiments.lab: {cycle_from_training}",
+            f"experiments/lab.py:3: experiments.lab imports experiments.commands.demo: {cycle_from_lab}",
         ]
     )
 
@@ -116,6 +123,30 @@ def test_a_private_name_read_through_a_module_is_refused(tmp_path):
     assert package_layers.violations(root) == [
         "kvsim/b.py:3: kvsim.b imports kvsim.a._inner: a name with a leading underscore is private to its module"
     ]
+
+
+def test_every_import_on_a_cycle_is_refused_with_the_shortest_cycle_through_it(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "kvsim/__init__.py": "from kvsim.a import run\nfrom kvsim.e import version\n",
+            "kvsim/a.py": "from kvsim import b\n\n\ndef run():\n    from kvsim.c import step\n",  # lazy, still an edge
+            "kvsim/b.py": "import kvsim.c\n",
+            "kvsim/c.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import kvsim.a\n",
+            "kvsim/d.py": "from kvsim import a\n",  # imports into the circle, on no cycle itself
+            "kvsim/e.py": "from kvsim import run\n\nversion = 1\n",  # a name of the package: its __init__
+        },
+    )
+    assert sorted(package_layers.violations(root)) == sorted(
+        [
+            "kvsim/__init__.py:2: kvsim imports kvsim.e: import cycle kvsim -> kvsim.e -> kvsim",
+            "kvsim/e.py:1: kvsim.e imports kvsim: import cycle kvsim.e -> kvsim -> kvsim.e",
+            "kvsim/a.py:1: kvsim.a imports kvsim.b: import cycle kvsim.a -> kvsim.b -> kvsim.c -> kvsim.a",
+            "kvsim/a.py:5: kvsim.a imports kvsim.c: import cycle kvsim.a -> kvsim.c -> kvsim.a",
+            "kvsim/b.py:1: kvsim.b imports kvsim.c: import cycle kvsim.b -> kvsim.c -> kvsim.a -> kvsim.b",
+            "kvsim/c.py:4: kvsim.c imports kvsim.a: import cycle kvsim.c -> kvsim.a -> kvsim.c",
+        ]
+    )
 
 
 def test_the_committed_page_is_what_the_generator_writes():

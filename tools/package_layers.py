@@ -191,7 +191,45 @@ def violations(root: Path = ROOT) -> list[str]:
     for module, path in found.items():
         for use in private_uses(module, path, known):
             refuse(use, "a name with a leading underscore is private to its module")
+    for edge, cycle in cycles(edges, known):
+        refuse(edge, f"import cycle {' -> '.join(cycle)}")
     return list(dict.fromkeys(problems))
+
+
+def cycles(edges: list[Import], known: set[str]) -> list[tuple[Import, list[str]]]:
+    """Every import between modules of the tree that lies on a cycle of imports, with the shortest cycle through
+    it (`[a, b, ..., a]`). A circle of modules only loads in one order, or through an import hidden in a function;
+    each of its imports is listed, so the one to move is named wherever it is."""
+    graph: dict[str, set[str]] = {}
+    for edge in edges:
+        if edge.target in known:
+            graph.setdefault(edge.module, set()).add(edge.target)
+    found = []
+    for edge in edges:
+        back = _shortest_path(edge.target, edge.module, graph) if edge.target in known else None
+        if back is not None:
+            found.append((edge, [edge.module, *back]))
+    return found
+
+
+def _shortest_path(start: str, end: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """The modules from `start` to `end` along imports, fewest first (breadth first, in name order), or None."""
+    previous: dict[str, str | None] = {start: None}
+    frontier = [start]
+    while frontier and end not in previous:
+        following = []
+        for module in frontier:
+            for target in sorted(graph.get(module, ())):
+                if target not in previous:
+                    previous[target] = module
+                    following.append(target)
+        frontier = following
+    if end not in previous:
+        return None
+    path = [end]
+    while (before := previous[path[-1]]) is not None:
+        path.append(before)
+    return path[::-1]
 
 
 def _reached(start: str, edges: list[Import], refused: tuple[str, ...]) -> str | None:
