@@ -23,10 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from experiments.arm_recording import Recording, generation_of
 from experiments.controls import chosen
-from experiments.experiment_execution import Recording, dumps, file_entry, generation_of, verified_file
 from experiments.experiment_spec import ExecutionSpec
 from experiments.lab_workload import LabWorkload
+from experiments.record_files import dumps, file_entry, verified_file
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.json_input import parse_json
 from jgpt.foundation.validation import is_integer, is_number
@@ -86,7 +87,8 @@ def decoding_arm(
 
 
 def _decode(execution: ExecutionSpec, recording: Recording, workload: LabWorkload, kernels: Kernels) -> dict[str, Any]:
-    from experiments.engine_serving import model_execution, served_requests  # jax: only when an arm decodes
+    # Start-up cost only: these import jax, which a replay never needs; an arm that decodes does.
+    from experiments.engine_serving import model_execution, served_requests
     from inference.generation import generate
     from inference.speculative import PROMPT_LOOKUP, PromptLookup, check_draft, generate_speculative
 

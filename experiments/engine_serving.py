@@ -9,7 +9,7 @@ client would send, at its declared arrival.
 Each served run is a measured-run document (`inference/measured_run.py`,
 docs/measured-run.md): wall-clock latencies with kvsim's field names. The engine
 compiles every program it can need before its clock starts. This module imports
-jax; `experiment_execution` imports it only when a lab has engine or calibrated arms.
+jax; the arm modules import it only when an arm is served, decoded or calibrated.
 """
 
 from __future__ import annotations

@@ -29,9 +29,11 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from experiments.experiment_execution import named_paths, replay, summary, verified_file
+from experiments.experiment_replay import replay
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
+from experiments.record_files import named_paths, verified_file
+from experiments.record_summary import summary
 from experiments.report_figures import draw_plots, simulated_arms
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.identity import write_atomically

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.experiment_execution import Recording
+from experiments.arm_recording import Recording
 from experiments.experiment_spec import ExecutionSpec
 from experiments.lab_workload import LabRequest, LabWorkload
 from inference.evidence import tensor_observations

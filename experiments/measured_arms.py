@@ -18,19 +18,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from experiments.arm_recording import INFERENCE_CONTROLS, Recording, generation_of, recording_key
 from experiments.controls import chosen
 from experiments.experiment_design import ExperimentDesign
-from experiments.experiment_execution import (
-    INFERENCE_CONTROLS,
-    Recording,
-    dumps,
-    file_entry,
-    generation_of,
-    recording_key,
-    verified_file,
-)
 from experiments.experiment_spec import ExecutionSpec
 from experiments.lab_workload import LabWorkload
+from experiments.record_files import dumps, file_entry, verified_file
 from experiments.record_integrity import check_measured_run
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.json_input import parse_json
@@ -52,7 +45,8 @@ def engine_arm(
 ) -> dict[str, Any]:
     """Serve the arm on the InferenceEngine under the kernel plan `kernels`; its outcomes are the measured totals
     (kvsim's field names)."""
-    from experiments.engine_serving import serve  # jax: only when an arm runs on the engine
+    # Start-up cost only: the engine imports jax, which a replay never needs; an arm served on it does.
+    from experiments.engine_serving import serve
 
     measured = serve(
         recording.model["model_id"],
@@ -94,6 +88,7 @@ def calibrate(
 ) -> dict[str, Any]:
     """Serve the calibration workload on the engine under each planned system and the kernel plan `kernels`, and
     fit kvsim's service to it."""
+    # Start-up cost only: both import jax, which a replay never needs; a calibration serves and records.
     from experiments.engine_serving import serve
     from experiments.lab_recording import record_workload
 

@@ -13,6 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.inference_map import default_inference_map, draw  # noqa: E402
+from experiments.record_files import verified_file  # noqa: E402
+from experiments.record_summary import summary  # noqa: E402
 from jgpt.foundation.json_input import parse_json  # noqa: E402
 
 PHASE_COLORS = {"prefill": "#2563eb", "decode": "#16a34a"}
@@ -33,8 +35,6 @@ DECODED = (  # a generate arm's row (experiments/decoding_arms.py)
 
 
 def draw_plots(record: Mapping[str, Any], out: Path) -> list[Path]:
-    from experiments.experiment_execution import summary, verified_file
-
     plots = Path(out) / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     written = [_arms(summary(record), plots / "arms.png"), draw(default_inference_map(), plots / "inference-map.png")]

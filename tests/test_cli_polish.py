@@ -167,7 +167,7 @@ def test_kvsim_summary_prints_human_units(capsys):
 
 def test_lab_summary_prints_human_units_and_json_keeps_the_numbers(lab_run, capsys):
     from experiments.commands.lab import summary_text
-    from experiments.experiment_execution import summary
+    from experiments.record_summary import summary
 
     assert cli.main(["lab", "replay", str(lab_run.directory / "record.json"), "--json"]) == 0
     checked = json.loads(capsys.readouterr().out)

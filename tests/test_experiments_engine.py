@@ -14,8 +14,11 @@ import shutil
 import pytest
 
 from experiments.experiment_design import ExperimentDesign, default_catalog
-from experiments.experiment_execution import _simulate, replay, resolve, run_lab, summary
+from experiments.experiment_execution import resolve, run_lab
+from experiments.experiment_replay import replay
+from experiments.kvsim_arms import simulate_arm
 from experiments.record_integrity import check_measured_run
+from experiments.record_summary import summary
 from jgpt.foundation.errors import ApiError
 from kvsim.cache_run import record_json
 from kvsim.calibration import fit, read_measured_run
@@ -113,7 +116,7 @@ def test_calibrated_arm_is_fitted_out_of_sample_and_resimulates_byte_for_byte(fi
         assert batches == ([1] if "serialized" in arm["label"] else [1, 2, 4])  # the engine's plan for this arm
         document = json.loads((directory / record["recordings"][0]["computations"]["path"]).read_bytes())
         execution = resolve(LAB.arms()[record["arms"].index(arm)].execution, fidelity_defaults.execution)
-        run = _simulate(execution, document, LAB.workload, LAB, record["calibration"]["fragment"])
+        run = simulate_arm(execution, document, LAB.workload, LAB, record["calibration"]["fragment"])
         assert record_json(run) == (directory / arm["cache_run"]["path"]).read_bytes()
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from experiments.experiment_design import default_catalog
-from experiments.experiment_execution import replay, run_lab
+from experiments.experiment_execution import run_lab
+from experiments.experiment_replay import replay
 from experiments.html_report import write_report
 from experiments.inspection import Inspectable
 from jgpt.foundation.errors import ApiError

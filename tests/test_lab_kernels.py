@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from experiments.experiment_execution import replay
+from experiments.experiment_replay import replay
 from inference.execution import ModelExecution
 from jgpt.artifacts.catalog import load_model, read_catalog
 from jgpt.cli import main as cli

@@ -212,7 +212,8 @@ def test_path_confinement_safetensors_index_shards(tmp_path, shard):
 
 def test_path_confinement_lab_record_file_entries(tmp_path):
     """A record naming ../ or an absolute path is refused before the file is read, naming the entry."""
-    from experiments.experiment_execution import dumps, replay
+    from experiments.experiment_replay import replay
+    from experiments.record_files import dumps
 
     lab = json.loads(Path("experiments/labs/admission-slots-latency.json").read_text())
     (tmp_path / "outside.json").write_text("{}")

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from experiments.experiment_execution import dumps, replay
+from experiments.experiment_replay import replay
+from experiments.record_files import dumps
 from experiments.record_integrity import model_bindings
 from jgpt.foundation.errors import ApiError
 from tests.hostile import FUZZ, assert_refused, mutated_json, run_jgpt
@@ -211,7 +212,7 @@ def test_record_integrity_an_inspected_request_id_that_is_not_a_string_is_refuse
 
 
 def test_record_integrity_file_entries_are_bounded_and_sized_before_reading(lab_run, tmp_path):
-    from experiments.experiment_execution import RECORD_FILE_LIMIT
+    from experiments.record_files import RECORD_FILE_LIMIT
 
     for name, bytes_ in (("huge", RECORD_FILE_LIMIT + 1), ("short", 10)):
         path = _edited(lab_run, tmp_path / name, lambda d, r: r["recordings"][0]["computations"].update(bytes=bytes_))

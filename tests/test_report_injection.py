@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.experiment_execution import _execution_id, dumps
+from experiments.experiment_record import execution_id
 from experiments.generation_defaults import generation_defaults
 from experiments.html_report import write_report
+from experiments.record_files import dumps
 from tests.test_experiments_run import _chromium
 
 MARKED = r"<body[^>]* data-pwned="  # what a payload that ran leaves in the DOM
@@ -47,7 +48,7 @@ def _rewrite(directory: Path, record: dict) -> Path:
     from experiments.experiment_design import ExperimentDesign
 
     lab = ExperimentDesign.from_json(record["lab"], "lab")
-    record["id"] = _execution_id(
+    record["id"] = execution_id(
         lab, record["arms"], record["recordings"], lab.workload or generation_defaults().workload
     )
     (directory / "record.json").write_bytes(dumps(record))

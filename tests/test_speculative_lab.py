@@ -14,7 +14,8 @@ import pytest
 
 from experiments.commands.lab import summary_text
 from experiments.experiment_design import ExperimentDesign, default_catalog
-from experiments.experiment_execution import replay, run_lab
+from experiments.experiment_execution import run_lab
+from experiments.experiment_replay import replay
 from jgpt.foundation.errors import ApiError
 
 from conftest import lab_defaults, tiny_model

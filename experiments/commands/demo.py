@@ -20,9 +20,10 @@ def main(command: str, argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="directory for the lab's record and report")
     parser.add_argument("--lab", default=DEFAULT_LAB, help=f"lab to run (default: {DEFAULT_LAB})")
     args = parser.parse_args(argv)
-
+    # Start-up cost only: `--help` and a refused argument answer before jax and the model load.
     from experiments.experiment_design import default_catalog
-    from experiments.experiment_execution import replay, run_lab
+    from experiments.experiment_execution import run_lab
+    from experiments.experiment_replay import replay
     from experiments.generation_defaults import generation_defaults
     from experiments.lab_recording import record_workload
     from jgpt.artifacts.artifact import TOKENIZER

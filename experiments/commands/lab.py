@@ -54,7 +54,7 @@ def _lab(command: str, argv: list[str]) -> int:
     replayed.add_argument("--json", action="store_true", help="print what was checked as JSON")
     args = parser.parse_args(argv)
     if args.action == "replay":
-        from experiments.experiment_execution import replay
+        from experiments.experiment_replay import replay
         from experiments.record_integrity import model_bindings
 
         record = replay(args.record)
@@ -111,7 +111,8 @@ def _lab(command: str, argv: list[str]) -> int:
         with progress.stage("starting jax"):  # the run's first seconds, before it records anything
             import jax  # noqa: F401
 
-            from experiments.experiment_execution import run_lab, summary
+            from experiments.experiment_execution import run_lab
+            from experiments.record_summary import summary
             from jgpt.kernels.plan import Kernels
 
         outcome = run_lab(lab, args.out, report=not args.no_report, kernels=Kernels.named(args.kernels))
