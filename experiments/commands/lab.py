@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import textwrap
 from pathlib import Path
 
-from experiments.experiment_design import ExperimentDesign, default_catalog
+from experiments.experiment_design import ExperimentCatalog, ExperimentDesign, default_catalog
 from jgpt.foundation import progress
 from jgpt.foundation.command_line import ArgumentParser
 from jgpt.foundation.output_paths import output_directory, output_file
@@ -18,15 +19,41 @@ def main(command: str, argv: list[str]) -> int:
 
 
 def _lab(command: str, argv: list[str]) -> int:
+    args = _lab_parser(command).parse_args(argv)
+    if args.action == "replay":
+        return _replay(args.record, as_json=args.json)
+    catalog = default_catalog()
+    if args.action == "list":
+        return _list(catalog, as_json=args.json)
+    lab = catalog.lab(args.id)
+    if args.action == "show":
+        print(json.dumps(lab.to_json(), indent=1) if args.json else describe(lab))
+        return 0
+    return _run(lab, args)
+
+
+def _lab_parser(command: str) -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog=f"jgpt {command}", description="List, explain and run the labs of the experiment catalog."
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for add in (_add_list, _add_show, _add_run, _add_replay):  # the order `jgpt lab --help` lists them in
+        add(actions)
+    return parser
+
+
+def _add_list(actions) -> None:
     listed = actions.add_parser("list", help="every lab: id, status and question")
     listed.add_argument("--json", action="store_true", help="print every lab's id, status and question as JSON")
+
+
+def _add_show(actions) -> None:
     show = actions.add_parser("show", help="one lab's question, controls, contract and sources")
     show.add_argument("id", metavar="ID", help="a lab id from `jgpt lab list`")
     show.add_argument("--json", action="store_true", help="print the lab file's validated JSON")
+
+
+def _add_run(actions) -> None:
     run = actions.add_parser(
         "run",
         help="run a lab end to end and write its record, summary and plots",
@@ -47,64 +74,65 @@ def _lab(command: str, argv: list[str]) -> int:
     run.add_argument("--no-report", action="store_true", help="skip writing report.html")
     run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
+
+
+def _add_replay(actions) -> None:
     replayed = actions.add_parser(
         "replay", help="check a record against its files and simulate every arm again", description=REPLAY_PROVES
     )
     replayed.add_argument("record", type=Path, metavar="RECORD.json", help="record.json written by `jgpt lab run`")
     replayed.add_argument("--json", action="store_true", help="print what was checked as JSON")
-    args = parser.parse_args(argv)
-    if args.action == "replay":
-        from experiments.experiment_replay import replay
-        from experiments.record_integrity import model_bindings
 
-        record = replay(args.record)
-        notes = model_bindings(record)
-        measured = sum("measured_run" in arm for arm in record["arms"])
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "id": record["id"],
-                        "arms_replayed": len(record["arms"]) - measured,
-                        "measured_runs_checked": measured,
-                        "notes": notes,
-                    },
-                    indent=1,
-                )
-            )
-            return 0
-        simulated = f"{len(record['arms']) - measured} arms replayed byte for byte"
-        checked = f", {measured} engine arms' measured runs checked (not re-measured)" if measured else ""
-        print(
-            f"{record['id']}: {simulated}{checked}; id, bindings, provenance and "
-            f"observed sequences derive from the recorded computations"
-        )
-        for note in notes:
-            print(note)
+
+def _replay(record_path: Path, *, as_json: bool) -> int:
+    # Start-up cost only: `lab list` and `lab show` load none of what a replay reads records with.
+    from experiments.experiment_replay import replay
+    from experiments.record_integrity import model_bindings
+
+    record = replay(record_path)
+    notes = model_bindings(record)
+    measured = sum("measured_run" in arm for arm in record["arms"])
+    if as_json:
+        checked = {
+            "id": record["id"],
+            "arms_replayed": len(record["arms"]) - measured,
+            "measured_runs_checked": measured,
+            "notes": notes,
+        }
+        print(json.dumps(checked, indent=1))
         return 0
-    catalog = default_catalog()
-    if args.action == "list":
-        if args.json:
-            labs = [
-                {
-                    "id": lab.id,
-                    "planned": lab.planned,
-                    "arms": 0 if lab.planned else len(lab.arms()),
-                    "question": lab.question,
-                }
-                for lab in catalog.experiments
-            ]
-            print(json.dumps(labs, indent=1))
-            return 0
-        width = max(len(lab.id) for lab in catalog.experiments)
-        for lab in catalog.experiments:
-            status = "planned" if lab.planned else f"{len(lab.arms())} arm{'s' * (len(lab.arms()) > 1)}"
-            print(f"{lab.id:<{width}}  {status:<8}  {lab.question}")
+    simulated = f"{len(record['arms']) - measured} arms replayed byte for byte"
+    checked_runs = f", {measured} engine arms' measured runs checked (not re-measured)" if measured else ""
+    print(
+        f"{record['id']}: {simulated}{checked_runs}; id, bindings, provenance and "
+        f"observed sequences derive from the recorded computations"
+    )
+    for note in notes:
+        print(note)
+    return 0
+
+
+def _list(catalog: ExperimentCatalog, *, as_json: bool) -> int:
+    if as_json:
+        labs = [
+            {
+                "id": lab.id,
+                "planned": lab.planned,
+                "arms": 0 if lab.planned else len(lab.arms()),
+                "question": lab.question,
+            }
+            for lab in catalog.experiments
+        ]
+        print(json.dumps(labs, indent=1))
         return 0
-    lab = catalog.lab(args.id)
-    if args.action == "show":
-        print(json.dumps(lab.to_json(), indent=1) if args.json else describe(lab))
-        return 0
+    width = max(len(lab.id) for lab in catalog.experiments)
+    for lab in catalog.experiments:
+        status = "planned" if lab.planned else f"{len(lab.arms())} arm{'s' * (len(lab.arms()) > 1)}"
+        print(f"{lab.id:<{width}}  {status:<8}  {lab.question}")
+    return 0
+
+
+def _run(lab: ExperimentDesign, args: argparse.Namespace) -> int:
     lab.refuse_if_planned()
     output_directory(args.out, "--out")
     with progress.shown(args.quiet):
