@@ -45,16 +45,17 @@ from kvsim.workload import (
 )
 
 if TYPE_CHECKING:
-    from kvsim.calibration import WORK_KINDS, MeasuredRun, fit, fitted_terms, merge_service, read_measured_run
+    from kvsim.calibration import fit, fitted_terms, merge_service
     from kvsim.fidelity import compare
+    from kvsim.measured_run import WORK_KINDS, MeasuredRun, read_measured_run
 
 _ON_FIRST_USE = {
-    "MeasuredRun": "kvsim.calibration",
-    "WORK_KINDS": "kvsim.calibration",
+    "MeasuredRun": "kvsim.measured_run",
+    "WORK_KINDS": "kvsim.measured_run",
     "fit": "kvsim.calibration",
     "fitted_terms": "kvsim.calibration",
     "merge_service": "kvsim.calibration",
-    "read_measured_run": "kvsim.calibration",
+    "read_measured_run": "kvsim.measured_run",
     "compare": "kvsim.fidelity",
 }
 

@@ -1,7 +1,7 @@
 """Calibration: fit the calibrated ComputeService and StateTransfer to an InferenceEngine's measured works.
 
 `jgpt kvsim calibrate MEASURED.json [...] --out SERVICE.json` reads measured-run
-documents (docs/measured-run.md), fits each kind of work's latency terms by
+documents (docs/measured-run.md; kvsim.measured_run), fits each kind of work's latency terms by
 non-negative least squares (numpy only; kvsim stays jax-free), and writes a
 system fragment: `{"compute_service", "transfer", "calibration"}`, whose keys
 replace the same keys of a system (`merge_service`). The terms and what they
@@ -12,18 +12,14 @@ times, which a simulation draws each work's multiplier from.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jgpt.foundation import validation
 from jgpt.foundation.errors import ApiError
-from jgpt.foundation.identity import read_bytes
-from kvsim.cache_run import load_json
 from kvsim.compute_service import (
     AFTER_OTHER_US,
     CALIBRATED,
@@ -34,12 +30,8 @@ from kvsim.compute_service import (
     SIZE_TERMS,
     term_names,
 )
-from kvsim.system import parse_system
-from kvsim.workload import parse_workload
+from kvsim.measured_run import MeasuredRun, after_other, finishes, host_gaps, idle_us
 
-FORMAT = "jgpt-measured-run"
-VERSION = 1
-WORK_KINDS = (PREFILL, DECODE, "offload", "reload")
 DIRECTIONS = {"offload": DEVICE_TO_HOST, "reload": HOST_TO_DEVICE}
 HOST = "host"  # the fit of the host time before compute works (step overhead) and after a finish
 FINISH, SPREAD, AFTER_OTHER = "finish", "spread", "after_other"
@@ -51,23 +43,6 @@ OPTIONAL_TERMS = (FINISH, SPREAD, AFTER_OTHER)
 SPREAD_POINTS, SPREAD_TAIL = 41, 0.005
 POSITION_BIN = 32  # decode residuals are reported per this many context positions a row held
 SIGNIFICANT_DIGITS = 6  # fitted parameters are written with this many, and read back as those exact decimals
-# A work's wall_us is its end_us - start_us (the engine writes exactly that); a writer that rounds each of the
-# three from its own clock reading may be 1 us off.
-WALL_TOLERANCE_US = 1
-
-
-@dataclass(frozen=True)
-class MeasuredRun:
-    """The parts of a measured-run document that calibration and prediction read."""
-
-    document: dict  # the whole document, as read
-    sha256: str  # of the file's bytes
-    works: tuple[dict, ...]
-    slot_rows: int | None  # rows of the engine's slot state (residuals are reported per rows); None if not given
-    retained_bytes_per_position: int  # KV bytes a finished request retains per position (0: the run retains nothing)
-    slot_capacity: int
-    prefill_window_buckets: tuple[int, ...]
-    decode_batch_buckets: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -85,116 +60,6 @@ class KindFit:
     # per shape (prefill window; decode rows, and the context positions a row held; the engine's slot capacity
     # and slot rows; finishes before a work): (count, (fitted - measured) / measured of the works' total time)
     residuals: dict[str, tuple[int, float]]
-
-
-def load_measured_run(path: Path, field: str) -> MeasuredRun:
-    data = read_bytes(path, field)
-    return read_measured_run(load_json(data, field), hashlib.sha256(data).hexdigest(), field)
-
-
-def read_measured_run(value: Any, sha256: str, field: str = "measured") -> MeasuredRun:
-    top = validation.loose_mapping(
-        value,
-        field,
-        {"format", "version", "execution", "machine", "system", "engine", "workload", "computations", "works",
-         "requests", "totals", "kv_bytes_per_position"},
-    )  # fmt: skip
-    kv_bytes = validation.integer(top["kv_bytes_per_position"], f"{field}.kv_bytes_per_position")
-    if top["format"] != FORMAT:
-        raise ApiError(f"{field}.format", f"expected {FORMAT!r}, got {top['format']!r}")
-    if top["version"] != VERSION:
-        raise ApiError(f"{field}.version", f"kvsim reads version {VERSION}, got {top['version']!r}")
-    execution = validation.loose_mapping(top["execution"], f"{field}.execution", {"backend"})
-    validation.loose_mapping(execution["backend"], f"{field}.execution.backend", set())
-    validation.loose_mapping(top["machine"], f"{field}.machine", set())
-    system = parse_system(top["system"], f"{field}.system")
-    engine = validation.loose_mapping(
-        top["engine"], f"{field}.engine", {"slot_capacity", "prefill_window_buckets", "decode_batch_buckets"}
-    )
-    requests = validation.loose_mapping(top["requests"], f"{field}.requests", set())
-    for request_id, outcome in requests.items():
-        names = ("arrival_us", "prompt_positions", "selected_tokens")
-        outcome = validation.loose_mapping(outcome, f"{field}.requests.{request_id}", set(names))
-        for name in names:
-            validation.integer(outcome[name], f"{field}.requests.{request_id}.{name}")
-    works = tuple(
-        _work(w, f"{field}.works[{i}]") for i, w in enumerate(validation.array(top["works"], f"{field}.works"))
-    )
-    for index, work in enumerate(works):
-        if unknown := [r for r in work["request_ids"] if r not in requests]:
-            raise ApiError(f"{field}.works[{index}].request_ids", f"request {unknown[0]!r} is not in {field}.requests")
-    for index, arrival in enumerate(parse_workload(top["workload"], f"{field}.workload").requests):
-        if arrival.request_id not in requests:
-            raise ApiError(
-                f"{field}.workload.requests[{index}]", f"request {arrival.request_id!r} is not in {field}.requests"
-            )
-    _check_totals(top["totals"], f"{field}.totals")
-    return MeasuredRun(
-        document=top,
-        sha256=sha256,
-        works=works,
-        retained_bytes_per_position=kv_bytes if system.kv_cache.retention_policy == "lru" else 0,
-        slot_rows=validation.integer(engine["slot_rows"], f"{field}.engine.slot_rows", 1)
-        if "slot_rows" in engine
-        else None,
-        slot_capacity=validation.integer(engine["slot_capacity"], f"{field}.engine.slot_capacity", 1),
-        prefill_window_buckets=tuple(
-            validation.integers(engine["prefill_window_buckets"], f"{field}.engine.prefill_window_buckets", 1)
-        ),
-        decode_batch_buckets=tuple(
-            validation.integers(engine["decode_batch_buckets"], f"{field}.engine.decode_batch_buckets", 1)
-        ),
-    )
-
-
-def _check_totals(value: Any, field: str) -> None:
-    """The totals a prediction is compared with: latency percentiles, hit rates, compute busy time."""
-    totals = validation.loose_mapping(value, field, {"latency_us", "hit_rate_device", "hit_rate_host", "token_hit_rate",
-                                                 "compute_busy_us"})  # fmt: skip
-    latency = validation.loose_mapping(totals["latency_us"], f"{field}.latency_us", {"ttft", "tpot", "e2e"})
-    for name in ("ttft", "tpot", "e2e"):
-        percentiles = validation.loose_mapping(latency[name], f"{field}.latency_us.{name}", {"p50", "p90"})
-        for p in ("p50", "p90"):
-            _optional_number(percentiles[p], f"{field}.latency_us.{name}.{p}")
-    for name in ("hit_rate_device", "hit_rate_host", "token_hit_rate"):
-        _optional_number(totals[name], f"{field}.{name}")
-    validation.integer(totals["compute_busy_us"], f"{field}.compute_busy_us")
-
-
-def _optional_number(value: Any, field: str) -> None:
-    if value is not None:
-        validation.number(value, field)
-
-
-def _work(value: Any, field: str) -> dict:
-    work = validation.loose_mapping(
-        value,
-        field,
-        {"kind", "request_ids", "rows", "executed_rows", "window", "reused_positions", "matmul_flops",
-         "logical_memory_bytes", "bytes", "start_us", "end_us", "wall_us"},
-    )  # fmt: skip
-    validation.string(work["kind"], f"{field}.kind", WORK_KINDS)
-    request_ids = validation.array(work["request_ids"], f"{field}.request_ids")
-    if not request_ids:  # every work is done for some request: the fit reads when its requests arrived
-        raise ApiError(f"{field}.request_ids", "must name at least one request")
-    for index, request_id in enumerate(request_ids):
-        validation.string(request_id, f"{field}.request_ids[{index}]")
-    for name in ("rows", "executed_rows", "window", "reused_positions", "matmul_flops", "logical_memory_bytes", "bytes",
-                 "start_us", "end_us", "wall_us"):  # fmt: skip
-        validation.integer(work[name], f"{field}.{name}")
-    # The fit reads wall_us and the idle times between works read start_us and end_us: a work whose wall
-    # contradicts them would be fitted as two different works.
-    start, end, wall = work["start_us"], work["end_us"], work["wall_us"]
-    if end < start or abs(wall - (end - start)) > WALL_TOLERANCE_US:
-        raise ApiError(
-            f"{field}.wall_us",
-            f"{wall} contradicts start_us {start} and end_us {end} (end - start = {end - start}; "
-            f"they may differ by at most {WALL_TOLERANCE_US} us)",
-        )
-    return work
-
-
-# -- the fit -----------------------------------------------------------------------------------------------------
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -226,88 +91,123 @@ def fit(runs: list[MeasuredRun], optional: tuple[str, ...] = OPTIONAL_TERMS) -> 
 
     `optional` names the optional terms to fit (OPTIONAL_TERMS); the others are left out of the fragment, which
     then behaves as a fragment written before they existed."""
-    windows = tuple(sorted({b for run in runs for b in run.prefill_window_buckets}))
-    batches = tuple(sorted({b for run in runs for b in run.decode_batch_buckets}))
-    fits: list[KindFit] = []
-    notes: list[str] = []
-    # The fragment is JSON: each key holds its own kind of value (a model name, terms, bucket lists).
-    compute: dict[str, Any] = {"model": CALIBRATED}
-    spread: dict[str, Any] = {"seed": 0}
+    # With one slot capacity the per-slot terms cannot be told from the fixed ones: they are fit as 0.
+    vary = len({run.slot_capacity for run in runs}) > 1
+    compute_fits, minimum = _compute_fits(runs, vary, AFTER_OTHER in optional)
+    host = host_fit(runs, vary) if FINISH in optional else None
+    finish = None if host is None else _finish_terms(host)
+    compute = _compute_service(runs, compute_fits, minimum, host, finish, SPREAD in optional)
+    transfer_fits = _transfer_fits(runs, finish)
+    transfer, transfer_notes = _transfer(runs, transfer_fits)
+    fragment: dict[str, Any] = {"compute_service": compute}
+    if transfer is not None:
+        fragment["transfer"] = transfer
+    fragment["calibration"] = _calibration(runs)
+    fits = [*compute_fits, *transfer_fits, *([] if host is None else [host])]
+    return fragment, fits, transfer_notes + _source_notes(runs, vary)
+
+
+def _compute_fits(runs: list[MeasuredRun], vary: bool, with_other: bool) -> tuple[list[KindFit], int]:
+    """The fit of each kind of compute work, and the least idle time after which a work runs cold (both kinds
+    share it: `idle_minimum`)."""
     compute_works = {kind: [(w, run.slot_capacity, idle, other) for run in runs
                             for w, idle, other in zip(run.works, idle_us(run), after_other(run), strict=True)
                             if w["kind"] == kind]
                      for kind in (PREFILL, DECODE)}  # fmt: skip
-    with_other = AFTER_OTHER in optional
     shapes = {kind: [_shapes(w) + _engine_shapes(run) for run in runs for w in run.works if w["kind"] == kind]
               for kind in (PREFILL, DECODE)}  # fmt: skip
     if missing := [kind for kind, kind_works in compute_works.items() if not kind_works]:
         raise ApiError("MEASURED", f"no {missing[0]} works to fit")
-    # With one slot capacity the per-slot terms cannot be told from the fixed ones: they are fit as 0.
-    vary = len({run.slot_capacity for run in runs}) > 1
     minimum = idle_minimum(compute_works, vary, with_other)
-    for kind, kind_works in compute_works.items():
-        columns = _columns(kind, kind_works, vary, minimum, with_other)
-        works = [w for w, _, _, _ in kind_works]
-        kind_fit = _fit_kind(kind, _column_names(kind, kind_works, with_other), columns, works, shapes[kind])
-        fits.append(kind_fit)
-        compute[kind] = _nested(kind, kind_fit.terms)
-        spread[kind] = list(kind_fit.spread)
-    finish = host = None
-    if FINISH in optional:
-        host = host_fit(runs, vary)
-        compute["step_overhead_us"] = host.terms["step_overhead_us"]
-        finish = {name: host.terms[f"finish.{name}"] for name in FINISH_TERMS if f"finish.{name}" in host.terms}
-    else:
-        compute["step_overhead_us"] = _round(step_overhead_us(runs))
+    fits = [
+        _fit_kind(kind, _column_names(kind, kind_works, with_other), _columns(kind, kind_works, vary, minimum, with_other),
+                  [w for w, _, _, _ in kind_works], shapes[kind])
+        for kind, kind_works in compute_works.items()
+    ]  # fmt: skip
+    return fits, minimum
+
+
+def _finish_terms(host: KindFit) -> dict[str, float]:
+    """A finish's terms of the host fit, as the fragment's `finish` holds them."""
+    return {name: host.terms[f"finish.{name}"] for name in FINISH_TERMS if f"finish.{name}" in host.terms}
+
+
+def _compute_service(
+    runs: list[MeasuredRun],
+    compute_fits: list[KindFit],
+    minimum: int,
+    host: KindFit | None,
+    finish: dict[str, float] | None,
+    with_spread: bool,
+) -> dict[str, Any]:
+    """The fragment's compute_service: the fitted terms, the engine's buckets and, if fitted, the finish and
+    the spread."""
+    # The fragment is JSON: each key holds its own kind of value (a model name, terms, bucket lists).
+    compute: dict[str, Any] = {"model": CALIBRATED}
+    compute |= {kind_fit.kind: _nested(kind_fit.kind, kind_fit.terms) for kind_fit in compute_fits}
+    compute["step_overhead_us"] = _round(step_overhead_us(runs)) if host is None else host.terms["step_overhead_us"]
     compute["after_idle_min_us"] = minimum
     compute["slot_capacity"] = max(run.slot_capacity for run in runs)
-    compute["prefill_window_buckets"], compute["decode_batch_buckets"] = list(windows), list(batches)
+    compute["prefill_window_buckets"] = sorted({b for run in runs for b in run.prefill_window_buckets})
+    compute["decode_batch_buckets"] = sorted({b for run in runs for b in run.decode_batch_buckets})
     if finish is not None:
         compute[FINISH] = finish
-    if SPREAD in optional:
-        compute[SPREAD] = spread
-    fragment: dict[str, Any] = {"compute_service": compute}
-    transfer: dict[str, dict[str, float]] = {}
-    for kind, direction in DIRECTIONS.items():
+    if with_spread:
+        compute[SPREAD] = {"seed": 0} | {kind_fit.kind: list(kind_fit.spread) for kind_fit in compute_fits}
+    return compute
+
+
+def _transfer_fits(runs: list[MeasuredRun], finish: dict | None) -> list[KindFit]:
+    """The fit of each kind of transfer the runs measured (offload, then reload)."""
+    fits = []
+    for kind in DIRECTIONS:
         # A transfer's time includes the host time before it, as the serving thread spent it, less the host
         # time after a finish that kvsim charges before it.
         works = [w | {"wall_us": gap + w["wall_us"]} for run in runs
                  for gap, w in zip(transfer_gaps(run, finish), run.works, strict=True) if w["kind"] == kind]  # fmt: skip
         if works:
             columns = [[1] * len(works), [w["bytes"] for w in works]]
-            kind_fit = _fit_kind(kind, ("latency_us", "per_byte_us"), columns, works, [()] * len(works))
-            fits.append(kind_fit)
-            transfer[direction] = kind_fit.terms
-    if host is not None:
-        fits.append(host)
+            fits.append(_fit_kind(kind, ("latency_us", "per_byte_us"), columns, works, [()] * len(works)))
+    return fits
+
+
+def _transfer(runs: list[MeasuredRun], transfer_fits: list[KindFit]) -> tuple[dict | None, list[str]]:
+    """The fragment's transfer (None when no transfer was measured: the system's own stays), and notes."""
+    if not transfer_fits:
+        return None, ["no transfers were measured: the fragment leaves the system's transfer as it is"]
+    transfer = {DIRECTIONS[kind_fit.kind]: kind_fit.terms for kind_fit in transfer_fits}
+    notes = []
     if len(transfer) == 1:
         (measured,) = transfer
         other = DEVICE_TO_HOST if measured == HOST_TO_DEVICE else HOST_TO_DEVICE
         transfer[other] = transfer[measured]
         notes.append(f"no {other} transfers were measured: they take the {measured} terms")
-    if transfer:
-        # An engine that says its transfers are synchronous runs them on its serving thread.
-        blocks = any(run.document["engine"].get("transfers") == "synchronous" for run in runs)
-        fragment["transfer"] = (
-            {"model": CALIBRATED}
-            | {d: transfer[d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)}
-            | {"blocks_compute": blocks}
-        )
-    else:
-        notes.append("no transfers were measured: the fragment leaves the system's transfer as it is")
+    # An engine that says its transfers are synchronous runs them on its serving thread.
+    blocks = any(run.document["engine"].get("transfers") == "synchronous" for run in runs)
+    directions = {d: transfer[d] for d in (DEVICE_TO_HOST, HOST_TO_DEVICE)}
+    return {"model": CALIBRATED} | directions | {"blocks_compute": blocks}, notes
+
+
+def _calibration(runs: list[MeasuredRun]) -> dict[str, Any]:
+    """The fragment's calibration: what it was fitted to (the first run's backend and machine)."""
     first = runs[0].document
-    fragment["calibration"] = {
+    return {
         "backend": first["execution"]["backend"],
         "machine": first["machine"],
         "sources": [run.sha256 for run in runs],
         "works": sum(len(run.works) for run in runs),
     }
-    if any(run.document["machine"] != first["machine"] for run in runs[1:]):
+
+
+def _source_notes(runs: list[MeasuredRun], vary: bool) -> list[str]:
+    """What the runs' machines and slot capacities leave the fit unable to tell."""
+    notes = []
+    if any(run.document["machine"] != runs[0].document["machine"] for run in runs[1:]):
         notes.append("the measured runs come from different machines; the calibration names the first")
     if not vary:
         notes.append(f"every run had {runs[0].slot_capacity} slots, so per_slot_us is 0 and the fixed times hold the "
                      "slots' share: calibrate on runs of two slot capacities to predict others")  # fmt: skip
-    return fragment, fits, notes
+    return notes
 
 
 def fitted_terms(fragment: Any) -> tuple[str, ...]:
@@ -449,59 +349,11 @@ def _shape_order(shape: str) -> tuple[str, int]:
     return name, int(number.rstrip("+"))
 
 
-def host_gaps(run: MeasuredRun) -> list[int]:
-    """Per work, in the order the engine's serving thread ran them: the host time it spent before the work.
-
-    That is the time from when the thread could have started it (the end of what it ran before, or the
-    arrival of the work's last request if later) to its start: scheduling and bookkeeping (admission,
-    retaining a finished request's state, the read of selected ids), never idle time.
-    """
-    requests = run.document["requests"]
-    gaps, previous = [], 0
-    for work in run.works:
-        ready = max(previous, *(requests[r]["arrival_us"] for r in work["request_ids"]))
-        gaps.append(max(0, work["start_us"] - ready))
-        previous = work["end_us"]
-    return gaps
-
-
-def after_other(run: MeasuredRun) -> list[int]:
-    """Per work, in the serving thread's order: 1 if the thread ran another kind of work or a transfer just
-    before it, else 0 (the first work, or one after a work of its own kind)."""
-    kinds = [w["kind"] for w in run.works]
-    return [int(index > 0 and kinds[index - 1] != kind) for index, kind in enumerate(kinds)]
-
-
-def idle_us(run: MeasuredRun) -> list[int]:
-    """Per work, in the serving thread's order: how long the engine had been idle when it started, from the
-    end of everything the thread ran before it to the arrival of its last request (0: it was busy)."""
-    requests = run.document["requests"]
-    idle, previous = [], -1
-    for work in run.works:
-        idle.append(max(0, max(requests[r]["arrival_us"] for r in work["request_ids"]) - previous))
-        previous = work["end_us"]
-    return idle
-
-
 def step_overhead_us(runs: list[MeasuredRun]) -> float:
     """Mean host time before a compute work (the host time before a transfer is the transfer's): the step
     overhead of a fit without the `finish` term."""
     gaps = [g for run in runs for g, w in zip(host_gaps(run), run.works, strict=True) if w["kind"] in (PREFILL, DECODE)]
     return float(np.mean(gaps)) if gaps else 0.0
-
-
-def finishes(run: MeasuredRun) -> list[tuple[int, int]]:
-    """Per work, in the serving thread's order: (requests that ended with it, the bytes of the states they
-    retain). A request ends with the last compute work it took part in; it retains every position it
-    computed (a sequence already retained, rarely, is counted too) unless the run retains nothing."""
-    last = {r: index for index, w in enumerate(run.works) if w["kind"] in (PREFILL, DECODE) for r in w["request_ids"]}
-    ended = [(0, 0) for _ in run.works]
-    for request_id, index in last.items():
-        outcome = run.document["requests"][request_id]
-        computed = outcome["prompt_positions"] + max(0, outcome["selected_tokens"] - 1)
-        count, size = ended[index]
-        ended[index] = (count + 1, size + computed * run.retained_bytes_per_position)
-    return ended
 
 
 def _finish_samples(run: MeasuredRun) -> list[tuple[int, int, int]]:

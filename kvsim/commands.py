@@ -404,8 +404,9 @@ def _view(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _fidelity(args: argparse.Namespace) -> int:
     """calibrate and predict (numpy fits the parameters, so it is imported only here)."""
-    from kvsim.calibration import OPTIONAL_TERMS, fit, fit_table, load_measured_run, read_service
+    from kvsim.calibration import OPTIONAL_TERMS, fit, fit_table, read_service
     from kvsim.fidelity import compare, comparison_table, predicted_inputs, predicted_totals, spread_seeds
+    from kvsim.measured_run import load_measured_run
 
     if args.action == "calibrate":
         output_file(args.out, "--out", args.measured)

@@ -24,7 +24,7 @@ import numpy as np
 
 from kvsim import engine
 from kvsim.cache_run import CacheRun, record_outcomes, simulate
-from kvsim.calibration import MeasuredRun, host_gaps, merge_service
+from kvsim.calibration import merge_service
 from kvsim.compute_service import (
     DECODE,
     DEVICE_TO_HOST,
@@ -34,6 +34,7 @@ from kvsim.compute_service import (
     CalibratedComputeService,
     CalibratedTransfer,
 )
+from kvsim.measured_run import MeasuredRun, host_gaps
 from kvsim.recorded import parse_document
 from kvsim.system import parse_system
 from kvsim.workload import RequestArrival, Workload, parse_interaction, parse_workload, resolve_workload

@@ -21,7 +21,8 @@ from experiments.record_integrity import check_measured_run
 from experiments.record_summary import summary
 from jgpt.foundation.errors import ApiError
 from kvsim.cache_run import record_json
-from kvsim.calibration import fit, read_measured_run
+from kvsim.calibration import fit
+from kvsim.measured_run import read_measured_run
 from tests.test_experiments_run import _chromium
 
 from conftest import lab_defaults, tiny_model

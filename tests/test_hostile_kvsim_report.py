@@ -36,7 +36,7 @@ from jgpt.foundation.errors import ApiError
 from jgpt.foundation.validation import LIMIT
 from kvsim import commands, traces
 from kvsim.cache_run import load_json
-from kvsim.calibration import WALL_TOLERANCE_US
+from kvsim.measured_run import WALL_TOLERANCE_US
 from kvsim.recorded import parse_document
 
 from hostile import FUZZ, assert_clean, assert_refused, extreme_numbers, mutated_json, run_jgpt

@@ -23,18 +23,13 @@ from jgpt.foundation.errors import ApiError
 from kvsim import parse_document, parse_system, record_json, record_value, rerun, simulate
 from kvsim.analytic import AnalyticModel, analytic_computations
 from kvsim.calibration import (
-    FORMAT,
     SPREAD_POINTS,
     SPREAD_TAIL,
-    finishes,
     fit,
     fitted_terms,
     host_fit,
-    host_gaps,
-    idle_us,
     merge_service,
     nnls,
-    read_measured_run,
     step_overhead_us,
 )
 from kvsim.compute_service import (
@@ -45,6 +40,7 @@ from kvsim.compute_service import (
     compute_service_json,
 )
 from kvsim.fidelity import compare, noise_band, predict, predicted_totals
+from kvsim.measured_run import FORMAT, finishes, host_gaps, idle_us, read_measured_run
 from kvsim.recorded import document_json
 from kvsim.synthetic import conversations
 from kvsim.system import system_json

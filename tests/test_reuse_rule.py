@@ -24,8 +24,8 @@ from inference.recorded_computations import record
 from jgpt.artifacts.catalog import load_model, read_catalog
 from jgpt.tokenizers.framing import Turn
 from kvsim import parse_document, parse_system, record_value, simulate
-from kvsim.calibration import read_measured_run
 from kvsim.fidelity import compare, replay
+from kvsim.measured_run import read_measured_run
 
 BUDGET = 12
 # (conversation, user turns); "fig" opens exactly as "kiwi" does.
