@@ -31,9 +31,10 @@ from kvsim.cache_run import (
 from kvsim.compute_service import SPREAD_REPEATS
 from kvsim.inputs import load_input
 from kvsim.perfetto import trace_chunks
-from kvsim.record_lines import StreamedRun, is_streamed, pulled, replay_lines, streamed_view, whole_view, write_lines
+from kvsim.record_lines import StreamedRun, is_streamed, pulled, streamed_view, whole_view, write_lines
 from kvsim.record_view import check_viewable
 from kvsim.recorded import RecordedComputations, document_json, parse_document
+from kvsim.streamed_replay import replay_lines
 from kvsim.summary import summary_table
 from kvsim.synthetic import REQUEST_LIMIT, conversations
 

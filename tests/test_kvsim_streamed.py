@@ -19,9 +19,10 @@ from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKin
 from kvsim.cache_run import dumps_without_floats
 from kvsim.outcomes import RequestOutcome, Status
 from kvsim.perfetto import trace_chunks
-from kvsim.record_lines import _rows, pulled, read_lines, replay_lines, streamed_view, whole_view, write_lines
+from kvsim.record_lines import _rows, pulled, read_lines, streamed_view, whole_view, write_lines
 from kvsim.record_view import check_viewable
 from kvsim.recorded import request_json
+from kvsim.streamed_replay import replay_lines
 from kvsim.synthetic import ConversationMix, arriving, conversations
 
 MODEL = AnalyticModel(layers=1, width=16, ffn=32, vocabulary=260, precision_bytes=4)
