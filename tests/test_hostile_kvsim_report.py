@@ -34,7 +34,7 @@ from experiments.html_report import PLOT_BYTE_LIMIT, PLOT_PIXEL_LIMIT, PLOT_SIDE
 from experiments.report_figures import draw_plots, simulated_arms
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.validation import LIMIT
-from kvsim import commands, traces
+from kvsim import analytic_documents, commands, traces
 from kvsim.cache_run import load_json
 from kvsim.measured_run import WALL_TOLERANCE_US
 from kvsim.recorded import parse_document
@@ -505,7 +505,7 @@ def test_a_document_error_outside_a_request_is_named_by_the_option(tmp_path, mon
     def refuse(document, field="computations"):
         raise ApiError("computations.kv_bytes_per_position", "refused")
 
-    monkeypatch.setattr(commands, "parse_document", refuse)
+    monkeypatch.setattr(analytic_documents, "parse_document", refuse)
     line = assert_refused(["kvsim", "synthesize", "--requests", "2", "--out", tmp_path / "c.json"],
                           watch=[tmp_path], field="--requests")  # fmt: skip
     assert "makes a document kvsim refuses: computations.kv_bytes_per_position: refused" in line, line

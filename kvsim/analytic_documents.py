@@ -1,0 +1,81 @@
+"""The recorded computation documents `kvsim import-trace` and `kvsim synthesize` write: analytic counts.
+
+The analytic model's sizes are bounded as `import-hf` bounds a config's, and so are the counts it gives
+one request (`bounded_model`). A document is written only once kvsim's own reader has accepted it
+(`document_bytes`); a refusal of a document converted from a trace names the trace line and column the
+refused value came from (`trace_field`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from jgpt.foundation.errors import ApiError
+from jgpt.foundation.identity import READ_LIMIT
+from jgpt.foundation.validation import LIMIT
+from kvsim import traces
+from kvsim.analytic import AnalyticModel
+from kvsim.recorded import RecordedComputations, document_json, parse_document
+
+# The analytic model's sizes, as `import-hf` bounds a config's (jgpt.artifacts.hf_import.DIMENSION_LIMIT); their
+# products are bounded too (`bounded_model`).
+DIMENSION_LIMIT = 1 << 20
+PRECISION_BYTES_LIMIT = 8  # float64
+MODEL_SIZES = ("layers", "width", "ffn", "vocabulary", "precision_bytes", "context")  # AnalyticModel's fields
+_REQUEST_MEMBER = re.compile(r"^computations\.requests\[(\d+)\]\.([a-z_]+)")
+
+Naming = Callable[[ApiError], ApiError | None]  # a refusal of the document, named where its value came from
+
+
+def bounded_model(sizes: dict[str, int]) -> AnalyticModel:
+    """The analytic model of `sizes` (MODEL_SIZES, as the options name them); refused when a count it gives
+    one request is past what kvsim reads."""
+    model = AnalyticModel(**sizes)
+    # The largest counts: a whole context's prefill FLOPs (more than any one position's or decode step's; a
+    # position's grow by the same step each) and a decode step's bytes at the last position (every weight and
+    # the whole context's KV).
+    context, first = model.context, model.position_flops(0)
+    flops = first * context + (model.position_flops(1) - first) * context * (context - 1) // 2 + model.logits_flops
+    memory = model.weight_bytes + model.context * model.kv_bytes_per_position
+    if max(flops, memory) > LIMIT:
+        options = " ".join(f"--{name.replace('_', '-')} {sizes[name]}" for name in MODEL_SIZES)
+        raise ApiError(
+            "analytic model",
+            f"{options} give a request {flops} FLOPs and {memory} bytes, past the 2^53 kvsim reads; choose "
+            "smaller sizes",
+        )
+    return model
+
+
+def document_bytes(computations: RecordedComputations, field: str, named: Naming | None = None) -> bytes:
+    """The document's bytes, once kvsim's own reader has accepted them (what an import writes, `kvsim run` must
+    read): a refusal names where the refused value came from (`named(error)`), else `field`."""
+    document = document_json(computations)
+    try:
+        parse_document(document)
+    except ApiError as error:
+        named_error = None if named is None else named(error)
+        raise named_error or ApiError(field, f"makes a document kvsim refuses: {error}") from None
+    data = json.dumps(document, separators=(",", ":")).encode() + b"\n"
+    if len(data) > READ_LIMIT:
+        raise ApiError(field, f"makes a {len(data)}-byte document, more than the {READ_LIMIT} kvsim reads")
+    return data
+
+
+def trace_field(trace: traces.Trace, form: str) -> Naming:
+    """A refusal of the converted document as the trace line and column the refused value came from."""
+
+    def named(error: ApiError) -> ApiError | None:
+        found = _REQUEST_MEMBER.match(error.field)
+        if found is None:
+            return None
+        line, member = trace.lines[int(found[1])], found[2]
+        column = traces.COLUMNS[form].get(member)
+        return ApiError(
+            line if column is None else f"{line}.{column}",
+            f"converts to {error.field.removeprefix('computations.')}, which kvsim refuses: {error.reason}",
+        )
+
+    return named
