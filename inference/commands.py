@@ -1,4 +1,4 @@
-"""The inference commands: `jgpt generate` and `jgpt record` (also `python -m inference ...`)."""
+"""The inference commands: `jgpt generate`, `jgpt record` and `jgpt serve` (also `python -m inference ...`)."""
 
 from __future__ import annotations
 
@@ -21,17 +21,21 @@ SUMMARIES = {
 
 
 def main(command: str, argv: list[str]) -> int:
-    if command == "generate":
-        return _generate(argv)
-    if command == "record":
-        return _record(argv)
-    if command == "serve":
-        return _serve(argv)
-    raise ApiError("command", f"unknown inference command {command!r}; choose from {', '.join(SUMMARIES)}")
+    if command not in COMMANDS:
+        raise ApiError("command", f"unknown inference command {command!r}; choose from {', '.join(SUMMARIES)}")
+    return COMMANDS[command](argv)
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
+    """The command's parser: the model options every inference command shares, then its own arguments."""
     parser = ArgumentParser(prog=f"jgpt {command}", description=SUMMARIES[command])
+    _model_arguments(parser)
+    ARGUMENTS[command](parser)
+    return parser
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model a command runs, the precision it runs at and the kernel plan it runs under (`_load`)."""
     parser.add_argument(
         "--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)"
     )
@@ -47,11 +51,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
         help="auto: jgpt's decode kernels where this CPU runs them (AVX-512F); xla: the pure-JAX reference "
         "(the plan that ran is recorded as execution.kernels)",
     )
-    return parser
 
 
-def _generate(argv: list[str]) -> int:
-    parser = _parser("generate")
+def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="*", metavar="PROMPT", help="user text (words are joined by spaces)")
     parser.add_argument(
         "--ids", metavar="ID,ID,...", help="raw prompt token ids instead of text, e.g. 257,72,105,259,258"
@@ -61,6 +63,18 @@ def _generate(argv: list[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the response with all evidence as one JSON object")
     parser.add_argument("--observe", type=int, metavar="STEP", help="record every model operation's tensors at STEP")
+    _sampling_arguments(parser)
+    parser.add_argument(
+        "--draft",
+        metavar="MODEL",
+        help="decode speculatively: this catalog id or artifact proposes ids "
+        "('prompt-lookup': the row's own earlier ids and the last verify's guesses, no model)",
+    )
+    parser.add_argument("--speculate", type=int, metavar="K", help="with --draft: ids drafted per round (default 4)")
+
+
+def _sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """--sample and the settings of its draws (GenerationPolicy's)."""
     parser.add_argument(
         "--sample", action="store_true", help="draw each id (seeded sampling) instead of greedy selection"
     )
@@ -76,22 +90,37 @@ def _generate(argv: list[str]) -> int:
     parser.add_argument(
         "--seed", type=int, metavar="S", help="with --sample: the seed the draws' keys derive from (default 0)"
     )
-    parser.add_argument(
-        "--draft",
-        metavar="MODEL",
-        help="decode speculatively: this catalog id or artifact proposes ids "
-        "('prompt-lookup': the row's own earlier ids and the last verify's guesses, no model)",
-    )
-    parser.add_argument("--speculate", type=int, metavar="K", help="with --draft: ids drafted per round (default 4)")
-    args = parser.parse_args(argv)
-    if bool(args.prompt) == bool(args.ids):
-        raise ApiError("prompt", "give either PROMPT text or --ids, exactly one of them")
-    if args.speculate is not None and args.draft is None:
-        raise ApiError("speculate", "needs --draft MODEL, the model that proposes ids")
-    if args.draft is not None and args.observe is not None:
-        raise ApiError("observe", "is not available with --draft: the speculative loop runs as one compiled program")
 
-    from inference.generation import generate, generate_stepwise
+
+def _record_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document")
+    parser.add_argument("--out", required=True, metavar="COMPUTATIONS.json", help="where to write the document")
+    parser.add_argument("--no-reference", action="store_true", help="skip the full-prefix recompute of every work")
+    parser.add_argument("--json", action="store_true", help="print what was recorded as JSON on stdout")
+    parser.add_argument("--quiet", action="store_true", help="no progress on the terminal")
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document (optional customer_interaction)")
+    parser.add_argument(
+        "--system", required=True, metavar="SYSTEM.json", help="the KVResidencySystemConfig kvsim reads"
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="MEASURED.json", help="where to write the measured-run document"
+    )
+    parser.add_argument(
+        "--as-fast-as-possible",
+        action="store_true",
+        help="every request arrives at the run's start and no action waits for its time",
+    )
+    parser.add_argument("--json", action="store_true", help="print the whole document instead of the summary")
+    parser.add_argument("--quiet", action="store_true", help="print nothing, not even progress")
+
+
+def _generate(argv: list[str]) -> int:
+    args = _parser("generate").parse_args(argv)
+    _check_generate_arguments(args)
+
     from inference.policy import GenerationPolicy, InferenceRequest
     from jgpt.tokenizers.framing import Turn
 
@@ -115,6 +144,29 @@ def _generate(argv: list[str]) -> int:
         prompt_ids = given_ids
     request = InferenceRequest("cli", prompt_ids, policy, text=text)
     stream = None if args.json else _TextStream(tokenizer, execution.turn_end_id)
+    response = _generated(args, execution, request, stream)
+    if stream is not None:
+        stream.finish(response)
+        return 0
+    print(json.dumps(_response_json(response, tokenizer, execution), indent=1))
+    return 0
+
+
+def _check_generate_arguments(args: argparse.Namespace) -> None:
+    """The combinations of arguments `jgpt generate` refuses before it loads anything."""
+    if bool(args.prompt) == bool(args.ids):
+        raise ApiError("prompt", "give either PROMPT text or --ids, exactly one of them")
+    if args.speculate is not None and args.draft is None:
+        raise ApiError("speculate", "needs --draft MODEL, the model that proposes ids")
+    if args.draft is not None and args.observe is not None:
+        raise ApiError("observe", "is not available with --draft: the speculative loop runs as one compiled program")
+
+
+def _generated(args: argparse.Namespace, execution, request, stream: _TextStream | None):
+    """The request's response: decoded speculatively with --draft, else in one call, or one step a call when
+    the text streams or a step is observed."""
+    from inference.generation import generate, generate_stepwise
+
     if args.draft is not None:
         from inference.speculative import PROMPT_LOOKUP, PromptLookup, generate_speculative
 
@@ -124,29 +176,21 @@ def _generate(argv: list[str]) -> int:
         if stream is not None:  # the loop is one program: the text comes at its end
             for token in response.output_ids:
                 stream.select(0, token)
-    elif stream is None and args.observe is None:
+        return response
+    if stream is None and args.observe is None:
         (response,) = generate(execution, [request], reference=True).responses
-    else:  # streaming and observing take the steps one call at a time
-        generation = generate_stepwise(
-            execution, [request], reference=args.json, observe_step=args.observe,
-            on_select=None if stream is None else stream.select,
-        )  # fmt: skip
-        (response,) = generation.responses
-    if stream is not None:
-        stream.finish(response)
-        return 0
-    print(json.dumps(_response_json(response, tokenizer, execution), indent=1))
-    return 0
+        return response
+    # streaming and observing take the steps one call at a time
+    generation = generate_stepwise(
+        execution, [request], reference=args.json, observe_step=args.observe,
+        on_select=None if stream is None else stream.select,
+    )  # fmt: skip
+    (response,) = generation.responses
+    return response
 
 
 def _record(argv: list[str]) -> int:
-    parser = _parser("record")
-    parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document")
-    parser.add_argument("--out", required=True, metavar="COMPUTATIONS.json", help="where to write the document")
-    parser.add_argument("--no-reference", action="store_true", help="skip the full-prefix recompute of every work")
-    parser.add_argument("--json", action="store_true", help="print what was recorded as JSON on stdout")
-    parser.add_argument("--quiet", action="store_true", help="no progress on the terminal")
-    args = parser.parse_args(argv)
+    args = _parser("record").parse_args(argv)
     output_file(args.out, "--out", [args.workload])
     document = read_json(args.workload, "workload")
 
@@ -171,22 +215,7 @@ def _record(argv: list[str]) -> int:
 
 
 def _serve(argv: list[str]) -> int:
-    parser = _parser("serve")
-    parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document (optional customer_interaction)")
-    parser.add_argument(
-        "--system", required=True, metavar="SYSTEM.json", help="the KVResidencySystemConfig kvsim reads"
-    )
-    parser.add_argument(
-        "--out", required=True, metavar="MEASURED.json", help="where to write the measured-run document"
-    )
-    parser.add_argument(
-        "--as-fast-as-possible",
-        action="store_true",
-        help="every request arrives at the run's start and no action waits for its time",
-    )
-    parser.add_argument("--json", action="store_true", help="print the whole document instead of the summary")
-    parser.add_argument("--quiet", action="store_true", help="print nothing, not even progress")
-    args = parser.parse_args(argv)
+    args = _parser("serve").parse_args(argv)
     output_file(args.out, "--out", [args.workload, args.system])
     document, system_document = _json_file(args.workload, "workload"), _json_file(args.system, "system")
 
@@ -328,3 +357,7 @@ def _response_json(response, tokenizer, execution) -> dict:
             "provenance": ExecutionProvenance.current(backend).to_json(),
         },
     }
+
+
+COMMANDS = {"generate": _generate, "record": _record, "serve": _serve}
+ARGUMENTS = {"generate": _generate_arguments, "record": _record_arguments, "serve": _serve_arguments}
