@@ -243,9 +243,6 @@ def _speculative_loop(
     outputs = jnp.zeros((B, steps + k + 1), jnp.int32).at[:, 0].set(first)
     log = jnp.zeros((B, steps, k + 1), jnp.int32)
     stop = stop_codes(jnp, first, one, budget, prefix_length, context, turn_end_id)
-    put = jax.vmap(
-        lambda buffer, update, at: jax.lax.dynamic_update_slice(buffer, update, (at,) + (0,) * (update.ndim - 1))
-    )
     if draft_architecture is None:
         propose, roll_back = _lookup_proposer(k, ngram, turn_end_id, None if rule is None else first_logits.shape[-1])
         drafting = (jnp.zeros((B, k), jnp.int32), zero)  # guesses the last verify left, and how many
@@ -271,33 +268,43 @@ def _speculative_loop(
             jnp.concatenate([last[:, None], drafted], 1), target_unroll, target_kernels,
         )  # fmt: skip
         accepted, target_ids = judge(logits, drafted, q, selected)  # [B], [B, k + 1]
-        # Select target_ids[:accepted + 1], up to the first that stops the row.
+        selected_after = selected[:, None] + offsets + 1  # a row's selected ids, counting each target id
         codes = stop_codes(
-            jnp,
-            target_ids,
-            selected[:, None] + offsets + 1,
-            budget[:, None],
-            prefix_length[:, None],
-            context,
-            turn_end_id,
+            jnp, target_ids, selected_after, budget[:, None], prefix_length[:, None], context, turn_end_id
         )
-        stops = (codes != 0) & (offsets <= accepted[:, None])
-        stopped = jnp.any(stops, axis=1)
-        stops_at = jnp.argmax(stops, axis=1)
-        taken = jnp.where(stopped, stops_at + 1, accepted + 1) * active
-        outputs = put(outputs, target_ids, selected)
-        log = put(log, jnp.concatenate([drafted, jnp.minimum(accepted, taken)[:, None]], 1)[:, None], rounds)
+        taken, stopped, code = _taken(codes, accepted, active)
+        outputs = _put(outputs, target_ids, selected)
+        log = _put(log, jnp.concatenate([drafted, jnp.minimum(accepted, taken)[:, None]], 1)[:, None], rounds)
         # Roll back: each state is the value the forwards returned, with the accepted positions as its length.
         processed = target_state.lengths
         target_state = verified.replace(lengths=processed + taken)
         drafting = roll_back(drafting, processed, drafted, target_ids, accepted, active)
         last = jnp.where(active == 1, target_ids[rows, jnp.maximum(taken - 1, 0)], last)
-        stop = jnp.where(active == 1, jnp.where(stopped, codes[rows, stops_at], 0), stop)
+        stop = jnp.where(active == 1, jnp.where(stopped, code, 0), stop)
         return target_state, drafting, last, selected + taken, stop, outputs, log, rounds + active
 
     carry = (target_state, drafting, first, one, stop, outputs, log, zero)
     target_state, _, _, selected, stop, outputs, log, rounds = jax.lax.while_loop(running, round_, carry)
     return outputs, selected, stop, log, rounds, target_state
+
+
+def _taken(codes, accepted, active):
+    """Per row, how many of the round's k + 1 target ids it selects: target_ids[:accepted + 1], up to the first
+    whose stop code (`codes` [B, k + 1]) stops the row, none for a row that had stopped (`active` 0); whether
+    one stopped it, and its code."""
+    offsets = jnp.arange(codes.shape[1], dtype=jnp.int32)
+    stops = (codes != 0) & (offsets <= accepted[:, None])
+    stopped = jnp.any(stops, axis=1)
+    stops_at = jnp.argmax(stops, axis=1)
+    taken = jnp.where(stopped, stops_at + 1, accepted + 1) * active
+    return taken, stopped, codes[jnp.arange(codes.shape[0]), stops_at]
+
+
+def _put(buffers, updates, columns):
+    """Each row's update written into its buffer from its column on (one dynamic_update_slice a row)."""
+    return jax.vmap(
+        lambda buffer, update, at: jax.lax.dynamic_update_slice(buffer, update, (at,) + (0,) * (update.ndim - 1))
+    )(buffers, updates, columns)
 
 
 def _model_proposer(step, k: int, draw):
