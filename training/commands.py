@@ -78,26 +78,12 @@ def _train_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog, description="Train a model; writes checkpoints, metrics.jsonl, loss.png and model/ under --out."
     )
-    import training.config as config  # no jax: `jgpt train --help` stays quick
-
-    defaults = {
-        **{f.name: f.default for f in dataclasses.fields(config.TrainingConfig)},
-        **config.default_architecture(),
-    }
     parser.add_argument(
         "--config", metavar="FILE.json", help="JSON file of TrainingConfig fields (unknown keys are an error)"
     )
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    for name, kind in [*OVERRIDES.items(), *((name, int) for name in ARCHITECTURE_OVERRIDES)]:
-        metavar, text = HELP[name]
-        text = text.format(WARMUP_STEPS=config.WARMUP_STEPS)
-        if "(default" not in text:
-            text += f" (default: {defaults[name]})"
-        choices = getattr(config, CHOICES[name]) if name in CHOICES else None
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", type=kind, dest=name, metavar=metavar, choices=choices, help=text
-        )
+    _override_arguments(parser)
     parser.add_argument(
         "--precision",
         choices=PRECISION_NAMES,
@@ -111,6 +97,25 @@ def _train_parser(prog: str) -> argparse.ArgumentParser:
         help="devices that split each weight's heads and hidden units (the rest split the batch)",
     )
     return parser
+
+
+def _override_arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag per field of OVERRIDES and ARCHITECTURE_OVERRIDES, its help ending with TrainingConfig's default."""
+    import training.config as config  # no jax: `jgpt train --help` stays quick
+
+    defaults = {
+        **{f.name: f.default for f in dataclasses.fields(config.TrainingConfig)},
+        **config.default_architecture(),
+    }
+    for name, kind in [*OVERRIDES.items(), *((name, int) for name in ARCHITECTURE_OVERRIDES)]:
+        metavar, text = HELP[name]
+        text = text.format(WARMUP_STEPS=config.WARMUP_STEPS)
+        if "(default" not in text:
+            text += f" (default: {defaults[name]})"
+        choices = getattr(config, CHOICES[name]) if name in CHOICES else None
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=kind, dest=name, metavar=metavar, choices=choices, help=text
+        )
 
 
 def train_command(prog: str, argv: list[str]) -> int:
@@ -160,7 +165,7 @@ def training_config(args: argparse.Namespace):
     return from_json({**document, **changes})
 
 
-def eval_command(prog: str, argv: list[str]) -> int:
+def _eval_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Development loss and held-out exact match of a model.")
     parser.add_argument(
         "--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)"
@@ -190,8 +195,11 @@ def eval_command(prog: str, argv: list[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress on the terminal")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def eval_command(prog: str, argv: list[str]) -> int:
+    args = _eval_parser(prog).parse_args(argv)
     with progress.shown(args.quiet):
         with progress.stage("starting jax"):
             from training.evaluation_report import evaluate_model
