@@ -237,64 +237,23 @@ def train(
         # The kernel plan beside the config that makes it: what the train step computes by kernels.
         _write_json(run.config, config.to_json() | {RUN_KERNELS: kernels.to_json()})
     started = start_run(config, corpus, mesh)
-    state, state_sharding, train_step = started.state, started.state_sharding, started.train_step
     development_batch = DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
 
-    best = _best_record(state.weights, math.inf, 0)
+    def evaluate(weights) -> tuple[float, float]:
+        return development_loss(
+            started.development_step, weights, corpus.development, corpus.development_bytes, development_batch
+        )
+
+    best = _best_record(started.state.weights, math.inf, 0)
     manager = _checkpoint_manager(run)
     try:
         if resume:
-            with termination_deferred():
-                restored = manager.restore(
-                    manager.latest_step(),
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(state),
-                        best=ocp.args.StandardRestore(best),
-                    ),
-                )
-            state, best = jax.device_put(restored.state, state_sharding), restored.best
-            if main:
-                metrics.truncate_after(run.metrics, int(state.step))
-        elif main and run.metrics.exists():
-            run.metrics.unlink()
-
-        def evaluate(weights) -> tuple[float, float]:
-            return development_loss(
-                started.development_step, weights, corpus.development, corpus.development_bytes, development_batch
-            )
-
-        tokens_per_step = config.batch_size * config.window
-        bar = tqdm(total=config.steps, initial=int(state.step), disable=not (progress and main), unit="step",
-                   dynamic_ncols=True)  # fmt: skip
-        clock, clock_step = time.perf_counter(), int(state.step)
-        while (step := int(state.step)) < config.steps:
-            raise_if_terminated()
-            state, step_metrics = train_step(state, started.data)
-            step += 1
-            record = {"step": step}
-            if step % config.log_every == 0 or step == config.steps:
-                elapsed = time.perf_counter() - clock
-                record |= {k: float(v) for k, v in step_metrics.items()}
-                record |= {
-                    "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.steps,
-                                                              config.final_learning_rate_fraction)(step - 1)),
-                    "tokens_per_second": tokens_per_step * (step - clock_step) / elapsed,
-                    # CPU seconds this process has used: on a shared machine, a fairer cost than wall time.
-                    "process_cpu_seconds": time.process_time(),
-                }  # fmt: skip
-                clock, clock_step = time.perf_counter(), step
-                bar.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_second']:,.0f}")
-            if step % config.eval_every == 0 or step == config.steps:
-                loss, bits = evaluate(state.weights)
-                record |= {"development_loss": loss, "development_bits_per_byte": bits}
-                if loss < best["development_loss"]:
-                    best = _best_record(state.weights, loss, step)
-            if main and len(record) > 1:
-                metrics.append(run.metrics, record)
-            if step % config.checkpoint_every == 0 or step == config.steps:
-                _save_checkpoint(manager, run, step, state, best)
-            bar.update(1)
-        bar.close()
+            state, best = _restored(manager, run, started, best, main)
+        else:
+            state = started.state
+            if main and run.metrics.exists():
+                run.metrics.unlink()
+        state, best = _steps(config, run, manager, started, state, best, evaluate, main=main, progress=progress)
     finally:
         manager.close()  # waits for orbax's threads: exiting under them logs tracebacks
 
@@ -317,3 +276,76 @@ def train(
     if main:
         metrics.plot(run.metrics, run.loss_curve)
     return TrainingResult(weights, provenance, corpus, run, mesh.size)
+
+
+def _restored(
+    manager: ocp.CheckpointManager, run: RunDirectory, started: StartedRun, best: dict, main: bool
+) -> tuple[TrainState, dict]:
+    """The state and best record of the latest checkpoint; process 0 drops the metrics written after it."""
+    with termination_deferred():
+        restored = manager.restore(
+            manager.latest_step(),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(started.state),
+                best=ocp.args.StandardRestore(best),
+            ),
+        )
+    state = jax.device_put(restored.state, started.state_sharding)
+    if main:
+        metrics.truncate_after(run.metrics, int(state.step))
+    return state, restored.best
+
+
+def _steps(
+    config: TrainingConfig,
+    run: RunDirectory,
+    manager: ocp.CheckpointManager,
+    started: StartedRun,
+    state: TrainState,
+    best: dict,
+    evaluate: Callable[[ModelWeights], tuple[float, float]],
+    *,
+    main: bool,
+    progress: bool,
+) -> tuple[TrainState, dict]:
+    """Train from `state` to config.steps: log, evaluate (keeping the best weights) and checkpoint on the
+    config's schedule; process 0 appends the metrics. Returns the last state and the best record."""
+    tokens_per_step = config.batch_size * config.window
+    bar = tqdm(total=config.steps, initial=int(state.step), disable=not (progress and main), unit="step",
+               dynamic_ncols=True)  # fmt: skip
+    clock, clock_step = time.perf_counter(), int(state.step)
+    while (step := int(state.step)) < config.steps:
+        raise_if_terminated()
+        state, step_metrics = started.train_step(state, started.data)
+        step += 1
+        record: dict[str, float] = {"step": step}
+        if step % config.log_every == 0 or step == config.steps:
+            elapsed = time.perf_counter() - clock
+            record |= {k: float(v) for k, v in step_metrics.items()}
+            record |= _rates(config, step, tokens_per_step * (step - clock_step) / elapsed)
+            clock, clock_step = time.perf_counter(), step
+            bar.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_second']:,.0f}")
+        if step % config.eval_every == 0 or step == config.steps:
+            loss, bits = evaluate(state.weights)
+            record |= {"development_loss": loss, "development_bits_per_byte": bits}
+            if loss < best["development_loss"]:
+                best = _best_record(state.weights, loss, step)
+        if main and len(record) > 1:
+            metrics.append(run.metrics, record)
+        if step % config.checkpoint_every == 0 or step == config.steps:
+            _save_checkpoint(manager, run, step, state, best)
+        bar.update(1)
+    bar.close()
+    return state, best
+
+
+def _rates(config: TrainingConfig, step: int, tokens_per_second: float) -> dict[str, float]:
+    """A logged step's rates beside its metrics: the learning rate it ran at, the tokens per second since the
+    last logged step, and the CPU seconds used."""
+    return {
+        "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.steps,
+                                                  config.final_learning_rate_fraction)(step - 1)),
+        "tokens_per_second": tokens_per_second,
+        # CPU seconds this process has used: on a shared machine, a fairer cost than wall time.
+        "process_cpu_seconds": time.process_time(),
+    }  # fmt: skip
