@@ -72,8 +72,6 @@ from kvsim.calibration import (
     SPREAD,
     fit,
     fit_table,
-    load_measured_run,
-    read_measured_run,
 )  # noqa: E402
 from kvsim.fidelity import (  # noqa: E402
     NOISE_LEVEL,
@@ -84,6 +82,7 @@ from kvsim.fidelity import (  # noqa: E402
     replay,
     simulated_totals,
 )
+from kvsim.measured_run import load_measured_run, read_measured_run  # noqa: E402
 from kvsim.system import parse_system  # noqa: E402
 
 POLICIES = ("serialized", "continuous_batching")

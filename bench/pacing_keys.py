@@ -41,7 +41,7 @@ _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
 from bench.run_conditions import run_conditions  # noqa: E402
-from kvsim.calibration import load_measured_run  # noqa: E402
+from kvsim.measured_run import load_measured_run  # noqa: E402
 
 CALIBRATION = "calibration"
 TAUS_US = (2_000, 10_000, 50_000, 200_000, 1_000_000)
