@@ -17,6 +17,7 @@ controls (greedy or speculative, the draft, K) have defaults too: they choose ho
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from jgpt.foundation.errors import ApiError
@@ -163,7 +164,7 @@ CONTROLS: dict[str, Control] = {
 DECODING_CONTROLS = ("decoding.rule", "decoding.draft_model_id", "decoding.speculation_tokens")
 
 
-def decoding_refusal(assignments: dict[str, Any]) -> tuple[str, str] | None:
+def decoding_refusal(assignments: Mapping[str, Any]) -> tuple[str, str] | None:
     """(control, reason) when an arm's decoding controls do not make one decoding, else None: speculative
     decoding needs a draft, greedy neither, and only a generate arm decodes (K's upper bound is the run's)."""
     rule, draft = chosen(assignments, "decoding.rule"), chosen(assignments, "decoding.draft_model_id")
@@ -178,7 +179,7 @@ def decoding_refusal(assignments: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def chosen(assignments: dict[str, Any], name: str) -> Any:
+def chosen(assignments: Mapping[str, Any], name: str) -> Any:
     """The value of a control that chooses how an arm runs: assigned, or its default (left unwritten)."""
     return assignments.get(name, CONTROLS[name].default)
 

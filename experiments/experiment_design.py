@@ -252,8 +252,9 @@ def _sweep(value: Any, settings: ExecutionSpec, field: str) -> tuple[SweepAxis, 
             if name in seen:
                 raise ApiError(where, f"{name} is already assigned; one assignment per control")
         seen |= set(names)
-        for j, item in enumerate(values if declared else []):
-            declared.check(item, f"{at}.values[{j}]")
+        if declared:
+            for j, item in enumerate(values):
+                declared.check(item, f"{at}.values[{j}]")
         if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
             raise ApiError(f"{at}.values", "lists a value twice")
         axes.append(SweepAxis(entry.get("control"), tuple(values)))
