@@ -63,9 +63,9 @@ class InferenceMap:
 
     def depth(self, node_id: str) -> int:
         parents = {node.id: node.parent for node in self.nodes}
-        depth = 0
-        while parents[node_id] is not None:
-            node_id, depth = parents[node_id], depth + 1
+        parent, depth = parents[node_id], 0
+        while parent is not None:
+            parent, depth = parents[parent], depth + 1
         return depth
 
     @classmethod

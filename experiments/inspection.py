@@ -20,7 +20,7 @@ SURFACES = ("request", "model", "architecture", "resources")
 
 @dataclasses.dataclass(frozen=True)
 class InspectionState:
-    run_id: str | None
+    run_id: str
     position: int
     observation_id: str | None
     surface: str

@@ -137,7 +137,7 @@ def _conversation(value: Any, field: str) -> list[LabRequest]:
     lead = 1 if turns[0].role == "system" else 0
     if len(turns) == lead:
         raise ApiError(f"{field}.turns", "a conversation has at least one user turn")
-    requests = []
+    requests: list[LabRequest] = []
     for n, turn in enumerate(turns[lead:]):
         added = turns[: lead + 1] if n == 0 else (turn,)
         previous = requests[-1].request_id if requests else None
