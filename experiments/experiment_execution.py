@@ -85,7 +85,11 @@ def run_lab(
     distinct = list(dict.fromkeys(keys))
     files: dict[str, bytes] = {}
     recording_entries = [_recording_entry(n, recordings[key], files) for n, key in enumerate(distinct)]
-    calibration = calibrate(lab, arms, recordings, files, kernels) if lab.calibration_workload is not None else None
+    calibration = (
+        calibrate(lab.calibration_workload, arms, recordings, files, kernels)
+        if lab.calibration_workload is not None
+        else None
+    )
     fragment = None if calibration is None else calibration["fragment"]
     arm_entries = [
         _arm_entry(i, label, execution, distinct.index(key), recordings[key], workload, lab, fragment, files, kernels)

@@ -69,7 +69,7 @@ def replay(record_path: Path) -> dict[str, Any]:
         else replay_calibration(
             record_path.parent,
             record["calibration"],
-            lab,
+            lab.calibration_workload,
             executions,
             [document.get("model") for document in documents],
         )

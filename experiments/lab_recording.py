@@ -70,7 +70,7 @@ def _record_in_stages(
     continues, so it can only be framed once that request has been generated.
     """
     recorded: dict[str, dict] = {}
-    first = None
+    first: dict | None = None
     while len(recorded) < len(workload.requests):
         ready = [
             r
@@ -84,6 +84,7 @@ def _record_in_stages(
         document = record(model, requests, kind=workload.kind)
         first = first or document
         recorded |= {entry["request_id"]: entry for entry in document["requests"]}
+    assert first is not None, "WORKLOAD reads at least one request"
     return first | {"requests": [recorded[r.request_id] for r in workload.requests]}
 
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.arm_recording import INFERENCE_CONTROLS, Recording, generation_of, recording_key
 from experiments.controls import chosen
-from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
 from experiments.lab_workload import LabWorkload
 from experiments.record_files import dumps, file_entry, verified_file
@@ -84,7 +83,7 @@ def calibration_plan(executions: list[ExecutionSpec]) -> list[tuple[ExecutionSpe
 
 
 def calibrate(
-    lab: ExperimentDesign, arms: list, recordings: dict, files: dict[str, bytes], kernels: Kernels
+    workload: LabWorkload, arms: list, recordings: dict, files: dict[str, bytes], kernels: Kernels
 ) -> dict[str, Any]:
     """Serve the calibration workload on the engine under each planned system and the kernel plan `kernels`, and
     fit kvsim's service to it."""
@@ -92,7 +91,7 @@ def calibrate(
     from experiments.engine_serving import serve
     from experiments.lab_recording import record_workload
 
-    workload, entries, runs = lab.calibration_workload, [], []
+    entries, runs = [], []
     for n, (execution, system) in enumerate(calibration_plan([execution for _, execution in arms])):
         key = recording_key(execution, workload, kernels)
         if key not in recordings:  # the prompts its conversations send, with the model's own replies
@@ -122,7 +121,7 @@ def calibrate(
 
 
 def replay_calibration(
-    directory: Path, calibration: Any, lab: ExperimentDesign, executions: list[ExecutionSpec], models: list[Any]
+    directory: Path, calibration: Any, workload: LabWorkload, executions: list[ExecutionSpec], models: list[Any]
 ) -> dict:
     """The recorded calibration runs are the planned ones, intact, on a model the record's recordings name, and
     fitting them again gives the recorded fragment."""
@@ -143,7 +142,7 @@ def replay_calibration(
             or measured["system"] != system
         ):
             raise ApiError(at, "is not the engine run its calibrated arms plan (their controls and system)")
-        _check_arrivals(measured, lab.calibration_workload, f"{at}.measured_run")
+        _check_arrivals(measured, workload, f"{at}.measured_run")
         if measured.get("model") not in models:
             raise ApiError(f"{at}.measured_run.model", "is not a model of the record's recorded computations")
         runs.append(read_measured_run(measured, hashlib.sha256(data).hexdigest(), f"{at}.measured_run"))
