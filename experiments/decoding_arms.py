@@ -190,7 +190,7 @@ def replay_decoding_arm(
     with the arm's model and decoding, and its totals (same ids as greedy included) are what its requests give."""
     entry = arm.get("decoding_run")
     data = verified_file(directory, entry, f"{field}.decoding_run")
-    if set(entry) != {"path", "sha256", "bytes"}:
+    if not isinstance(entry, dict) or set(entry) != {"path", "sha256", "bytes"}:
         raise ApiError(f"{field}.decoding_run", "must be a file entry {path, sha256, bytes}")
     run = parse_json(data, f"{field}.decoding_run")
     at = f"{field}.decoding_run"

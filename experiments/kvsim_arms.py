@@ -87,18 +87,18 @@ def simulate_arm(
 ):
     """kvsim's CacheRun of the arm: its system over the recorded computations `document` and the lab's workload."""
     computations = parse_document(document)  # checked before the engine's shapes are read from it
-    system = execution.system_config_json()
+    settings = execution.system_config_json()
     if chosen(execution.assignments, "compute_service.model") == "calibrated":
         # Start-up cost only: EnginePlan lives with the engine, whose modules import jax.
         from experiments.engine_serving import engine_shapes
 
         if fragment is None:
             raise ApiError("compute_service.model", "a calibrated arm needs its lab's calibration_workload")
-        system = merge_service(system, fragment)
-        system = system | {
-            "compute_service": system["compute_service"] | engine_shapes(document, system, generation_of(execution))
+        settings = merge_service(settings, fragment)
+        settings = settings | {
+            "compute_service": settings["compute_service"] | engine_shapes(document, settings, generation_of(execution))
         }
-    system = parse_system(system, "system")
+    system = parse_system(settings, "system")
     return simulate(
         system,
         computations,

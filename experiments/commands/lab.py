@@ -158,7 +158,7 @@ def _run(lab: ExperimentDesign, args: argparse.Namespace) -> int:
 def summary_text(figures: dict) -> str:
     """summary.json as a table a person reads: one row per arm, times and sizes in human units."""
     if all("decode_tokens_per_s" in arm for arm in figures["arms"]):  # generate arms (experiments/decoding_arms.py)
-        columns = ("arm", "accepted", "ids/round", "decode tok/s", "vs greedy", "ids")
+        columns: tuple[str, ...] = ("arm", "accepted", "ids/round", "decode tok/s", "vs greedy", "ids")
         rows = [columns] + [
             (
                 arm["label"],
