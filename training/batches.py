@@ -34,7 +34,7 @@ def _shifted(windows: jax.Array, weights: jax.Array) -> Batch:
 class TokenRows:
     """Padded examples, one per row: tokens int32[N, T + 1], weights uint8[N, T + 1]."""
 
-    tokens: jax.Array
+    tokens: jax.Array | np.ndarray  # numpy when tiled from a stream still on the host
     weights: jax.Array
 
     @property
@@ -60,7 +60,7 @@ class TokenRows:
 class TokenStream:
     """One token sequence; an example is any window of `context + 1` tokens."""
 
-    tokens: jax.Array  # int32[L]
+    tokens: jax.Array | np.ndarray  # int32[L]; numpy on the host until put on the devices
     context: int = struct.field(pytree_node=False)
 
     def sample(self, key: jax.Array, batch_size: int) -> Batch:
