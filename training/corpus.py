@@ -113,19 +113,17 @@ def read_text(path: str) -> tuple[bytes, str]:
         raise ApiError("data", f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
-def text(config: TrainingConfig) -> PreparedCorpus:
-    data, content = read_text(config.data)
+def text(config: TrainingConfig, path: str) -> PreparedCorpus:
+    data, content = read_text(path)
     train_text, development_text = split_text(content, config.development_fraction)
     if config.tokenizer == "bpe":
         tokenizer = Tokenizer.train([train_text], config.vocab_size)
         if tokenizer.vocab_size != config.vocab_size:
-            raise ApiError(
-                "vocab_size", f"{config.data} supports only {tokenizer.vocab_size} tokens, not {config.vocab_size}"
-            )
+            raise ApiError("vocab_size", f"{path} supports only {tokenizer.vocab_size} tokens, not {config.vocab_size}")
     else:
         tokenizer = Tokenizer.bytes_only()
-    train_ids = _ids(tokenizer, train_text, config.window, "train", config.data)
-    return held_out_text(tokenizer, development_text, config.window, config.data, hashlib.sha256(data).hexdigest(),
+    train_ids = _ids(tokenizer, train_text, config.window, "train", path)
+    return held_out_text(tokenizer, development_text, config.window, path, hashlib.sha256(data).hexdigest(),
                          TokenStream(train_ids, config.window))  # fmt: skip
 
 
@@ -152,4 +150,4 @@ def held_out_text(tokenizer, development_text, window, path, data_sha256, train=
 
 
 def prepare(config: TrainingConfig) -> PreparedCorpus:
-    return conversations(config) if config.data is None else text(config)
+    return conversations(config) if config.data is None else text(config, config.data)

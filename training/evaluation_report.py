@@ -31,7 +31,7 @@ def evaluate_model(
     bounded(conversations, "conversations", 1, CONVERSATION_LIMIT)
     if seed is not None and seed < 0:
         raise ApiError("seed", f"must be a non-negative integer, got {seed}")  # as `jgpt train` says
-    raw, content = corpora.read_text(data) if data is not None else (None, None)  # refused before the model loads
+    data_file = corpora.read_text(data) if data is not None else None  # refused before the model loads
     if model is None:
         model = read_catalog().default_id()
     with progress.stage(f"loading model {model}"):
@@ -40,11 +40,12 @@ def evaluate_model(
         raise ApiError("model", f"{model} has no tokenizer to encode evaluation data with")
     tokenizer = load_tokenizer(artifact.tokenizer_path)
     architecture = artifact.architecture
-    if data is None:
+    if data_file is None:
         seed = artifact.provenance.get("seed", 0) if seed is None else seed
         held_out = conversation_corpus.split_conversations(seed, "development", conversations, architecture.context + 1)
         corpus = corpora.held_out_conversations(tokenizer, held_out, architecture.context + 1)
     else:
+        raw, content = data_file
         _, development_text = corpora.split_text(content, development_fraction)
         corpus = corpora.held_out_text(
             tokenizer, development_text, architecture.context, data, hashlib.sha256(raw).hexdigest()
