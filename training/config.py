@@ -146,14 +146,13 @@ class TrainingConfig:
     def _read_architecture(self) -> Architecture:
         """The Architecture of the settings given (or the one given), its vocabulary the tokenizer's."""
         given = self.architecture
-        if isinstance(given, (ModelArchitecture, LlamaArchitecture)):
-            given = given.to_json()
-        if not isinstance(given, Mapping):
-            raise ApiError("architecture", f"must be a JSON object, got {type(given).__name__}")
-        vocabulary = given.get("vocabulary", self.vocabulary)
+        settings: object = given.to_json() if isinstance(given, (ModelArchitecture, LlamaArchitecture)) else given
+        if not isinstance(settings, Mapping):
+            raise ApiError("architecture", f"must be a JSON object, got {type(settings).__name__}")
+        vocabulary = settings.get("vocabulary", self.vocabulary)
         if vocabulary != self.vocabulary:
             raise ApiError("vocabulary", f"{vocabulary} differs from the tokenizer's vocabulary ({self.vocabulary})")
-        return architecture_from_json({**given, "vocabulary": vocabulary})
+        return architecture_from_json({**settings, "vocabulary": vocabulary})
 
     @property
     def window(self) -> int:

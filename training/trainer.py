@@ -342,6 +342,7 @@ def _steps(
 def _rates(config: TrainingConfig, step: int, tokens_per_second: float) -> dict[str, float]:
     """A logged step's rates beside its metrics: the learning rate it ran at, the tokens per second since the
     last logged step, and the CPU seconds used."""
+    assert config.warmup_steps is not None, "TrainingConfig.__post_init__ sets warmup_steps"
     return {
         "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.steps,
                                                   config.final_learning_rate_fraction)(step - 1)),
