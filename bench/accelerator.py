@@ -36,7 +36,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from run_conditions import run_conditions
+from result import BenchRun, add_results_argument
 
 from inference.execution import ModelExecution
 from inference.generation import generate
@@ -121,7 +121,8 @@ def measured_peak(dtype, n: int) -> float:
     return 2 * n**3 / min(timed(lambda: product(a)) for _ in range(5))
 
 
-def device_peak(on_cpu: bool) -> tuple[Peak, str]:
+def device_peak(on_cpu: bool) -> tuple[Peak, str, Peak]:
+    """The peak the tables are judged against, where it came from, and the measured one."""
     kind = jax.devices()[0].device_kind
     n = 1024 if on_cpu else 8192
     measured = Peak(measured_bandwidth(), measured_peak(jnp.float32, n), measured_peak(jnp.bfloat16, n))
@@ -133,8 +134,8 @@ def device_peak(on_cpu: bool) -> tuple[Peak, str]:
             print(
                 f"  datasheet ({name}): {peak.bandwidth / 1e9:.0f} GB/s; f32 {f32} TFLOP/s, bf16 {peak.bfloat16 / 1e12:.0f} TFLOP/s"
             )
-            return peak, f"datasheet {name}"
-    return measured, "measured here"
+            return peak, f"datasheet {name}", measured
+    return measured, "measured here", measured
 
 
 def gpt2_small(directory: str):
@@ -171,9 +172,10 @@ def decode_seconds(execution: ModelExecution, batch: int, new_tokens: int) -> fl
     return first.computations[1].wall_time_us * 1e-6
 
 
-def decode_table(architecture, weights, peak: Peak, new_tokens: int) -> None:
+def decode_table(architecture, weights, peak: Peak, new_tokens: int) -> dict:
     f32 = ModelExecution(weights, architecture, StateIdentity("bench", "bench", "float32"), turn_end_id=NO_END)
     print(f"  {'precision':<9} {'batch':>5} {'tok/s':>9} {'roofline tok/s':>15} {'of roofline':>11}")
+    rows = {}
     for precision in PRECISIONS:
         execution = at_precision(f32, precision)
         costs, position = execution.costs, 16 + new_tokens // 2
@@ -186,6 +188,9 @@ def decode_table(architecture, weights, peak: Peak, new_tokens: int) -> None:
             print(
                 f"  {precision:<9} {batch:>5} {batch / step:>9.1f} {roofline:>15.1f} {batch / step / roofline:>11.0%}"
             )
+            rows[f"{precision}, batch {batch}"] = {"tok_per_s": batch / step, "roofline_tok_per_s": roofline,
+                                                   "of_roofline_fraction": batch / step / roofline}  # fmt: skip
+    return rows
 
 
 def train_flops_per_token(architecture: ModelArchitecture, context: int) -> float:
@@ -196,11 +201,12 @@ def train_flops_per_token(architecture: ModelArchitecture, context: int) -> floa
     return 6 * (parameter_count(a) - embeddings) + 12 * a.layers * a.width * context
 
 
-def train_table(peak: Peak, batch: int, context: int, steps: int) -> None:
+def train_table(peak: Peak, batch: int, context: int, steps: int) -> dict:
     mesh = data_mesh()
     config = TrainingConfig(steps=1000, warmup_steps=10)
     tokens = np.random.default_rng(0).integers(0, TRAIN_ARCHITECTURE["vocabulary"], 1 << 20, dtype=np.int32)
     print(f"  {'precision':<9} {'ms/step':>9} {'tokens/s':>10} {'TFLOP/s':>9} {'MFU':>6}")
+    rows = {}
     for precision in PRECISIONS:
         architecture = ModelArchitecture(**TRAIN_ARCHITECTURE, precision=precision)
         optimizer = adamw(config)
@@ -220,6 +226,11 @@ def train_table(peak: Peak, batch: int, context: int, steps: int) -> None:
         print(
             f"  {precision:<9} {seconds * 1e3:>9.1f} {batch * context / seconds:>10,.0f} {achieved / 1e12:>9.3f} {mfu:>6}"
         )
+        rows[precision] = {
+            "step_ms": seconds * 1e3, "tokens_per_s": batch * context / seconds, "model_gflop_per_s": achieved / 1e9,
+            "mfu_fraction": None if device_peak_ is None else achieved / device_peak_,
+        }  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -227,23 +238,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2 if on_cpu else 10, help="timed train steps per precision")
     parser.add_argument("--new-tokens", type=int, default=8 if on_cpu else 64, help="decode steps per run")
+    add_results_argument(parser)
     args = parser.parse_args()
-    print(run_conditions())
+    run = BenchRun.start("accelerator", __doc__)
     batch, context = (1, 128) if on_cpu else (8, 1024)
 
     print(describe().table())
-    peak, source = device_peak(on_cpu)
+    peak, source, measured = device_peak(on_cpu)
     with tempfile.TemporaryDirectory() as directory:
         model, architecture, weights = gpt2_small(directory)
+    error = parity(model, architecture, weights, 128)
     print(f"\nHF parity, GPT-2-small size ({parameter_count(architecture) / 1e6:.0f}M parameters, random weights, f32): "
-          f"max abs logit error {parity(model, architecture, weights, 128):.2e} over 128 positions")  # fmt: skip
+          f"max abs logit error {error:.2e} over 128 positions")  # fmt: skip
     print(f"\ndecode, GPT-2-small size, {args.new_tokens} new tokens after 16-id prompts; roofline at "
           f"{peak.bandwidth / 1e9:.1f} GB/s ({source})")  # fmt: skip
-    decode_table(architecture, weights, peak, args.new_tokens)
+    decode = decode_table(architecture, weights, peak, args.new_tokens)
     train_architecture = ModelArchitecture(**TRAIN_ARCHITECTURE)
     print(f"\ntrain step, GPT L12 C768 V8192 ({parameter_count(train_architecture) / 1e6:.0f}M parameters), "
           f"batch {batch} x {context} tokens, AdamW, {args.steps} timed steps; peak {source}")  # fmt: skip
-    train_table(peak, batch, context, args.steps)
+    train = train_table(peak, batch, context, args.steps)
+    kind = jax.devices()[0].device_kind
+    run.write({
+        f"the device: {kind}": {
+            "measured": {"bandwidth_gb_per_s": measured.bandwidth / 1e9, "f32_gflop_per_s": measured.float32 / 1e9,
+                         "bf16_gflop_per_s": measured.bfloat16 / 1e9},
+            "judged against": {"bandwidth_gb_per_s": peak.bandwidth / 1e9, "source": source,
+                               "f32_gflop_per_s": None if peak.float32 is None else peak.float32 / 1e9,
+                               "bf16_gflop_per_s": peak.bfloat16 / 1e9},
+        },
+        "HF parity, GPT-2-small size, random weights, f32": {"128 positions": {"max_abs_logit_error_nats": error}},
+        f"decode, GPT-2-small size, {args.new_tokens} new tokens after 16-id prompts": decode,
+        f"train step, GPT L12 C768 V8192, batch {batch} x {context} tokens, {args.steps} timed steps": train,
+    }, args.results)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from run_conditions import run_conditions
+from result import BenchRun, add_results_argument
 
 from jgpt.model import bf16_matmul
 from jgpt.model.weights import initialize
@@ -66,8 +66,9 @@ def variant_step(config: TrainingConfig, precision: str, native: bool):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
+    add_results_argument(parser)
     args = parser.parse_args()
-    print(run_conditions())
+    run = BenchRun.start("bf16-train-step", __doc__)
     config = TrainingConfig()
     variants = {
         "float32": variant_step(config, "float32", native=True),
@@ -85,8 +86,13 @@ def main() -> None:
     medians = {name: [statistics.median(column) for column in zip(*rows)] for name, rows in times.items()}
     f32_wall, f32_cpu = medians["float32"]
     print(f"  {'variant':<13} {'wall ms':>8} {'vs f32':>7} {'CPU ms':>8} {'vs f32':>7}")
+    rows = {}
     for name, (wall, cpu) in medians.items():
         print(f"  {name:<13} {1e3 * wall:8.1f} {wall / f32_wall:7.2f} {1e3 * cpu:8.1f} {cpu / f32_cpu:7.2f}")
+        rows[name] = {"wall_ms": 1e3 * wall, "wall_against_f32_x": wall / f32_wall, "cpu_ms": 1e3 * cpu,
+                      "cpu_against_f32_x": cpu / f32_cpu}  # fmt: skip
+    title = f"train step on {jax.default_backend()}, batch {config.batch_size} x {config.window} tokens, medians"
+    run.write({title: rows}, args.results)
 
 
 if __name__ == "__main__":

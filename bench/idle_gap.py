@@ -1,4 +1,4 @@
-"""How much slower is an engine work after the engine sat idle? (kvsim fidelity, issue 12)
+"""How much slower is an engine work after the engine sat idle? (kvsim fidelity)
 
 The shipped chat model's one-row decode and a 32-id prefill, run through
 `ModelExecution.advance` (the jitted work the InferenceEngine dispatches) and
@@ -24,7 +24,7 @@ import argparse
 import time
 
 import numpy as np
-from run_conditions import run_conditions
+from result import BenchRun, add_results_argument
 
 from inference.execution import ModelExecution
 from jgpt.artifacts.catalog import load_model
@@ -53,8 +53,9 @@ def timed(work, gap_s: float, wait, repeats: int) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spin", action="store_true", help="wait by spinning, not sleeping")
+    add_results_argument(parser)
     args = parser.parse_args()
-    print(run_conditions())
+    run = BenchRun.start("idle-gap", __doc__)
     wait = spin if args.spin else time.sleep
 
     artifact = load_model("chat")
@@ -70,6 +71,7 @@ def main() -> None:
         execution.advance(empty, window, np.array([len(PROMPT)], np.int32))[0].block_until_ready()
 
     print(f"wait by {'spinning' if args.spin else 'sleeping'}; dispatch-to-ready microseconds, p50 / p90")
+    figures = {}
     for name, work in (("one-row decode", decode), ("32-id prefill", prefill)):
         timed(work, 0, wait, 20)  # compile and warm up
         cells, back_to_back = [], 0.0
@@ -78,7 +80,10 @@ def main() -> None:
             p50 = float(np.median(t))
             back_to_back = back_to_back or p50
             cells.append(f"gap {gap_ms:2d} ms {p50:6.0f} / {np.percentile(t, 90):6.0f} ({p50 / back_to_back:4.2f}x)")
+            figures.setdefault(name, {})[f"gap_{gap_ms}_ms_p50_us"] = p50
+            figures[name][f"gap_{gap_ms}_ms_against_back_to_back_x"] = p50 / back_to_back
         print(f"  {name:15s} " + " | ".join(cells), flush=True)
+    run.write({f"dispatch to ready, waiting by {'spinning' if args.spin else 'sleeping'}": figures}, args.results)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from pathlib import Path
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from bench.run_conditions import run_conditions  # noqa: E402
+from bench.result import BenchRun, add_results_argument  # noqa: E402
 from jgpt.foundation.identity import write_atomically  # noqa: E402
 from kvsim import parse_system, record_chunks, simulate  # noqa: E402
 from kvsim.analytic import AnalyticModel, analytic_computations, analytic_stream  # noqa: E402
@@ -60,14 +60,15 @@ def system(policy: str) -> dict:
     }
 
 
-def why_batch() -> None:
-    """Conversations arriving fast enough to saturate serialized service, under both policies."""
+def why_batch() -> dict:
+    """Conversations arriving fast enough to saturate serialized service, under both policies: the figures."""
     items = conversations(2_000, seed=0, mix=ConversationMix(mean_gap_us=60, think_us=(500, 2_000)))
     computations = analytic_computations(MODEL, items, "why batch")
     print("2,000 requests, a conversation every 60 us on average; virtual microseconds")
     print(
         f"{'policy':<20} {'busy':>6} {'end':>8} {'TTFT p50':>9} {'p99':>7} {'per token p50':>14} {'e2e p50':>8} {'p99':>7}"
     )
+    figures = {}
     for policy in ("serialized", "continuous_batching"):
         config = system(policy)
         config["scheduling"]["max_active_requests"] = 16
@@ -79,6 +80,13 @@ def why_batch() -> None:
             f"{latency['ttft']['p50']:>9} {latency['ttft']['p99']:>7} {latency['tpot']['p50']:>14} "
             f"{latency['e2e']['p50']:>8} {latency['e2e']['p99']:>7}"
         )
+        figures[policy] = {
+            "compute_busy_fraction": totals["compute_busy_fraction"], "last_event_us": totals["end_us"],
+            "ttft_p50_us": latency["ttft"]["p50"], "ttft_p99_us": latency["ttft"]["p99"],
+            "tpot_p50_us": latency["tpot"]["p50"], "e2e_p50_us": latency["e2e"]["p50"],
+            "e2e_p99_us": latency["e2e"]["p99"],
+        }  # fmt: skip
+    return {"2,000 requests, a conversation every 60 us on average, 16 active (virtual time)": figures}
 
 
 def streamed_one(size: int, policy: str, record_dir: str | None, keep: bool) -> None:
@@ -101,9 +109,9 @@ def streamed_one(size: int, policy: str, record_dir: str | None, keep: bool) -> 
 
 
 def peak_rss_bytes() -> int:
-    """This process's own peak resident set. Linux carries ru_maxrss across fork and exec, so a run started
-    after the in-memory sizes reported the parent's peak as its own (1,644 MiB for a million streamed requests
-    on 2026-12-02, after 100,000 requests held in the parent); VmHWM belongs to this process's memory alone."""
+    """This process's own peak resident set. Linux carries ru_maxrss across fork and exec, so a streamed run
+    started after the in-memory sizes reported as its own the peak of the parent that had held 100,000 requests;
+    VmHWM belongs to this process's memory alone."""
     try:
         with open("/proc/self/status") as status:
             return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
@@ -111,12 +119,14 @@ def peak_rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def streamed(sizes: list[int], policy: str, record_dir: str | None, keep: bool) -> None:
+def streamed(sizes: list[int], policy: str, record_dir: str | None, keep: bool) -> dict:
+    """Each size's streamed run in a process of its own: the figures, per size."""
     print(
         f"\nstreamed record (JSON Lines) of a streamed document, one process per size; targets "
         f"{STREAMED_TARGET_S:.0f} s and {STREAMED_TARGET_BYTES / 2**30:.0f} GiB at 1,000,000 requests"
     )
     print(f"{'requests':>9} {'events':>11} {'wall s':>8} {'cpu s':>8} {'record GB':>10} {'peak RSS MiB':>13}  verdict")
+    rows = {}
     for size in sizes:
         command = [sys.executable, __file__, "--streamed-one", str(size), "--policy", policy]
         if record_dir:
@@ -131,6 +141,12 @@ def streamed(sizes: list[int], policy: str, record_dir: str | None, keep: bool) 
         print(f"{size:>9} {figures['events']:>11} {figures['wall_s']:>8.1f} {figures['cpu_s']:>8.1f} "
               f"{figures['bytes'] / 1e9:>10.2f} {figures['peak_rss_bytes'] / 2**20:>13.0f}  "
               f"{'meets' if met else 'misses'} the targets")  # fmt: skip
+        rows[f"{size:,} requests"] = {
+            "events_count": figures["events"], "lines_count": figures["lines"], "wall_s": figures["wall_s"],
+            "cpu_s": figures["cpu_s"], "record_gb": figures["bytes"] / 1e9,
+            "peak_rss_mib": figures["peak_rss_bytes"] / 2**20, "meets_targets": met,
+        }  # fmt: skip
+    return {f"streamed record, policy {policy} (targets {STREAMED_TARGET_S:.0f} s and 2 GiB at 1,000,000)": rows}
 
 
 def main() -> None:
@@ -155,28 +171,36 @@ def main() -> None:
     )
     parser.add_argument("--policy", default="serialized", choices=["serialized", "continuous_batching"])
     parser.add_argument("--why-batch", action="store_true", help="instead: both policies on a saturating workload")
+    add_results_argument(parser)
     args = parser.parse_args()
-    if args.why_batch:
-        return why_batch()
     if args.streamed_one:
         return streamed_one(args.streamed_one, args.policy, args.record_dir, args.keep)
-    print(run_conditions())
-    if args.sizes:
-        in_memory(args.sizes, args.policy)
+    if args.keep and not args.record_dir:
+        parser.error("--keep needs --record-dir")
+    if args.why_batch:
+        run = BenchRun.start(
+            "kvsim-why-batch",
+            "Why engines batch: 2,000 conversation turns that saturate serialized "
+            "service, simulated under both scheduling policies.",
+        )
+        run.write(why_batch(), args.results)
+        return
+    run = BenchRun.start("kvsim" if args.sizes else "kvsim-streamed", __doc__)
+    figures = in_memory(args.sizes, args.policy) if args.sizes else {}
     if args.streamed:
-        if args.keep and not args.record_dir:
-            parser.error("--keep needs --record-dir")
-        streamed(args.streamed, args.policy, args.record_dir, args.keep)
+        figures |= streamed(args.streamed, args.policy, args.record_dir, args.keep)
+    run.write(figures, args.results)
 
 
-def in_memory(sizes: list[int], policy: str) -> None:
+def in_memory(sizes: list[int], policy: str) -> dict:
+    """Each size simulated in this process: the figures, per size."""
     config = parse_system(system(policy))
     print(f"kvsim bench: policy {policy}, model {MODEL}")
     print(
         f"{'requests':>9} {'events':>10} {'generate s':>11} {'simulate s':>11} {'cpu s':>7} {'events/s':>10} "
         f"{'record s':>9} {'record MB':>10}  hits dev/host, offloads, reloads, drops"
     )
-    timings = []
+    timings, rows = [], {}
     for size in sizes:
         start = time.perf_counter()
         computations = analytic_computations(MODEL, conversations(size, seed=0), "bench")
@@ -186,17 +210,20 @@ def in_memory(sizes: list[int], policy: str) -> None:
         elapsed = simulated - generated
         events = len(run.result.events)
         timings.append((size, elapsed, cpu))
-        record = ""
+        record, record_s, record_mb = f"{'-':>9} {'-':>10}", None, None
         if size <= RECORD_LIMIT:
             size_bytes = sum(map(len, record_chunks(run)))
-            record = f"{time.perf_counter() - simulated:>9.2f} {size_bytes / 1e6:>10.1f}"
-        else:
-            record = f"{'-':>9} {'-':>10}"
+            record_s, record_mb = time.perf_counter() - simulated, size_bytes / 1e6
+            record = f"{record_s:>9.2f} {record_mb:>10.1f}"
         t = run.outcomes["totals"]
         print(
             f"{size:>9} {events:>10} {generated - start:>11.2f} {elapsed:>11.2f} {cpu:>7.2f} {events / elapsed:>10.0f} {record}  "
             f"{t['hits_device']}/{t['hits_host']}, {t['offloads']}, {t['reloads']}, {t['drops']}"
         )
+        rows[f"{size:,} requests"] = {
+            "events_count": events, "generate_s": generated - start, "simulate_wall_s": elapsed,
+            "simulate_cpu_s": cpu, "events_per_s": events / elapsed, "record_s": record_s, "record_mb": record_mb,
+        }  # fmt: skip
     for (n0, t0, c0), (n1, t1, c1) in zip(timings, timings[1:], strict=False):
         nlogn = (n1 * math.log(n1)) / (n0 * math.log(n0))
         print(f"growth {n0} -> {n1}: wall x{t1 / t0:.1f}, cpu x{c1 / c0:.1f}; n log n x{nlogn:.1f}, n x{n1 / n0:.0f}")
@@ -209,6 +236,7 @@ def in_memory(sizes: list[int], policy: str) -> None:
         print(
             "note: CPU time well below wall time means other processes shared this core; CPU time is the fairer figure"
         )
+    return {f"in memory, policy {policy}": rows}
 
 
 if __name__ == "__main__":

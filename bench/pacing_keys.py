@@ -1,4 +1,4 @@
-"""Would a history term let a calibrated service price the engine's works? (kvsim fidelity, issue 12)
+"""Would a history term let a calibrated service price the engine's works? (kvsim fidelity)
 
 Reads the measured runs earlier `bench/fidelity.py` runs left in DIR [DIR ...]
 and serves nothing. Every prefill and decode work gets a shape (kind, rows,
@@ -40,7 +40,7 @@ from pathlib import Path
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from bench.run_conditions import run_conditions  # noqa: E402
+from bench.result import BenchRun, add_results_argument  # noqa: E402
 from kvsim.measured_run import load_measured_run  # noqa: E402
 
 CALIBRATION = "calibration"
@@ -157,8 +157,9 @@ def main() -> None:
     parser.add_argument(
         "directories", type=Path, nargs="+", help="measured runs of bench/fidelity.py (WORKLOAD-POLICY-N.json)"
     )
+    add_results_argument(parser)
     args = parser.parse_args()
-    print(run_conditions())
+    run = BenchRun.start("pacing-keys", __doc__)
     benches = [read_runs(directory) for directory in args.directories]
     keys = [(f"warmth, tau {t / 1000:g} ms", lambda r, t=t: warmth_keys(r, t)) for t in TAUS_US]
     keys += [(f"same shape, within {g} us", lambda r, g=g: same_shape_keys(r, g)) for g in GAPS_US]
@@ -166,17 +167,32 @@ def main() -> None:
     print("measured / reference compute time per predicted workload: by shape | by shape and key; per directory:")
     for index, directory in enumerate(args.directories):
         print(f"  {index + 1}: {directory}")
+    figures: dict[str, dict] = {}
+    columns = [f"directory_{index + 1}" for index in range(len(args.directories))]
     for label, key in keys:
         print(f"  {label}")
         results = [biases({name: [key(run) for run in group] for name, group in runs.items()}) for runs in benches]
         for name in results[0]:
             cells = "".join(f"   {r[name][0]:6.3f} | {r[name][1]:6.3f}" if name in r else "   -" for r in results)
             print(f"    {name:45s}{cells}")
+            by_shape = figures.setdefault("measured over reference compute time, by shape alone", {})
+            by_shape[name] = {f"{c}_x": r[name][0] for c, r in zip(columns, results, strict=True) if name in r}
+            figures.setdefault(f"measured over reference, by shape and {label}", {})[name] = {
+                f"{c}_x": r[name][1] for c, r in zip(columns, results, strict=True) if name in r
+            }
     print(f"\n90% band of the ratio by shape and previous work ({DRAWS} bench runs of each directory's repeats, "
           "drawn with replacement):")  # fmt: skip
     bands = [band({name: [previous_keys(run) for run in group] for name, group in runs.items()}) for runs in benches]
     for name in bands[0]:
         print(f"    {name:45s}" + "".join(f"   {b[name][0]:6.3f}-{b[name][1]:6.3f}" for b in bands if name in b))
+        figures.setdefault("90% band of the ratio by shape and previous work", {})[name] = {
+            f"{c}_{end}_x": b[name][i]
+            for c, b in zip(columns, bands, strict=True)
+            if name in b
+            for i, end in enumerate(("low", "high"))
+        }
+    note = "Directories: " + "; ".join(f"{index + 1}: {d}" for index, d in enumerate(args.directories))
+    run.write(figures, args.results, note=note)
 
 
 if __name__ == "__main__":

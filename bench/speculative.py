@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from run_conditions import run_conditions
+from result import BenchRun, add_results_argument
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from inference.execution import ModelExecution
@@ -122,8 +122,8 @@ def measured(run, groups, repeats: int):
     return statistics.median(decode_rates), statistics.median(total_rates), results
 
 
-def table(title: str, target, drafts, requests, repeats: int, batched: bool) -> list:
-    """Greedy, then every (name, draft) at K = 1..8; returns greedy's responses per group."""
+def table(title: str, target, drafts, requests, repeats: int, batched: bool) -> tuple[list, dict]:
+    """Greedy, then every (name, draft) at K = 1..8: greedy's responses per group, and the figures."""
     groups = [requests] if batched else [[r] for r in requests]
     greedy_decode, greedy_total, greedy = measured(functools.partial(generate, target), groups, repeats)
     greedy_ids = [[r.output_ids for r in responses] for responses in greedy]
@@ -132,6 +132,7 @@ def table(title: str, target, drafts, requests, repeats: int, batched: bool) -> 
     print(f"  {'decoding':<16} {'accept':>7} {'ids/round':>9} {'decode tok/s':>12} {'vs greedy':>9} "
           f"{'with prefill':>12} {'vs greedy':>9}  ids")  # fmt: skip
     print(f"  {'greedy':<16} {'':>7} {'':>9} {greedy_decode:12.1f} {1.0:8.2f}x {greedy_total:12.1f} {1.0:8.2f}x")
+    rows = {"greedy": {"decode_tok_per_s": greedy_decode, "with_prefill_tok_per_s": greedy_total}}
     for (name, draft), k in itertools.product(drafts, KS):
         decode, total, runs = measured(functools.partial(generate_speculative, target, draft, k=k), groups, repeats)
         same = [[r.output_ids for r in responses] for responses in runs] == greedy_ids
@@ -142,10 +143,16 @@ def table(title: str, target, drafts, requests, repeats: int, batched: bool) -> 
         per_round = (ids - len(requests)) / rounds if rounds else float("nan")
         print(f"  {f'{name} K={k}':<16} {acceptance:7.1%} {per_round:9.2f} {decode:12.1f} {decode / greedy_decode:8.2f}x "
               f"{total:12.1f} {total / greedy_total:8.2f}x  {'same as greedy' if same else 'DIFFER FROM GREEDY'}")  # fmt: skip
-    return greedy
+        rows[f"{name} K={k}"] = {
+            "accepted_fraction": acceptance, "ids_per_round_count": per_round, "decode_tok_per_s": decode,
+            "decode_against_greedy_x": decode / greedy_decode, "with_prefill_tok_per_s": total,
+            "with_prefill_against_greedy_x": total / greedy_total, "same_ids_as_greedy": same,
+        }  # fmt: skip
+    shape = "one batch" if batched else "one at a time"
+    return greedy, {f"{title}: {len(requests)} requests, {shape}, {ids} output ids": rows}
 
 
-def bound(target: ModelExecution, draft: ModelExecution, prompt, greedy, repeats: int) -> None:
+def bound(target: ModelExecution, draft: ModelExecution, prompt, greedy, repeats: int) -> dict:
     """The oracle's speed-up at each K: verify(K + 1) against step(1) times, priced over the replies' decode ids,
     free and at the draft's cost (K draft steps a round)."""
     verify = jax.jit(verify_window, static_argnames=("architecture", "unroll"))
@@ -181,11 +188,17 @@ def bound(target: ModelExecution, draft: ModelExecution, prompt, greedy, repeats
     print(
         f"  {'K':>2} {'verify us':>9} {'vs step':>7} {'oracle rounds':>13} {'oracle speed-up':>15} {'at the draft cost':>17}"
     )
+    rows = {}
     for k in KS:
         ratio = statistics.median(times[k + 1]) / step
         rounds = sum(-(-n // (k + 1)) for n in decoded)
         free, priced = sum(decoded) / (rounds * ratio), sum(decoded) / (rounds * (ratio + k * drafting))
         print(f"  {k:>2} {ratio * step * 1e6:9.0f} {ratio:6.2f}x {rounds:13d} {free:14.2f}x {priced:16.2f}x")
+        rows[f"K={k}"] = {"verify_us": ratio * step * 1e6, "verify_against_step_x": ratio, "oracle_rounds_count": rounds,
+                          "oracle_free_speed_up_x": free, "oracle_at_draft_cost_speed_up_x": priced}  # fmt: skip
+    title = (f"Bound: {len(decoded)} replies decoding {sum(decoded)} ids; a target step over 1 id {step * 1e6:.0f} us, "
+             f"the draft's {drafting:.2f}x that")  # fmt: skip
+    return {title: rows}
 
 
 def main() -> None:
@@ -194,8 +207,9 @@ def main() -> None:
     parser.add_argument("--batched", action="store_true", help="also every chat request as one batch")
     parser.add_argument("--requests", type=int, default=24, help="held-out exercises of the chat workload")
     parser.add_argument("--repeats", type=int, default=3)
+    add_results_argument(parser)
     args = parser.parse_args()
-    print(run_conditions())
+    run = BenchRun.start("speculative", __doc__)
     print(
         f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
     )
@@ -208,18 +222,20 @@ def main() -> None:
     a, d = target.architecture, draft.architecture
     pair = f"chat (L{a.layers} C{a.width}) with chat-draft (L{d.layers} C{d.width})"
     drafts = [("draft", draft), ("lookup", PromptLookup())]
-    greedy = table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=False)
+    greedy, figures = table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=False)
     if args.batched:
-        table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=True)
-    bound(target, draft, requests[0].prompt_ids, greedy, args.repeats)
+        figures |= table(pair + " and prompt lookup", target, drafts, requests, args.repeats, batched=True)[1]
+    figures |= bound(target, draft, requests[0].prompt_ids, greedy, args.repeats)
     if args.quick:
+        run.write(figures, args.results)
         return
     target, draft = random_pair()
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 50257, size=16).tolist()]
     requests = [InferenceRequest(f"random-{i}", p, GenerationPolicy(RANDOM_BUDGET)) for i, p in enumerate(prompts)]
-    table("GPT-2-small-sized random target (L12 C768) with a 2-layer random draft", target, [("draft", draft)], requests,
-          args.repeats, batched=False)  # fmt: skip
+    figures |= table("GPT-2-small-sized random target (L12 C768) with a 2-layer random draft", target,
+                     [("draft", draft)], requests, args.repeats, batched=False)[1]  # fmt: skip
+    run.write(figures, args.results)
 
 
 if __name__ == "__main__":

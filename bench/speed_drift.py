@@ -1,4 +1,4 @@
-"""How steady is this machine's speed from one second to the next? (kvsim fidelity, issue 12)
+"""How steady is this machine's speed from one second to the next? (kvsim fidelity)
 
 The InferenceEngine's serialized decode step (the shipped chat model, one row,
 `SlotExecution.decode_row`) runs on K slot states allocated afresh, the steps
@@ -28,7 +28,7 @@ import numpy as np
 _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from bench.run_conditions import run_conditions  # noqa: E402
+from bench.result import BenchRun, add_results_argument  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
 from inference.slot_execution import EnginePlan, SlotExecution  # noqa: E402
 from jgpt.artifacts.catalog import load_model  # noqa: E402
@@ -64,24 +64,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=6, help="trials per shape, one after another")
     parser.add_argument("--states", type=int, default=6, help="slot states interleaved within a trial")
+    add_results_argument(parser)
     args = parser.parse_args()
-    print(run_conditions())
+    run = BenchRun.start("speed-drift", __doc__)
     artifact = load_model("chat")
     execution = ModelExecution.from_artifact(artifact, artifact.tokenizer())
     print("one-row decode step, dispatch to ready, median us: per slot state within a trial | the trial's")
+    figures = {}
     for rows, capacity in SHAPES:
         programs = SlotExecution(execution, EnginePlan(rows, capacity, (16, 32, 64), (1,), False))
         trial(programs, 1, 1)  # compile and warm up
-        medians = []
+        medians, spreads = [], []
         for index in range(args.trials):
             times = trial(programs, args.states, 12)
             per_state = np.median(times, axis=1)
             medians.append(float(np.median(times)))
+            spreads.append(float(per_state.max() / per_state.min()))
             print(f"  {rows} rows x {capacity} slots, trial {index + 1}: "
                   + " ".join(f"{m:4.0f}" for m in per_state)
                   + f"  (states max/min {per_state.max() / per_state.min():.3f}) | {medians[-1]:4.0f}", flush=True)  # fmt: skip
         print(f"  {rows} rows x {capacity} slots: trials' medians {min(medians):.0f}-{max(medians):.0f} us, "
               f"max/min {max(medians) / min(medians):.3f}\n", flush=True)  # fmt: skip
+        figures[f"{rows} rows x {capacity} slots"] = {
+            "fastest_trial_us": min(medians), "slowest_trial_us": max(medians),
+            "trials_slowest_over_fastest_x": max(medians) / min(medians),
+            "states_in_a_trial_widest_x": max(spreads),
+        } | {f"trial_{index + 1}_us": median for index, median in enumerate(medians)}  # fmt: skip
+    run.write({"one-row decode step, median per trial": figures}, args.results)
 
 
 if __name__ == "__main__":

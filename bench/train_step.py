@@ -28,7 +28,7 @@ taking turns in one run.
     python bench/train_step.py [--steps 20] [--only small|large] [--products] [--scan] [--torch-compile]
 
 `make bench` runs it with the malloc tunables `jgpt train` runs with (`jgpt.runtime.process_settings.MALLOC_TUNABLES`: huge
-pages, one arena, no mmap'd or trimmed blocks; docs/training.md, Speed); both sides get the same allocator.
+pages, one arena, no mmap'd or trimmed blocks; docs/process-settings.md); both sides get the same allocator.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from run_conditions import run_conditions
+from result import BenchRun, add_results_argument
 from torch import nn
 
 from jgpt.kernels import blas_attention, blas_matmul
@@ -297,8 +297,10 @@ def main() -> None:
     parser.add_argument("--products", action="store_true", help="print each dense product's rate in every form")
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile of the peer")
     parser.add_argument("--scan", action="store_true", help="also time jgpt with a rolled layer scan (unroll=1)")
+    add_results_argument(parser)
     args = parser.parse_args()
-    print(run_conditions())
+    run = BenchRun.start("train-step", __doc__)
+    figures = {}
     blas = blas_matmul.available()
     print(f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} device(s); "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads; "
@@ -328,6 +330,14 @@ def main() -> None:
         floor = flops / (peak * 1e9)
         print(f"  floor: {flops / 1e9:.2f} GFLOP of matmuls at the best measured {peak:.0f} GFLOP/s = "
               f"{floor * 1e3:.1f} ms/step; no step can beat torch eager by more than {results['torch eager'] / floor:.2f}x here")  # fmt: skip
+        title = (f"{shape.name}: L{shape.layers} H{shape.heads} C{shape.width} T{shape.context} B{shape.batch}, "
+                 "median step")  # fmt: skip
+        figures[title] = {
+            name: {"step_ms": seconds * 1e3, "tokens_per_s": tokens / seconds,
+                   "against_torch_eager_x": results["torch eager"] / seconds}
+            for name, seconds in results.items()
+        } | {"floor": {"step_ms": floor * 1e3, "gflop": flops / 1e9, "against_torch_eager_x": results["torch eager"] / floor}}  # fmt: skip
+    run.write(figures, args.results)
 
 
 if __name__ == "__main__":
