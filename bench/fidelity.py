@@ -1,42 +1,33 @@
 """kvsim fidelity: calibrate on a profiling sweep served by the real InferenceEngine, predict three other workloads.
 
-Every workload is served for real (`inference.engine.InferenceEngine`, wall
-clock, the shipped chat model, Python's garbage collector paused while the
-clock runs) under serialized service and under continuous batching,
-`--repeats` times each, the workloads interleaved (ABCABC...: a change in the
-machine's speed hits them all alike), each repeat starting one workload later
-than the one before (ABC, BCA, CAB: no workload always runs first or last). `jgpt kvsim calibrate`'s fit runs on the
-calibration workloads' runs of this bench run only; kvsim then predicts each
-other workload's runs from their systems, arrivals and recorded computations
-(`kvsim.fidelity.simulated_totals`), with the calibrated service (its spread:
-the median over simulated repeats of every measured repeat), with the same service fitted without its
-spread (every work its mean time), without its finish term, without its
-after_other term, and with the hypothetical default rates of docs/experiments.md. Printed per workload, policy
-and field: the measured median over repeats with the repeats' minimum and
-maximum and its noise band (`kvsim.fidelity.noise_band`: how far a median of
-that many runs strays by their own noise), each prediction and its error; then
-how many latencies each model predicts within 10% and the worst, and how many
-misses lie beyond the noise band; the noise band of the median of 1 to 45
-repeats per field (`noise_table`); and per repeat the stalled works
+Every workload (`bench.workloads.fidelity_workloads`) is served for real (`inference.engine.InferenceEngine`,
+wall clock, the shipped chat model, Python's garbage collector paused while the clock runs) under serialized
+service and under continuous batching, `--repeats` times each, the workloads interleaved (ABCABC...: a change
+in the machine's speed hits them all alike), each repeat starting one workload later than the one before
+(ABC, BCA, CAB: no workload always runs first or last). `jgpt kvsim calibrate`'s fit runs on the calibration
+workloads' runs of this bench run only; kvsim then predicts each other workload's runs from their systems,
+arrivals and recorded computations (`kvsim.fidelity.simulated_totals`), with the calibrated service (its
+spread: the median over simulated repeats of every measured repeat), with the same service fitted without
+its spread (every work its mean time), without its finish term, without its after_other term, and with the
+hypothetical default rates of docs/experiments.md. Printed per workload, policy and field: the measured
+median over repeats with the repeats' minimum and maximum and its noise band (`kvsim.fidelity.noise_band`:
+how far a median of that many runs strays by their own noise), each prediction and its error; then how many
+latencies each model predicts within 10% and the worst, and how many misses lie beyond the noise band; the
+noise band of the median of 1 to 45 repeats per field (`noise_table`); and per repeat the stalled works
 (`stall_table`) with what the machine did meanwhile (`machine_counters`).
 
-    .venv/bin/python bench/fidelity.py [--repeats 15] [--out-dir runs/fidelity] [--write-docs] [--gc-compare]
+    .venv/bin/python bench/fidelity.py [--repeats 15] [--scale 4] [--out-dir runs/fidelity] [--gc-compare]
     .venv/bin/python bench/fidelity.py --from-dir runs/fidelity
 
---from-dir DIR serves nothing: it reads the measured-run documents an earlier
-bench run left in DIR (named WORKLOAD-POLICY-REPEAT.json), refits on its
-calibration runs and predicts its other runs, and prints the same tables
-(for trying a change of the fit or the duration model on runs measured on a
-quiet machine; it writes no file).
-
---write-docs rewrites the generated part of docs/kvsim.md's Fidelity section
-(between its fidelity-bench markers: the fit, the tables, the noise table and
-the stalled works) and docs/kvsim-fidelity.png from this run.
---gc-compare also serves each predicted workload with the collector left on,
-interleaved, and compares the measured tails. The measured-run documents and
-the service fragment are written to --out-dir, so `jgpt kvsim calibrate` and
-`jgpt kvsim predict` can be run on them by hand. The machine is shared: run it
-on a quiet one for figures worth quoting.
+The result (bench/result.py: the fit, the predictions, the summary and the noise table) goes to
+bench/results/ or `--results DIR`, with the measured-vs-predicted plot beside it. --from-dir DIR serves
+nothing: it reads the measured-run documents an earlier bench run left in DIR (WORKLOAD-POLICY-REPEAT.json),
+refits on its calibration runs, predicts its other runs and prints the same tables (for trying a change of
+the fit or the duration model on runs measured on a quiet machine); its result is `fidelity-refit`.
+--gc-compare also serves each predicted workload with the collector left on, interleaved, and compares the
+measured tails. The measured-run documents and the service fragment are written to --out-dir, so `jgpt kvsim
+calibrate` and `jgpt kvsim predict` can be run on them by hand. The machine is shared: run it on a quiet one
+for figures worth quoting.
 """
 
 from __future__ import annotations
@@ -58,13 +49,12 @@ _HERE, _ROOT = Path(__file__).resolve().parent, Path(__file__).resolve().parent.
 sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
 import inference.engine  # noqa: E402
-from bench.run_conditions import run_conditions  # noqa: E402
-from bench.workloads import burst_workload, chat_workload, sweep_workload, system  # noqa: E402
+from bench.result import BenchRun, add_results_argument  # noqa: E402
+from bench.workloads import CALIBRATION, SCALE, fidelity_workloads  # noqa: E402
 from inference.engine import InferenceEngine, read_served_workload  # noqa: E402
 from inference.execution import ModelExecution  # noqa: E402
 from inference.measured_run import measured_run  # noqa: E402
 from jgpt.artifacts.catalog import load_model, read_catalog  # noqa: E402
-from jgpt.foundation.identity import write_atomically  # noqa: E402
 from kvsim.calibration import (
     AFTER_OTHER,
     FINISH,
@@ -91,17 +81,10 @@ GOAL = 0.10
 # misses GOAL on a field about once in a thousand (noise_table says how many repeats each field needs).
 QUIET_BAND = GOAL / 2
 NOISE_REPEATS = (1, 3, 5, 9, 15, 25, 45)  # the repeats noise_table shows the band of the median for
-# The predicted workloads last this many times as long as their first versions (12 chats over 2 s, one burst
-# of 32, 16 chats' later turns over 1.5 s): the machine's speed drifts by 15-30% from one second to the next
-# (bench/speed_drift.py), and a workload run of a tenth of a second to two seconds met too few of them.
-SCALE = 4
 STALL = 2.5  # a work over this many times its shape's median time is counted as stalled (stall_table)
-CALIBRATION = "calibration"  # workloads whose names start with it are fitted, the others predicted
-DOCS, PLOT = _ROOT / "docs" / "kvsim.md", _ROOT / "docs" / "kvsim-fidelity.png"
-BEGIN, END = "<!-- fidelity-bench:begin (bench/fidelity.py --write-docs) -->", "<!-- fidelity-bench:end -->"
 # The models compared: the calibrated service as `jgpt kvsim calibrate` fits it (with its spread: the median
 # over simulated repeats), and fitted without one of its optional terms each: the spread (every work its mean
-# time), the finish, after_other (the model of 2026-12-05 before it).
+# time), the finish, after_other.
 MODELS = {
     "calibrated": OPTIONAL_TERMS,
     "deterministic": (FINISH, AFTER_OTHER),
@@ -109,56 +92,6 @@ MODELS = {
     "without after_other": (FINISH, SPREAD),
 }
 SHOWN = (*MODELS, "hypothetical")  # the predictions each row shows
-
-
-def workloads(kv_bytes: int, scale: int = SCALE) -> dict[str, tuple[dict, object]]:
-    """name -> (Workload document, system for a policy). The predicted workloads last `scale` times as long at
-    the same rate (more chats; more bursts, 1.5 s apart), so a run meets more of the machine's seconds."""
-    ample = 1 << 40  # bytes: nothing is ever evicted
-    calibration = chat_workload(conversations=12, turns=4, spread_us=600_000, seed=11)
-    return {
-        # The profiling sweep: groups of 1, 2, 4 and 8 chats' turns at once, round after round (batch sizes
-        # at every context position, reuse, requests ending together, idle stretches between groups), at the
-        # 4 slots the chat and long-prompt workloads run (the other calibration workloads run 8).
-        "calibration, sweep": (sweep_workload(), lambda p: system(p, 4, ample, 0)),
-        # The calibration chats served whole with a host tier under a tight device budget (every kind of work,
-        # offloads and reloads), as their first turns only arriving fifty times as fast (a queue, half the
-        # slot capacity), and four times slower (idle stretches of tens of milliseconds).
-        "calibration": (calibration, lambda p: system(p, 8, 512 * kv_bytes, 4096 * kv_bytes)),
-        # The same at 4 slots: the engine the chat and long-prompt workloads run on, with a host tier.
-        "calibration, 4 slots": (calibration, lambda p: system(p, 4, 512 * kv_bytes, 4096 * kv_bytes)),
-        "calibration, first turns": (_first_turns(calibration, 50), lambda p: system(p, 8, ample, 0)),
-        "calibration, spread out": (_stretched(calibration, 4), lambda p: system(p, 8, ample, 0)),
-        "multi-turn chat": (
-            chat_workload(conversations=12 * scale, turns=4, spread_us=2_000_000 * scale, seed=0),
-            lambda p: system(p, 4, ample, 0),
-        ),
-        "burst": (
-            burst_workload(requests=32, seed=1, bursts=scale, every_us=1_500_000),
-            lambda p: system(p, 8, ample, 0),
-        ),
-        "long prompts, host tier": (
-            _longest_turns(chat_workload(conversations=16 * scale, turns=4, spread_us=1_500_000 * scale, seed=5)),
-            lambda p: system(p, 4, 512 * kv_bytes, 4096 * kv_bytes),
-        ),
-    }
-
-
-def _first_turns(document: dict, faster: int) -> dict:
-    first = [
-        r | {"arrival_us": r["arrival_us"] // faster} for r in document["requests"] if r["request_id"].endswith("t0")
-    ]
-    return document | {"requests": first}
-
-
-def _stretched(document: dict, slower: int) -> dict:
-    return document | {"requests": [r | {"arrival_us": r["arrival_us"] * slower} for r in document["requests"]]}
-
-
-def _longest_turns(document: dict) -> dict:
-    """Only the later turns of each chat, the longest prompts (a chat's first one served finds nothing to reuse)."""
-    requests = [r for r in document["requests"] if not r["request_id"].endswith("t0")]
-    return document | {"kind": "long_prompts", "requests": requests}
 
 
 def serve(execution, tokenizer, document: dict, system_json: dict) -> dict:
@@ -198,26 +131,30 @@ def collector_left_on(collections: list[float]):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # 15: the most that keeps the bench near 7 minutes on the quiet 2-core machine; fewer leave the measured
-    # medians' noise bands wider than the goal (docs/kvsim.md, "Fidelity": noise against model error).
+    # 15: the most that keeps the bench near 15 minutes on the quiet 2-core machine; fewer leave the measured
+    # medians' noise bands wider than the goal (docs/kvsim-calibration.md, "Fidelity").
     parser.add_argument("--repeats", type=int, default=15, help="engine runs per workload and policy (noise band)")
     parser.add_argument("--out-dir", type=Path, default=Path("runs/fidelity"))
-    parser.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {DOCS.name} and {PLOT.name}")
     parser.add_argument("--gc-compare", action="store_true", help="also serve the predicted workloads with the GC on")
     parser.add_argument("--from-dir", type=Path, help="refit and predict the runs saved there; serve nothing")
     parser.add_argument(
         "--scale", type=int, default=SCALE, help=f"predicted workloads this many times as long (default {SCALE})"
     )
+    add_results_argument(parser)
     args = parser.parse_args()
-    print(run_conditions())
     if args.from_dir is not None:
-        if args.write_docs or args.gc_compare:
-            parser.error("--from-dir serves nothing: it takes neither --write-docs nor --gc-compare")
+        if args.gc_compare:
+            parser.error("--from-dir serves nothing: it takes no --gc-compare")
+        bench = BenchRun.start("fidelity-refit", __doc__)
         runs = saved_runs(args.from_dir)
         print(f"read {sum(map(len, runs.values()))} measured runs from {args.from_dir}")
-        print("\n" + summarize(evaluate(runs)[0]))
+        table, _, fits = evaluate(runs)
+        print("\n" + summarize(table))
+        bench.write(figures(table, fits), args.results, note=f"Refitted on the measured runs in {args.from_dir}.",
+                    plots={"fidelity.png": plot(table)})  # fmt: skip
         return
-    started, load = time.monotonic(), os.getloadavg()[0]
+    bench = BenchRun.start("fidelity", __doc__)
+    started = time.monotonic()
     artifact = load_model(read_catalog().default_id())
     tokenizer = artifact.tokenizer()
     execution = ModelExecution.from_artifact(artifact, tokenizer)
@@ -226,7 +163,7 @@ def main() -> None:
     machine: dict[tuple[str, str], list] = {}  # per run: what the machine did meanwhile (machine_counters)
     collected: dict[tuple[str, str], list] = {}  # with the collector left on (--gc-compare)
     collections: dict[tuple[str, str], list] = {}  # the seconds of each collection in those runs, per run
-    served = list(workloads(execution.costs.kv_bytes_per_position, args.scale).items())
+    served = list(fidelity_workloads(execution.costs.kv_bytes_per_position, args.scale).items())
     for repeat in range(args.repeats):  # interleaved: every workload once per repeat, each repeat starting one later
         start = repeat % len(served)
         for name, (document, make_system) in served[start:] + served[:start]:
@@ -243,43 +180,28 @@ def main() -> None:
                             make_system(policy)))  # fmt: skip
                     collections.setdefault((name, policy), []).append(seconds)
         print(f"repeat {repeat + 1} of {args.repeats} served ({time.monotonic() - started:.0f} s)", flush=True)
-    table, fragments, fit_text = evaluate(runs, machine)
+    table, fragments, fits = evaluate(runs, machine)
     (args.out_dir / "service.json").write_text(json.dumps(fragments["calibrated"], indent=1) + "\n")
+    (args.out_dir / "fidelity.json").write_text(json.dumps(table, indent=1) + "\n")
     if collected:
         print(gc_comparison(runs, collected, collections))
     took = time.monotonic() - started
-    summary = summarize(table)
-    print(
-        f"\n{summary}\nbench took {took:.0f} s (load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end)"
-    )
-    (args.out_dir / "fidelity.json").write_text(json.dumps(table, indent=1) + "\n")
-    (args.out_dir / "fidelity.md").write_text(markdown(table))
-    if args.write_docs:
-        calibration = sum(len(measured) for (name, _), measured in runs.items() if name.startswith(CALIBRATION))
-        header = (f"Generated by `python bench/fidelity.py --repeats {args.repeats} --scale {args.scale} --write-docs` at "
-                  f"{time.strftime('%H:%M UTC %Y-%m-%d', time.gmtime())} ({os.cpu_count()} CPUs, load average "
-                  f"{load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end; the bench took {took:.0f} s). "
-                  f"Fitted on the {calibration} calibration runs:")  # fmt: skip
-        stalls = stall_table(runs, machine).strip()  # how clean each repeat's measurement was
-        noise = noise_table(table).strip()
-        write_docs(
-            f"{header}\n\n```\n{fit_text}\n```\n\n{markdown(table)}\n```\n{summary}\n\n{noise}\n\n{stalls}\n```\n"
-        )
-        plot(table, PLOT)
-        print(f"rewrote the table in {DOCS} and {PLOT}")
+    print(f"\n{summarize(table)}\nbench took {took:.0f} s")
+    calibration = sum(len(measured) for (name, _), measured in runs.items() if name.startswith(CALIBRATION))
+    note = f"Fitted on the {calibration} calibration runs; the bench took {took:.0f} s."
+    bench.write(figures(table, fits), args.results, note=note, plots={"fidelity.png": plot(table)})
 
 
-def evaluate(runs: dict, machine: dict | None = None) -> tuple[list[dict], dict[str, dict], str]:
+def evaluate(runs: dict, machine: dict | None = None) -> tuple[list[dict], dict[str, dict], list]:
     """Fit each model on the calibration workloads' runs and predict the others; print the fits, the table,
     the replay check and the stalled works (with `machine`, what the machine did during each run).
-    (the table, the fragments, the calibrated fit's text)"""
+    (the table, the fragments, the calibrated fit's KindFits)"""
     calibration = [run for (name, _), measured in runs.items() if name.startswith(CALIBRATION) for run in measured]
-    fragments, fit_texts = {}, {}
+    fragments, fits = {}, {}
     for model, optional in MODELS.items():
-        fragments[model], fits, notes = fit(calibration, optional)
-        fit_texts[model] = fit_table(fits, notes)
+        fragments[model], fits[model], notes = fit(calibration, optional)
         print(f"\n{model}: fitted on {len(calibration)} runs of the calibration workloads "
-              f"({fragments[model]['calibration']['works']} works):\n{fit_texts[model]}")  # fmt: skip
+              f"({fragments[model]['calibration']['works']} works):\n{fit_table(fits[model], notes)}")  # fmt: skip
     table = fidelity(runs, fragments)
     print(render(table))
     print(noise_table(table))
@@ -289,7 +211,7 @@ def evaluate(runs: dict, machine: dict | None = None) -> tuple[list[dict], dict[
     for (name, policy), measured in runs.items():
         print(f"  {name:<26}{policy:<21}{100 * max(replayed_error(r) for r in measured):.2f}%")
     print(stall_table(runs, machine))
-    return table, fragments, fit_texts["calibrated"]
+    return table, fragments, fits["calibrated"]
 
 
 def machine_counters() -> tuple[int, int, int]:
@@ -334,7 +256,7 @@ def saved_runs(directory: Path) -> dict[tuple[str, str], list]:
     """The measured runs `_served` wrote to `directory`, per (workload, policy) in repeat order, in the order
     the bench serves them (the workloads' names from `workloads`; their systems are not needed here)."""
     runs = {}
-    for name in workloads(kv_bytes=1):
+    for name in fidelity_workloads(kv_bytes=1):
         for policy in POLICIES:
             prefix = f"{_slug(name)}-{policy}-"
             paths = [p for p in directory.glob(f"{prefix}*.json") if p.stem.removeprefix(prefix).isdigit()]
@@ -461,25 +383,57 @@ def render(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def markdown(table: list[dict]) -> str:
-    """The tables docs/kvsim.md shows: latencies and compute busy time in ms, then hit rates."""
-    lines = [
-        "| workload | policy | field | measured ms [min-max] | noise | "
-        + " | ".join(f"{m} ms | error" for m in SHOWN)
-        + " |",
-        "|---|---|---|---|---|" + "---|---|" * len(SHOWN),
-    ]
-    for r in (r for r in table if r["kind"] != "hit"):
-        predictions = " | ".join(f"{r[m] / 1000:.2f} | {100 * r[f'{m} error']:+.1f}%" for m in SHOWN)
-        lines.append(f"| {r['workload']} | {r['policy']} | {r['field']} | {r['measured'] / 1000:.2f} "
-                     f"[{r['low'] / 1000:.2f}-{r['high'] / 1000:.2f}] | ±{100 * r['noise']:.1f}% | {predictions} |")  # fmt: skip
-    lines += ["", "| workload | policy | field | measured (each repeat) | predicted | |", "|---|---|---|---|---|---|"]
-    for r in (r for r in table if r["kind"] == "hit"):
-        measured = ", ".join(_num(v) for v in r["measured"])
-        predicted = ", ".join(sorted({_num(v) for v in r["predicted"]}))
-        lines.append(f"| {r['workload']} | {r['policy']} | {r['field']} | {measured} | {predicted} | "
-                     f"{'exact' if r['exact'] else 'differs'} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+def figures(table: list[dict], fits: list) -> dict:
+    """The result's tables: each model's summary, the calibrated fit, every prediction, the noise bands."""
+    latency = [row for row in table if row["kind"] == "latency"]
+    summary = {}
+    for model in SHOWN:
+        errors = [abs(row[f"{model} error"]) for row in latency]
+        worst = max(latency, key=lambda row: abs(row[f"{model} error"]))
+        summary[model] = {
+            "latencies_count": len(errors), "within_10_percent_count": sum(e <= GOAL for e in errors),
+            "within_20_percent_count": sum(e <= 2 * GOAL for e in errors),
+            "mean_abs_error_percent": 100 * statistics.mean(errors), "worst_error_percent": 100 * worst[f"{model} error"],
+            "worst": f"{worst['workload']}, {worst['policy']}, {worst['field']}",
+        }  # fmt: skip
+    misses = [row for row in latency if abs(row["calibrated error"]) > GOAL]
+    checks = {}
+    checks["calibrated"] = {
+        "misses_count": len(misses), "misses_beyond_noise_band_count": sum(abs(r["calibrated error"]) > r["noise"] for r in misses),
+        "noise_bands_within_5_percent_count": sum(r["noise"] <= QUIET_BAND for r in latency),
+        "inside_measured_range_count": sum(r["low"] <= r["calibrated"] <= r["high"] for r in latency),
+    }  # fmt: skip
+    hits = [row for row in table if row["kind"] == "hit"]
+    checks["hit rates"] = {"exact_in_every_repeat_count": sum(row["exact"] for row in hits), "rows_count": len(hits)}
+    fitted = {f.kind: {"works_count": f.count, "mean_wall_us": f.mean_wall_us, "mean_error_us": f.mean_error_us,
+                       "p90_relative_error_fraction": f.p90_relative_error}
+                      | {name.replace("_us", "").replace(".", "_") + "_us": value for name, value in f.terms.items()}
+              for f in fits}  # fmt: skip
+    predictions = {
+        f"{row['workload']}, {row['policy']}, {row['field']}": {
+            "measured_ms": row["measured"] / 1000, "lowest_ms": row["low"] / 1000, "highest_ms": row["high"] / 1000,
+            "noise_band_percent": 100 * row["noise"], "calibrated_ms": row["calibrated"] / 1000,
+        } | {f"{_column(model)}_error_percent": 100 * row[f"{model} error"] for model in SHOWN}
+        for row in latency + [row for row in table if row["kind"] == "busy"]
+    }  # fmt: skip
+    bands = {}
+    for row in (row for row in table if row["kind"] != "hit"):
+        band = [noise_band(row["values"], n) for n in NOISE_REPEATS]
+        needed = next((str(n) for n, b in zip(NOISE_REPEATS, band) if b <= QUIET_BAND), f">{NOISE_REPEATS[-1]}")
+        bands[f"{row['workload']}, {row['policy']}, {row['field']}"] = {
+            f"median_of_{n}_percent": 100 * b for n, b in zip(NOISE_REPEATS, band)
+        } | {"repeats_for_a_5_percent_band": needed}
+    return {
+        f"latencies within {GOAL:.0%} of the measured median (summary)": summary,
+        "the calibrated service's misses against the noise; hit rates": checks,
+        "the calibrated fit, per kind of work (terms in us)": fitted,
+        "predictions: measured median over repeats and each model's error": predictions,
+        f"noise band ({NOISE_LEVEL:.0%}) of the median of n repeats": bands,
+    }
+
+
+def _column(name: str) -> str:
+    return "_".join(name.replace("_", " ").split())
 
 
 def gc_comparison(runs: dict, collected: dict, collections: dict) -> str:
@@ -500,17 +454,8 @@ def gc_comparison(runs: dict, collected: dict, collections: dict) -> str:
     return "\n".join(lines)
 
 
-def write_docs(generated: str) -> None:
-    """Replace what lies between the markers in docs/kvsim.md with `generated`."""
-    text = DOCS.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise SystemExit(f"{DOCS}: expected one {BEGIN!r} before one {END!r}")
-    before, rest = text.split(BEGIN)
-    after = rest.split(END)[1]
-    write_atomically(DOCS, f"{before}{BEGIN}\n{generated}{END}{after}".encode())
-
-
-def plot(table: list[dict], path: Path) -> None:
+def plot(table: list[dict]) -> bytes:
+    """The measured-vs-predicted plot of every latency, as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -535,7 +480,8 @@ def plot(table: list[dict], path: Path) -> None:
     figure.tight_layout()
     image = io.BytesIO()
     figure.savefig(image, format="png", dpi=110)
-    write_atomically(path, image.getvalue())
+    plt.close(figure)
+    return image.getvalue()
 
 
 def _num(value) -> str:

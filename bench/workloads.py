@@ -83,6 +83,65 @@ def sweep_workload(groups: tuple[int, ...] = (1, 2, 4, 8), turns: int = 4, max_n
     return _document("profiling_sweep", arrivals, max_new_tokens)
 
 
+# bench/fidelity.py: workloads whose names start with CALIBRATION are fitted, the others predicted; the predicted
+# ones last SCALE times as long as their first versions (12 chats over 2 s, one burst of 32, 16 chats' later turns
+# over 1.5 s), because the machine's speed drifts from one second to the next (bench/speed_drift.py) and a run of
+# a tenth of a second to two seconds meets too few of its seconds.
+CALIBRATION = "calibration"
+SCALE = 4
+
+
+def fidelity_workloads(kv_bytes: int, scale: int = SCALE) -> dict[str, tuple[dict, object]]:
+    """bench/fidelity.py's workloads: name -> (Workload document, system for a policy). Those whose names start
+    with CALIBRATION are fitted, the others predicted. The predicted workloads last `scale` times as long at the
+    same rate (more chats; more bursts, 1.5 s apart), so a run meets more of the machine's seconds."""
+    ample = 1 << 40  # bytes: nothing is ever evicted
+    calibration = chat_workload(conversations=12, turns=4, spread_us=600_000, seed=11)
+    return {
+        # The profiling sweep: groups of 1, 2, 4 and 8 chats' turns at once, round after round (batch sizes
+        # at every context position, reuse, requests ending together, idle stretches between groups), at the
+        # 4 slots the chat and long-prompt workloads run (the other calibration workloads run 8).
+        "calibration, sweep": (sweep_workload(), lambda p: system(p, 4, ample, 0)),
+        # The calibration chats served whole with a host tier under a tight device budget (every kind of work,
+        # offloads and reloads), as their first turns only arriving fifty times as fast (a queue, half the
+        # slot capacity), and four times slower (idle stretches of tens of milliseconds).
+        "calibration": (calibration, lambda p: system(p, 8, 512 * kv_bytes, 4096 * kv_bytes)),
+        # The same at 4 slots: the engine the chat and long-prompt workloads run on, with a host tier.
+        "calibration, 4 slots": (calibration, lambda p: system(p, 4, 512 * kv_bytes, 4096 * kv_bytes)),
+        "calibration, first turns": (_first_turns(calibration, 50), lambda p: system(p, 8, ample, 0)),
+        "calibration, spread out": (_stretched(calibration, 4), lambda p: system(p, 8, ample, 0)),
+        "multi-turn chat": (
+            chat_workload(conversations=12 * scale, turns=4, spread_us=2_000_000 * scale, seed=0),
+            lambda p: system(p, 4, ample, 0),
+        ),
+        "burst": (
+            burst_workload(requests=32, seed=1, bursts=scale, every_us=1_500_000),
+            lambda p: system(p, 8, ample, 0),
+        ),
+        "long prompts, host tier": (
+            _longest_turns(chat_workload(conversations=16 * scale, turns=4, spread_us=1_500_000 * scale, seed=5)),
+            lambda p: system(p, 4, 512 * kv_bytes, 4096 * kv_bytes),
+        ),
+    }
+
+
+def _first_turns(document: dict, faster: int) -> dict:
+    first = [
+        r | {"arrival_us": r["arrival_us"] // faster} for r in document["requests"] if r["request_id"].endswith("t0")
+    ]
+    return document | {"requests": first}
+
+
+def _stretched(document: dict, slower: int) -> dict:
+    return document | {"requests": [r | {"arrival_us": r["arrival_us"] * slower} for r in document["requests"]]}
+
+
+def _longest_turns(document: dict) -> dict:
+    """Only the later turns of each chat, the longest prompts (a chat's first one served finds nothing to reuse)."""
+    requests = [r for r in document["requests"] if not r["request_id"].endswith("t0")]
+    return document | {"kind": "long_prompts", "requests": requests}
+
+
 def _chats(count: int, turns: int, seed: int) -> list[list[list[dict]]]:
     """Per chat, the turns of each of its requests: everything before a user turn, and that turn."""
     chats = []
