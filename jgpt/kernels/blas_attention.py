@@ -1,15 +1,14 @@
 """Causal self-attention by BLAS blocks: the train step's attention on CPU with `--attention causal_blas`.
 
-XLA on CPU runs attention's batched products ([B * H] matrices of [T, D] x [D, T] and [T, T] x [T, D]) at
-about 90 GFLOP/s on the large bench config, where numpy's OpenBLAS runs the same batches at 117-142, and it
-writes the [B, H, T, T] scores, weights and their gradients to memory between the mask, the softmax and its
-backward: 250-330 ms of a 1.3 s large train step, against 210 ms for torch's causal flash attention
-(docs/training.md, Speed). This kernel (`blas_attention.cc`, an XLA FFI handler compiled and loaded through
-`jgpt.kernels.kernel_cache`) computes one block of query rows at a time: the block's scores against the keys up to
-its last token only (the later key blocks are skipped, as in `causal_blocks`), its softmax in a per-thread
-buffer, and its value mix, each product a single-threaded sgemm, the (batch row, key/value head) pairs split
-over XLA's intra-op pool. The [T, T] weights are never stored: the backward pass recomputes each block's
-from the log-sum-exp per query the forward pass keeps.
+XLA on CPU runs attention's batched products ([B * H] matrices of [T, D] x [D, T] and [T, T] x [T, D])
+slower than numpy's OpenBLAS runs the same batches, and it writes the [B, H, T, T] scores, weights and their
+gradients to memory between the mask, the softmax and its backward, where torch's causal flash attention
+keeps them in cache (`bench/train_step.py`; docs/training.md, Speed). This kernel (`blas_attention.cc`, an
+XLA FFI handler compiled and loaded through `jgpt.kernels.kernel_cache`) computes one block of query rows at
+a time: the block's scores against the keys up to its last token only (the later key blocks are skipped, as
+in `causal_blocks`), its softmax in a per-thread buffer, and its value mix, each product a single-threaded
+sgemm, the (batch row, key/value head) pairs split over XLA's intra-op pool. The [T, T] weights are never
+stored: the backward pass recomputes each block's from the log-sum-exp per query the forward pass keeps.
 
 It rounds differently from `jgpt.model.operations.attention` (scaled products, blockwise softmax), so it is
 opt-in; `tests/test_blas_attention.py` holds outputs and gradients within 1e-5 relative of it.

@@ -1,14 +1,11 @@
 """Dense products as BLAS sgemm calls: the train step's products on CPU with `--products blas`.
 
-XLA's CPU dot ran the train step's dense products at 40-80 GFLOP/s on the bench
-configs' shapes (768 rows of width 128-512) where torch reached 80-160, in every
-operand layout and `dot_general` form tried (`bench/train_step.py --products`
-prints the table; measured on the 2-core development machine under load; quiet,
-at 3,072 rows, XLA's dot, this kernel and torch ran 94-164 GFLOP/s alike, and
-the step was faster with this kernel in 7 of 9 processes: docs/training.md, Speed): the
-layouts that made 16-row decode 2-3x faster (`jgpt.model.output_major`) change little
-at hundreds of rows, while numpy's OpenBLAS and torch's MKL ran these products
-at the same rate per core (docs/training.md, Speed). So on CPU the train step
+XLA's CPU dot ran the train step's dense products on the bench configs' shapes
+at about half torch's rate, in every operand layout and `dot_general` form tried
+(`bench/train_step.py --products` prints the table): the layouts that made 16-row
+decode faster (`jgpt.model.output_major`) change little at hundreds of rows, while
+numpy's OpenBLAS and torch's MKL run these products at the same rate per core
+(docs/training.md, Speed). So on CPU the train step
 computes each projection's three products (forward `x @ W`, input gradient
 `g @ W^T`, weight gradient `x^T @ g`) with the single-precision GEMM of the
 OpenBLAS numpy ships, through an XLA FFI kernel (`blas_matmul.cc`) that splits a

@@ -1,14 +1,10 @@
 """One row times an output-major matrix by an own multi-threaded loop: the products of a batch-1 decode step on CPU.
 
 A batch-1 decode step reads every weight once for two flops per 4-byte weight, so
-its products run at the read bandwidth, which one core does not reach alone. XLA's
-dot ran a GPT-2-small step's products (494 MB of distinct weights, chained in one
-jit) in 16.78 ms median, 29.4 GB/s; this kernel (`blas_matvec.cc`, an XLA FFI
-kernel) in 15.22 ms, 32.5 GB/s (engineer P's probe, 2026-12-05 17:15 UTC, load
-about 1.5). On whole GPT-2-small batch-1 decodes it took the step's median from
-17.20 to 15.68 ms and from 17.08 to 16.10 (two runs of `bench/decode.py --kernel`,
-25 alternating runs each, 19:04 and 19:08 UTC, load 1.8-1.9: docs/inference.md,
-Speed). It splits the output rows
+its products run at the read bandwidth, which one core does not reach alone. This
+kernel (`blas_matvec.cc`, an XLA FFI kernel) read a GPT-2-small step's products
+faster than XLA's dot, and took 5-11% off whole batch-1 decode steps
+(`bench/decode.py --kernel`; docs/inference.md, Speed). It splits the output rows
 of an `OutputMajor` matrix `[O, I]` into one contiguous block per thread of XLA's
 own intra-op pool (so no second pool competes for the cores) and runs each block as
 an AVX-512 loop over four rows at a time, prefetching the next four. OpenBLAS's

@@ -4,15 +4,14 @@ A batch-1 step reads each weight once for two flops per 4-byte weight: its floor
 read bandwidth. Run as XLA operations, a GPT-2-small step is some 70 products (by
 `jgpt.kernels.blas_matvec`'s loop), each waiting for the one before, and about 370 small fusions,
 reductions, copies and cache scatters, dispatched one after another: its median stood
-1 ms above its products chained alone (15.24 against 14.26 ms, 2026-12-05 21:40 UTC).
-`fused_decode.cc` runs all the blocks in one XLA FFI call instead: the calling thread
+about a millisecond above its products chained alone. `fused_decode.cc` runs all the blocks in one XLA FFI call instead: the calling thread
 leads and threads of XLA's intra-op pool help, sharing each stage (query/key/value
 products, attention heads, output projection, feed-forward products) chunk by chunk,
 with the normalizations, rotations, activations, the attention over the cache and the
 writes of the new key and value into it done inside. The cache goes in and comes out as
-the same (aliased) buffers. GPT-2-small's blocks read at 94-104% of the speed of one long
-read of a 1 GiB matrix by the same loop; the shipped chat model's step takes half the
-time XLA's blocks take (docs/inference.md).
+the same (aliased) buffers. GPT-2-small's blocks read at about the speed of one long read
+of a 1 GiB matrix by the same loop, and the shipped chat model's step takes about half the
+time XLA's blocks take (`bench/decode.py --kernel`; docs/inference.md, Speed).
 
 A kernel plan with `decode="fused"` (`jgpt.kernels.plan.Kernels.auto()` on a CPU with
 AVX-512F where the kernel builds, `available()`) hands `blocks_where_admitted` to
@@ -54,8 +53,7 @@ LAYER_TENSORS = (
 )  # fmt: skip
 PROJECTIONS = ("query", "key", "value", "attention_output", "ff_gate", "ff_up", "ff_down")
 # Block weights below which XLA's blocks run a step faster: waking the pool's threads costs more than the kernel
-# saves (the shipped chat-draft, 0.26 MB: 11.8-18.5 us a step fused against 10.4-10.7 by XLA; chat, 4.2 MB: 55-59
-# against 104-108; 2026-12-05 22:25 UTC).
+# saves (the shipped chat-draft, 0.26 MB of blocks, ran slower fused; chat, 4.2 MB, about twice as fast).
 SMALLEST_BYTES = 1 << 20
 # The kernel's codes.
 ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "swiglu": 2}

@@ -46,7 +46,7 @@ ONE_ROWS = ("xla", "kernel")
 # The command-line spellings of a plan (`--kernels`).
 NAMES = ("auto", "xla")
 # Query rows per block of the causal block attentions: 64 was the fastest of 32, 64 and 128 on the large
-# train-step bench config (docs/training.md, Speed).
+# train-step bench config (`bench/train_step.py`).
 CAUSAL_BLOCK_ROWS = 64
 
 

@@ -6,11 +6,11 @@ on operands first rounded to bf16: a product of two bf16 values (8-bit
 significands) is exact in float32 (24 bits). GPUs and TPUs have bf16 matrix
 units, and there the real bf16 dot is the fast one. XLA's CPU backend has none:
 it turns every bf16 dot into a float32 dot between conversions, and a bf16
-train step ran slower than the float32 one (11.8 s against 8.0 s for a 98M GPT,
+train step ran slower than the float32 one (`bench/bf16_train_step.py`,
 docs/accelerators.md). On a CPU the operands are rounded to bf16 and multiplied
 as float32 instead: the float32 program plus the roundings (the shipped
-recipe's train step compiles to 418 fusions and 112 copies this way, 476 and 132
-with bf16 dots, 406 and 104 in float32).
+recipe's train step compiles to a few more fusions and copies than in float32
+this way, and to many more with bf16 dots).
 
 `native` is the one place that asks the backend; `operand` forms every matmul
 operand of `jgpt.model.operations` by its answer. The answer is taken when a function

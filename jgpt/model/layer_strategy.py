@@ -5,17 +5,15 @@ Two ways, same results (tested to 1e-6):
 * `LayerStrategy.unrolled_layers()`: straight-line code, one block after another, over
   each layer's own weight arrays (`per_layer_view`). No step slices a layer out of a
   stacked tensor, which XLA on CPU does by copying that layer's weights at every
-  call. Measured on CPU (`bench/decode.py`, docs/inference.md), a decode step of
-  the tiny GPT took 0.10 ms this way against 0.20-0.33 ms for a rolled scan and
-  0.15-0.23 ms for a scan unrolled over the stacked tensors; at GPT-2-small size
-  28.8-32.9 ms against 30-48 ms and 61-63 ms.
+  call. On CPU a decode step runs about twice as fast this way as either scan
+  (`bench/decode.py --strategies` times the three; docs/inference.md).
 * `LayerStrategy.scan(unroll)`: one `lax.scan` over the layer axis of the stacked
   tensors: one compiled block however deep the model, over the weights as stored
   (no per-layer arrays), the layout tensor-parallel sharding splits.
 
-`LayerStrategy.for_backend()` takes the first on CPU, where it was measured faster,
-and the rolled scan on GPU and TPU, where nothing has been measured yet and the
-scan is the compact program.
+`LayerStrategy.for_backend()` takes the first on CPU, where it is faster, and the
+rolled scan on GPU and TPU, where nothing has been measured yet and the scan is the
+compact program.
 
 The weights an execution holds are the strategy's too (`held_weights`): as stored, or,
 `output_major`, with every projection and the output projection transposed once to

@@ -1,20 +1,17 @@
 """OutputMajor: a dense projection's matrix held as `[outputs, inputs]`, the layout XLA on CPU multiplies fastest.
 
 The stored weights keep the spec's `[inputs, outputs]` (`x @ W`). XLA's CPU dot is
-slow on that layout for the few rows of a batched decode step: measured on the
-development machine (2 cores, loaded, min of 5-20 calls), 16 rows through
-GPT-2-small's output projection [768, 50257] took 137-203 ms as `x @ W` and
-48-76 ms as `W^T x^T` from a `[50257, 768]` matrix, a feed-forward matrix
-[768, 3072] 2.5-3.0 against 1.4 ms. One row (a batch-1 decode step, a
-matrix-vector product bound by the bytes it reads) and 512 rows (a prefill) ran
-the same on either layout within the noise. So an execution on CPU holds its
+slow on that layout for the few rows of a batched decode step: 16 rows through
+GPT-2-small's projections run 2-3x faster as `W^T x^T` from an `[outputs, inputs]`
+matrix. One row (a batch-1 decode step, a matrix-vector product bound by the bytes
+it reads) and 512 rows (a prefill) run the same on either layout within the noise
+(`bench/decode.py` prints each form's rate at 1, 16 and 512 rows). So an execution on CPU holds its
 projections this way instead of as stored, converted once when it is bound
 (`jgpt.model.layer_strategy.LayerStrategy.held_weights`), and
 `jgpt.model.operations.dense` multiplies an OutputMajor as `(W^T x^T)^T` for a few rows.
 For one row and for many (a prefill's hundreds) the same matrix is multiplied as
-`x W` in one product without the barrier: quiet and alternating, a GPT-2-small
-prefill of 16 x 32 ids took 767 ms this way against 837 ms in the barrier form,
-and single rows ran at least as fast (docs/inference.md, Speed).
+`x W` in one product without the barrier, which is faster there than the barrier
+form (docs/inference.md, Speed).
 
 This is the layout only: which kernel, if any, multiplies one row of it is the kernel
 plan's choice (`jgpt.model.operations.dense`, `KernelCalls.one_row`).

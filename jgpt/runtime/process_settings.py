@@ -1,12 +1,11 @@
 """Process settings: the glibc malloc tunables XLA's CPU backend runs faster with, and whether they are in force.
 
 XLA on CPU allocates a step's temporaries afresh at every call; glibc maps large blocks in 4 KiB pages,
-and faulting them in cost a third of a training step's CPU time (282k page faults/s). Transparent huge
-pages cut that 18x, but each step still faulted its blocks in afresh (about 360 faults per small bench
-step, 1,000 huge pages per large one, some stalled on compaction), from whichever arena the executing
-thread had: one arena, no mmap'd blocks and no trimming keep freed temporaries in the heap for the next
-step (0 faults per step). The measured effect on a train step and a decode is in
-docs/process-settings.md.
+and faulting them in cost a third of a training step's CPU time. Transparent huge pages cut the faults
+many times over, but each step still faulted its blocks in afresh (hundreds of faults a step, some
+stalled on compaction), from whichever arena the executing thread had: one arena, no mmap'd blocks and
+no trimming keep freed temporaries in the heap for the next step (no faults per step). Their effect on a
+train step and a decode, and the commands that measure it, are in docs/process-settings.md.
 
 glibc reads `GLIBC_TUNABLES` once, as the process starts: setting it in `os.environ` afterwards changes
 nothing, so a program gets the tunables only from whoever starts it. The ways to start one with them:
