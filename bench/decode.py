@@ -307,13 +307,14 @@ def print_batch_table(name: str, results: dict[str, tuple], new_tokens: int) -> 
         rows[label.removesuffix(" ms")] = {"hf_ms": h * 1e3, "jgpt_ms": j * 1e3, "jgpt_against_hf_x": h / j}
     print(f"    {'first row ids':<20} {'same' if hids == jids else 'DIFFER'}")
     rows["first row ids"] = {"same_as_hf": hids == jids}
+    figures, other_rows = {f"{name} (jgpt: {default})": rows}, {}
     for label, (prefill, step, ids) in others:
         print(f"    jgpt, {label}: prefill {prefill * 1e3:.1f} ms ({hp / prefill:.2f}x HF), "
               f"decode step {step * 1e3:.1f} ms ({hs / step:.2f}x HF), ids {'same' if ids == hids else 'DIFFER'}")  # fmt: skip
-        rows[f"jgpt, {label}"] = {"prefill_ms": prefill * 1e3, "prefill_against_hf_x": hp / prefill,
-                                  "decode_step_ms": step * 1e3, "decode_step_against_hf_x": hs / step,
-                                  "same_as_hf": ids == hids}  # fmt: skip
-    return {f"{name} (jgpt: {default})": rows}
+        other_rows[f"jgpt, {label}"] = {"prefill_ms": prefill * 1e3, "prefill_against_hf_x": hp / prefill,
+                                        "decode_step_ms": step * 1e3, "decode_step_against_hf_x": hs / step,
+                                        "same_as_hf": ids == hids}  # fmt: skip
+    return figures | ({f"{name}: the other jgpt executions": other_rows} if other_rows else {})
 
 
 def step_work(execution: ModelExecution, rows: int, position: int) -> tuple[float, float]:
@@ -328,23 +329,20 @@ def print_floor(execution: ModelExecution, rows: int, position: int, step: dict[
     side's fraction of it; returns the figures."""
     best, sustained, peak = bounds
     data, arithmetic = step_work(execution, rows, position)
-    figures = {}
+    figures: dict[str, dict] = {}
     for name, bandwidth in (("best", best), ("sustained", sustained)):
         floor = max(data / bandwidth, arithmetic / peak)
         sides = ", ".join(f"{side} {floor / seconds:.0%} of it" for side, seconds in step.items())
-        figures[f"floor at batch {rows}, {name} bandwidth"] = {
+        figures[f"the floor at the {name} bandwidth"] = {
             "read_mb": data / 1e6, "read_gb_per_s": bandwidth / 1e9, "arithmetic_gflop": arithmetic / 1e9,
             "step_ms": floor * 1e3,
-        } | {f"{_column(side)}_of_floor_fraction": floor / seconds for side, seconds in step.items()}  # fmt: skip
+        }  # fmt: skip
+        for side, seconds in step.items():
+            figures.setdefault(side, {})[f"of_{name}_floor_fraction"] = floor / seconds
         print(f"    floor at batch {rows}, {name} bandwidth: {data / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s = "
               f"{data / bandwidth * 1e3:.1f} ms, {arithmetic / 1e9:.2f} GFLOP at {peak / 1e9:.0f} GFLOP/s = "
               f"{arithmetic / peak * 1e3:.1f} ms; {sides}")  # fmt: skip
     return figures
-
-
-def _column(label: str) -> str:
-    """A side's label as a figure's column: lower-case letters, digits and '_'."""
-    return "_".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
 
 
 def main() -> None:
@@ -400,7 +398,9 @@ def main() -> None:
                 for _, label in executions
                 for kind, seconds in (("best", results[label][1]), ("median", median_step(runs[label])))
             }
-            single_rows |= print_floor(default, 1, position, steps, bounds)
+            figures[f"{name}, batch 1: the step's floor, and each side's share of it"] = print_floor(
+                default, 1, position, steps, bounds
+            )
             if args.kernel:
                 data, arithmetic = step_work(default, 1, position)
                 floor_ms = max(data / bounds[1], arithmetic / bounds[2]) * 1e3
@@ -412,12 +412,12 @@ def main() -> None:
             longest = max(map(len, batch))
             padded = f"jgpt's window {window_bucket(longest, config['n_positions'])}, HF's {longest}"
             shape = f"{EQUAL_PROMPT} ids" if equal else f"{min(map(len, batch))}..{longest} ids; {padded}"
-            batch_figures = print_batch_table(f"{name}, batch {BATCH}, prompts of {shape}", both, new_tokens)
+            figures |= print_batch_table(f"{name}, batch {BATCH}, prompts of {shape}", both, new_tokens)
             if not small:
                 position = max(map(len, batch)) + new_tokens // 2
                 steps = {"HF": both["hf"][1], "jgpt": both[executions[0][1]][1]}
-                next(iter(batch_figures.values())).update(print_floor(default, BATCH, position, steps, bounds))
-            figures |= batch_figures
+                title = f"{name}, batch {BATCH}, prompts of {shape}: the step's floor, and each side's share of it"
+                figures[title] = print_floor(default, BATCH, position, steps, bounds)
     run.write(figures, args.results)
 
 
