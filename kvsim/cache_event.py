@@ -5,8 +5,8 @@ Both are NamedTuples, so every reader names the field it reads (`event.kind`, no
 their values (plain strings), and a run hands them out as `Rows`, which makes
 each entry its NamedTuple, kinds as enum members, when it is read: the garbage
 collector stops tracking a tuple of ints and strings, but keeps traversing every
-NamedTuple, and every tuple holding an enum member, that a run holds (docs/kvsim.md
-gives the instruction counts). The kinds are str-valued enums: a member is its
+NamedTuple, and every tuple holding an enum member, that a run holds (docs/kvsim-record.md
+says why). The kinds are str-valued enums: a member is its
 JSON string, so records written from them are byte-for-byte the records written
 from plain strings.
 
@@ -22,7 +22,7 @@ from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 
 class EventKind(StrEnum):
-    """What happened, in the order a request meets them (docs/kvsim.md lists when each is emitted)."""
+    """What happened, in the order a request meets them (docs/kvsim-record.md lists when each is emitted)."""
 
     ARRIVAL = "arrival"
     REJECT = "reject"

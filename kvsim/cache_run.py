@@ -83,7 +83,7 @@ RECORD = Object(
      "measurements": ListOf(MEASUREMENT), "outcomes": Object({"requests": MapOf(OUTCOME), "totals": TOTALS}),
      "states": _OPEN, "evidence": String()},
     open=True,
-    about="CacheRun record: a declaration, the consumed computations, events with causes, outcomes (docs/kvsim.md).",
+    about="CacheRun record: a declaration, the consumed computations, events with causes, outcomes (docs/kvsim-record.md).",
 )  # fmt: skip
 
 

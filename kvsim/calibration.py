@@ -5,7 +5,7 @@ documents (docs/measured-run.md; kvsim.measured_run), fits each kind of work's l
 non-negative least squares (numpy only; kvsim stays jax-free), and writes a
 system fragment: `{"compute_service", "transfer", "calibration"}`, whose keys
 replace the same keys of a system (`merge_service`). The terms and what they
-stand for are in docs/kvsim.md ("Calibrated service"). The fragment's `spread`
+stand for are in docs/kvsim-calibration.md. The fragment's `spread`
 holds, per kind of compute work, quantiles of the works' measured / fitted
 times, which a simulation draws each work's multiplier from.
 """

@@ -184,7 +184,7 @@ def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         choices=("finish", "spread", "after_other"),
         help="leave an optional term out of the fit (repeatable): the host time after a request ends, the "
-        "per-work spread, the cost of a work after another kind of work (docs/kvsim.md, Calibrated service)",
+        "per-work spread, the cost of a work after another kind of work (docs/kvsim-calibration.md)",
     )
 
 

@@ -11,7 +11,7 @@ time, optionally one for a work that follows a work or transfer of another kind
 on the serving thread (`after_other_us`), a host step overhead before every
 work, optionally host time after a request ends (`finish`), and per-direction
 transfer latency plus time per byte
-(docs/kvsim.md, "Calibrated service"). Optionally (`spread`) each work's time
+(docs/kvsim-calibration.md). Optionally (`spread`) each work's time
 is that mean time times a multiplier drawn per work from the calibration's
 own distribution of measured / fitted times, so simulated runs have the
 engine's per-work spread (and its tails); the draw is a hash of a seed and the
@@ -39,8 +39,8 @@ DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
 SIZE_TERMS = {PREFILL: "per_position_us", DECODE: "per_batch_us"}
 SPREAD_QUANTILES_MAX = 1001  # quantiles per kind of work a spread may give (a bound on what a system holds)
 # Simulated runs a prediction with a spread takes each figure's median over (seeds counting up from the spread's);
-# bench/fidelity.py takes as many per measured repeat. Measured on the saved quiet bench runs, another set of
-# seeds moves a pooled prediction by 1.5% on average (docs/kvsim.md, "Fidelity").
+# bench/fidelity.py takes as many per measured repeat. Another set of seeds moves a pooled prediction far less
+# than the measurement's own noise (docs/kvsim-calibration.md, "Fidelity").
 SPREAD_REPEATS = 5
 
 
@@ -101,8 +101,8 @@ class WorkTerms:
 
     A prefill's size time is size_us per executed position. A decode step's is what its executed rows
     add to a one-row step, measured per batch size: size_us holds (rows, time) pairs, ascending, and a
-    batch size not listed takes the time of the largest listed size below it (0 if none). Measured, a
-    step's time is far from linear in its rows (on two cores, 8 rows took what 4 rows took).
+    batch size not listed takes the time of the largest listed size below it (0 if none). A step's
+    time is far from linear in its rows (an 8-row step can take what a 4-row step takes).
     """
 
     fixed_us: Fraction
@@ -111,8 +111,8 @@ class WorkTerms:
     per_flop_us: Fraction
     per_byte_us: Fraction
     after_idle_us: Fraction  # a work that wakes an idle engine runs slower (caches and thread gone cold)
-    # A work after another program ran on the thread runs slower (measured: a one-row decode step right after a
-    # prefill or a transfer took 1.2-1.5 times one right after a decode step). None: a fragment without it.
+    # A work after another program ran on the thread runs slower (a one-row decode step right after a prefill or a
+    # transfer takes markedly longer than one right after a decode step). None: a fragment without it.
     after_other_us: Fraction | None = None
 
     def time(
@@ -139,8 +139,8 @@ class FinishTerms:
     """Host time on the serving thread when a request that ran ends: fixed_us + per_byte_us * the bytes of
     the state it retains (0 when nothing is retained) + per_slot_us * the slot capacity. The engine then copies
     the request's whole slot row out of the slot state, compacts the active rows and admits the next request:
-    the time delays whatever the thread runs next and busies no compute (measured: 0.7-1.0 ms per finish
-    against 25-45 us before other works)."""
+    the time delays whatever the thread runs next and busies no compute (far more than the host time before
+    other works: docs/kvsim-calibration.md)."""
 
     fixed_us: Fraction
     per_byte_us: Fraction
@@ -155,7 +155,7 @@ class Spread:
     a work is a hash of the seed, its kind and the work's name in the run (kvsim's engine passes the id of its first
     compute_start event), an exact rational, so a record
     replays byte for byte and another seed is another simulated repeat (a deterministic model predicts
-    every work's mean, so tails made of slow works were short: docs/kvsim.md, "Fidelity")."""
+    every work's mean, so tails made of slow works were short: docs/kvsim-calibration.md)."""
 
     seed: int
     prefill: tuple[Fraction, ...]  # ascending, at least two

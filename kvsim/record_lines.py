@@ -2,7 +2,7 @@
 
 A million requests make some 35 million events: the whole-JSON record (`record_json`) of such a run
 is gigabytes that a reader must load whole. The streamed record holds the same content, one entry a
-line, in an order a reader can use without looking ahead (docs/kvsim.md, "The streamed record"):
+line, in an order a reader can use without looking ahead (docs/kvsim-record.md, "The streamed record"):
 
     {"format": "jgpt-kvsim-record-lines", "version": 2, "declaration": ..., "checkpoint": ...,
      "provenance": ..., "evidence": ..., "fields": {"event": [...], "measurement": [...]}}
@@ -73,7 +73,7 @@ HEAD = Object(
     {"format": Const(FORMAT), "version": Const(VERSION), "declaration": DECLARATION,
      "checkpoint": CHECKPOINT, "provenance": PROVENANCE,
      "evidence": String(), "fields": Object({}, open=True)},
-    about="The first line of a streamed CacheRun record (docs/kvsim.md).",
+    about="The first line of a streamed CacheRun record (docs/kvsim-record.md).",
 )  # fmt: skip
 # The order of a record's lines: each line's section is at or after the one before it.
 SECTIONS = {"computation": 1, "event": 2, "measurement": 2, "outcome": 2, "state": 2, "totals": 3, "end": 4}

@@ -28,6 +28,7 @@ import io
 import json
 import os
 import re
+import signal
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
@@ -37,6 +38,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from jgpt.cli import main as cli
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGINT with its default handler while a test sends it. A suite started in the background (`make test &`
+    from a script) or in an xdist worker inherits SIGINT ignored, and a command honours an ignored signal as
+    nohup asks; a test of the command's own handling sets it as a terminal would."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
 
 FUZZ = settings(
     max_examples=int(os.environ.get("JGPT_FUZZ_EXAMPLES", "200")),

@@ -43,7 +43,7 @@ from jgpt.foundation.errors import ApiError
 from jgpt.model.architecture import ModelArchitecture
 from jgpt.model.weights import initialize
 from jgpt.tokenizers.tokenizer import Tokenizer
-from tests.hostile import FUZZ, assert_refused, run_jgpt
+from tests.hostile import FUZZ, assert_refused, interruptible, run_jgpt
 from tests.test_hostile_surfaces import TINY_TRAIN
 from tests.test_path_confinement import tiny_gpt2
 
@@ -479,7 +479,7 @@ def interrupted_at(target: Path, point: str, signum: int):
             signal.raise_signal(signum)
         return real_rmtree(path, *args, **kwargs)
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, interruptible():
         patch.setattr(Path, "rename", rename)
         patch.setattr(output_paths.shutil, "rmtree", rmtree)
         yield
@@ -533,7 +533,9 @@ def test_a_signal_while_the_export_is_staged_keeps_the_previous_one(artifact, ex
         real(path, data)
 
     monkeypatch.setattr(hf_export, "write_atomically", interrupted)
-    assert run_jgpt(["export-hf", artifact, "--out", out, "--force"])[:3:2] == (130, "jgpt export-hf: interrupted\n")
+    with interruptible():
+        code, _, err = run_jgpt(["export-hf", artifact, "--out", out, "--force"])
+    assert (code, err) == (130, "jgpt export-hf: interrupted\n")
     assert files_under(tmp_path) == before
 
 

@@ -143,7 +143,7 @@ def _imports_nothing_of_the_checkout(installed: Installed) -> None:
     assert not installed.elsewhere.resolve().is_relative_to(ROOT)
     script = "import json, sys, jgpt.artifacts.catalog as c; print(json.dumps([c.__file__, str(c.DEFAULT_CATALOG), sys.path]))"
     module, catalog, path = json.loads(installed.run("python", "-c", script))
-    assert Path(module) == installed.site / "jgpt" / "catalog.py"
+    assert Path(module) == installed.site / "jgpt" / "artifacts" / "catalog.py"
     assert Path(catalog) == installed.site / "jgpt" / "checkpoints" / "catalog.json"
     assert [entry for entry in path if (installed.elsewhere / entry).resolve().is_relative_to(ROOT)] == []
 
