@@ -9,6 +9,14 @@ API the labs use:
     record_chunks(run)                 # the same bytes in pieces, for records too large to hold
     run.outcomes["totals"]             # the summary numbers; run_id(run) names the run
 
+the serving policy the InferenceEngine decides with, the same KVResidency kvsim's engine drives
+(kvsim/kv_residency.py: a state machine that answers what happened with decisions as data):
+
+    policy = KVResidency(system, kv_bytes_per_position)
+    for kind, request, subject in policy.arrive(request): ...    # likewise .cancel .step_ended .work_ended
+                                                                 # .transfer_ended: each returns its Decisions
+    ScheduledRequest, RetainedState, Transfer, Decision, KVCache (the policy's byte accounts)
+
 and, for the labs that compare kvsim with the InferenceEngine (these import numpy, so they load on
 first use and `import kvsim` stays light):
 
@@ -24,6 +32,16 @@ import importlib
 from typing import TYPE_CHECKING
 
 from kvsim.cache_run import CacheRun, read_record, record_chunks, record_json, record_value, rerun, run_id, simulate
+from kvsim.kv_cache import DEVICE, HOST, KVCache, RetainedState
+from kvsim.kv_residency import (
+    DEVICE_TO_HOST,
+    HOST_TO_DEVICE,
+    Decision,
+    Decisions,
+    KVResidency,
+    ScheduledRequest,
+    Transfer,
+)
 from kvsim.outcomes import TOTALS, totals
 from kvsim.record_view import OUTCOME
 from kvsim.recorded import DOCUMENT, MODEL_REFERENCE, RecordedComputations, parse_document
@@ -68,7 +86,11 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "CONTINUOUS_BATCHING",
+    "DEVICE",
+    "DEVICE_TO_HOST",
     "DOCUMENT",
+    "HOST",
+    "HOST_TO_DEVICE",
     "INTERACTION",
     "SERVED_INTERACTION",
     "WALL_CLOCK_LIMIT_US",
@@ -80,12 +102,19 @@ __all__ = [
     "WORK_KINDS",
     "CacheRun",
     "CustomerInteraction",
+    "Decision",
+    "Decisions",
+    "KVCache",
     "KVCacheConfig",
+    "KVResidency",
     "KVResidencySystemConfig",
     "MeasuredRun",
     "RecordedComputations",
     "RequestArrival",
     "ResourceGraph",
+    "RetainedState",
+    "ScheduledRequest",
+    "Transfer",
     "Workload",
     "compare",
     "fit",

@@ -1,11 +1,16 @@
-"""The discrete-event engine: RequestScheduling, ComputeService and StateTransfer on one clock.
+"""The discrete-event engine: the KVResidency serving policy driven by a virtual clock, with ComputeService.
 
-Virtual time is an integer number of microseconds. Happenings are taken in
-(time, sequence number) order, so equal times keep the order in which they were
-scheduled: arrivals and customer actions first, in array order, then work and
-transfers in the order they started. Arrivals are pulled one at a time, so a
-workload can be a stream (kvsim.recorded.StreamedComputations) that is never held whole. Every recorded event names the events
-that made it happen (`causes`); nothing is inferred from adjacency.
+The policy (kvsim/kv_residency.py, the one the InferenceEngine decides with too)
+takes the admission, retention, eviction and transfer decisions; the engine
+records each as events and gives each work and transfer its duration from the
+compute service and the link. Virtual time is an integer number of
+microseconds. Happenings are taken in (time, sequence number) order, so equal
+times keep the order in which they were scheduled: arrivals and customer actions
+first, in array order, then work and transfers in the order they started.
+Arrivals are pulled one at a time, so a workload can be a stream
+(kvsim.recorded.StreamedComputations) that is never held whole. Every recorded
+event names the events that made it happen (`causes`); nothing is inferred from
+adjacency.
 
 The mutable state below lives only for one call of `run`; what leaves it is
 typed values: CacheEvents and Measurements (as Rows), RequestOutcomes, and what
@@ -22,12 +27,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from kvsim.cache_event import CacheEvent, EventKind, Measurement, MeasurementKind, Phase, Rows, TransferDirection
 from kvsim.compute_service import TRANSFER
-from kvsim.kv_cache import DEVICE, HOST, Residency, RetainedState
+from kvsim.kv_cache import HOST, RetainedState
+from kvsim.kv_residency import Decision, Decisions, KVResidency, ScheduledRequest, Transfer
 from kvsim.outcomes import RequestOutcome, Status
-from kvsim.recorded import RecordedComputations, RecordedRequest, token_key
+from kvsim.recorded import RecordedComputations, RecordedRequest
 from kvsim.system import CONTINUOUS_BATCHING, KVResidencySystemConfig
 from kvsim.workload import CustomerInteraction, Workload
 
@@ -80,26 +88,20 @@ class EngineResult:
     saved_matmul_flops: int  # prefill FLOPs the reused positions saved
 
 
-class _Request:
+class _Request(ScheduledRequest):
     __slots__ = (
-        "spec", "arrival", "index", "arrival_event", "reservation", "reused", "reuse_tier", "step",
-        "boundary", "cancel", "ended", "admitted_us", "first_token_us", "published", "publish_log", "key",
-        "token_bytes",
+        "spec", "arrival", "index", "arrival_event", "boundary", "cancel", "admitted_us", "first_token_us",
+        "published", "publish_log", "token_bytes",
     )  # fmt: skip
 
     def __init__(self, spec: RecordedRequest, arrival: int, index: int, consumed: bool):
+        super().__init__(spec.request_id, spec.prompt_ids, spec.output_ids, spec.max_new_tokens)
         self.spec = spec
         self.arrival = arrival
         self.index = index  # position in the workload
         self.arrival_event = -1
-        self.key = token_key(spec.prompt_ids)
-        self.reservation = 0
-        self.reused = 0
-        self.reuse_tier: str | None = None
-        self.step = 0  # 0: prefill next; k: decode step k-1 next
         self.boundary = -1  # the event after which this request's next work may start
-        self.cancel = -1  # pending cancel_request event, or -1
-        self.ended = False
+        self.cancel = -1  # the cancel_request event that ends it, or -1
         self.admitted_us: int | None = None
         self.first_token_us: int | None = None
         self.published = 0
@@ -109,6 +111,9 @@ class _Request:
 
 
 class _Engine:
+    """Drives the KVResidency policy with the virtual clock: each of its decisions becomes events, and the
+    works and transfers it starts end after the durations the compute service and the link give them."""
+
     def __init__(
         self,
         system: KVResidencySystemConfig,
@@ -116,13 +121,12 @@ class _Engine:
         acted: dict[str, _Request],
         hand_over: HandOver | None,
     ):
-        self.system = system
         self.compute = system.compute_service
         self.transfer = system.transfer
-        self.retain_states = system.kv_cache.retention_policy == "lru"
         self.batching = system.scheduling.policy == CONTINUOUS_BATCHING
         self.kv_bytes = kv_bytes_per_position
-        self.cache = Residency(system.kv_cache, self.kv_bytes)
+        self.policy: KVResidency[_Request] = KVResidency(system, kv_bytes_per_position)
+        self.cache = self.policy.cache
         self.acted = acted  # requests a customer action names: kept from before they arrive to the end
         self.requests = dict(acted)  # those and the requests in the system
         self.events: list[tuple] = []  # plain CacheEvent tuples (kvsim.cache_event.Rows)
@@ -134,15 +138,15 @@ class _Engine:
         self.heap: list[tuple] = []
         self.sequence = 0
         self.now = 0
-        self.waiting: deque[_Request] = deque()
-        self.in_system = 0
-        self.active = 0
-        self.ready: deque[_Request] = deque()
-        self.compute_busy = False
+        # The event the policy's next decisions follow from: the arrival, cancel, transfer end or release after
+        # which it admits (and evicts for the head).
+        self.trigger = -1
+        self.admission = (-1, -1)  # the admit event of the request being admitted and its lookup's event
+        self.finish_event = -1  # the complete, stop or cancel event of the request ending
+        self.link_decisions: deque[int] = deque()  # the offload and reload events of the transfers on the link
+        self.in_flight = (-1, 0)  # the transfer on the link: its transfer_start event and its start time
         self.compute_free_event = -1
         self.busy_us = 0
-        self.link: deque[tuple] = deque()  # (direction, state, request_id, decision event)
-        self.link_busy = False
         self.link_free_event = -1
         # An engine that copies states on its one serving thread runs every work and transfer there, one
         # after another in the order they start: each begins when the thread is free (`thread_free`).
@@ -183,7 +187,7 @@ class _Engine:
                 if what == _COMPUTE_END:
                     self.on_compute_end(payload)
                 else:
-                    self.on_transfer_end(payload)
+                    self.carry_out(self.policy.transfer_ended())
             else:
                 if arrival is not None and arrival[0] == declared:
                     self.now = arrival[0]
@@ -206,27 +210,11 @@ class _Engine:
 
     def on_arrival(self, arrival: Arrival) -> None:
         arrival_us, index, spec = arrival
-        system = self.system
         request = self.acted.get(spec.request_id) or _Request(spec, arrival_us, index, False)
         self.requests[spec.request_id] = request
-        request.arrival_event = event = self.emit(spec.request_id, ARRIVAL, detail=f"prompt={len(spec.prompt_ids)}")
-        request.reservation = (len(spec.prompt_ids) + spec.max_new_tokens - 1) * self.kv_bytes
-        reason = None
-        if spec.max_new_tokens > system.max_new_tokens_cap:
-            reason = f"max_new_tokens {spec.max_new_tokens} > max_new_tokens_cap {system.max_new_tokens_cap}"
-        elif self.in_system >= system.max_requests:
-            reason = f"max_requests {system.max_requests} already in the system"
-        elif request.reservation > system.kv_cache.device_kv_bytes:
-            reason = f"reservation {request.reservation} bytes > device_kv_bytes {system.kv_cache.device_kv_bytes}"
-        if reason is not None:
-            request.ended = True
-            end = self.emit(spec.request_id, REJECT, (event,), detail=reason)
-            self.end(request, Status.REJECTED, reason, end)
-            return
-        self.in_system += 1
-        self.waiting.append(request)
-        self.admit(event)
-        self.dispatch()
+        detail = f"prompt={len(spec.prompt_ids)}"
+        request.arrival_event = self.trigger = self.emit(spec.request_id, ARRIVAL, detail=detail)
+        self.carry_out(self.policy.arrive(request))
 
     def on_action(self, action) -> None:
         request = self.requests[action.request_id]
@@ -235,142 +223,100 @@ class _Engine:
             self.emit(action.request_id, CONSUME, (), size=action.output_bytes, detail=detail)
             return
         event = self.emit(action.request_id, CANCEL_REQUEST, ())
-        if request.ended or request.cancel >= 0 or request.arrival > self.now:
-            return  # already over, already cancelling, or not yet arrived: intent without effect
-        if request.admitted_us is None:
-            self.in_system -= 1
-            self.finish(request, CANCEL, "cancelled while waiting", (event, request.arrival_event), admitted=False)
-            self.admit(event)
-        elif request in self.ready:
-            self.ready.remove(request)
-            self.finish(request, CANCEL, "cancelled between steps", (event, request.boundary))
-        else:
-            request.cancel = event  # running or reloading: honoured at the next step boundary
-        self.dispatch()
+        if request.arrival > self.now:
+            return  # not yet arrived: intent without effect
+        if request.cancel < 0:
+            request.cancel = event
+        self.trigger = event
+        self.carry_out(self.policy.cancel(request))
 
-    # -- admission and residency ------------------------------------------
-
-    def admit(self, trigger: int) -> None:
-        """FIFO admission of waiting requests while slots and device bytes allow."""
-        cache = self.cache
-        while self.waiting and self.active < self.system.scheduling.max_active_requests:
-            request = self.waiting[0]
-            if request.ended:
-                self.waiting.popleft()
-                continue
+    def on_compute_end(self, work: tuple) -> None:
+        batch, starts, memory, started = work
+        elapsed, step_ended, carry_out = self.now - started, self.policy.step_ended, self.carry_out
+        for request, start in zip(batch, starts, strict=True):
             spec = request.spec
-            state = cache.lookup(request.key) if self.retain_states else None
-            credit = state.size if state is not None and state.tier == DEVICE else 0
-            need = request.reservation - credit
-            if need > cache.device_free():
-                shortfall = need - cache.device_free() - cache.offloading_bytes
-                evictable = cache.device_lru_bytes - credit
-                if shortfall <= 0 or evictable < shortfall:
-                    return  # wait for offloads in flight, or for active requests to release
-                self.evict(shortfall, state, spec.request_id, (request.arrival_event, trigger))
-                continue
-            self.waiting.popleft()
-            self.active += 1
-            request.admitted_us = self.now
-            causes = (request.arrival_event,) if trigger == request.arrival_event else (request.arrival_event, trigger)
-            admitted = self.emit(spec.request_id, ADMIT, causes)
-            if state is None:
-                self.emit(spec.request_id, LOOKUP_MISS, (admitted,))
-            else:
-                tier = HOST if state.tier != DEVICE else DEVICE
-                request.reused, request.reuse_tier = state.positions, tier
-                hit = self.emit(spec.request_id, LOOKUP_HIT, (admitted,), state.state_id, state.size, tier)
-                cache.take(state)
-                self.fate(state.state_id, f"reused by {spec.request_id}")
-            cache.reserved += request.reservation
-            reserved = self.emit(spec.request_id, RESERVE, (admitted,), size=request.reservation)
-            if state is not None and request.reuse_tier == HOST:  # only a hit has a reuse tier
-                request.boundary = -1
-                reload = self.emit(
-                    spec.request_id, RELOAD, (hit,), state.state_id, state.size, direction=HOST_TO_DEVICE
-                )
-                self.enqueue_transfer(HOST_TO_DEVICE, state, spec.request_id, reload)
-            else:
-                request.boundary = reserved
-                self.ready.append(request)
-
-    def evict(self, shortfall: int, keep: RetainedState | None, request_id: str, causes: tuple) -> None:
-        """Move least recently used device states out until `shortfall` bytes will be free."""
-        cache = self.cache
-        while shortfall > 0:
-            oldest = iter(cache.device_lru.values())
-            state = next(oldest)
-            if state is keep:
-                state = next(oldest)
-            shortfall -= state.size
-            kept_on_host = keep.size if keep is not None and keep.tier == HOST else 0
-            if state.size <= cache.host_free() + cache.host_lru_bytes - kept_on_host:
-                while cache.host_free() < state.size:  # least recently used host states make room
-                    victim = next(s for s in cache.host_lru.values() if s is not keep)
-                    cache.drop_from_host(victim)
-                    self.fate(victim.state_id, "dropped from host")
-                    self.emit(request_id, DROP, causes, victim.state_id, victim.size, HOST)
-                cache.begin_offload(state)
-                offload = self.emit(request_id, OFFLOAD, causes, state.state_id, state.size, direction=DEVICE_TO_HOST)
-                self.enqueue_transfer(DEVICE_TO_HOST, state, request_id, offload)
-            else:
-                cache.drop_from_device(state)
-                self.fate(state.state_id, "dropped from device")
-                self.emit(request_id, DROP, causes, state.state_id, state.size, DEVICE)
-
-    def enqueue_transfer(self, direction: str, state: RetainedState, request_id: str, decision: int) -> None:
-        self.link.append((direction, state, request_id, decision))
-        if not self.link_busy:
-            self.start_transfer()
-
-    def start_transfer(self) -> None:
-        direction, state, request_id, decision = transfer = self.link.popleft()
-        causes = (decision,) if self.link_free_event < 0 else (decision, self.link_free_event)
-        start = self.emit(request_id, TRANSFER_START, causes, state.state_id, state.size, direction=direction)
-        self.link_busy = True
-        self.last_started = TRANSFER
-        duration = self.transfer.transfer_us(direction, state.size)
-        self.schedule(self.occupy(duration, True), _TRANSFER_END, (*transfer, start, self.now))
-
-    def on_transfer_end(self, transfer: tuple) -> None:
-        direction, state, request_id, _, start, started = transfer
-        cache = self.cache
-        if direction == DEVICE_TO_HOST:
-            cache.end_offload(state)
-            if state.tier == HOST:
-                self.fate(state.state_id, "on host")
-        else:
-            cache.end_reload(state)
-        end = self.emit(request_id, TRANSFER_END, (start,), state.state_id, state.size, direction=direction)
-        elapsed = self.now - started
-        self.measurements.append((end, _MEASURED[direction], elapsed, state.size))
-        self.link_busy = False
-        self.link_free_event = end
-        if self.link:
-            self.start_transfer()
-        if direction == HOST_TO_DEVICE:
-            request = self.requests[request_id]
+            phase = PREFILL if request.step == 0 else DECODE
+            end = self.emit(spec.request_id, COMPUTE_END, (start,), phase=phase)
+            self.measurements.append((end, _MEASURED[phase], elapsed, memory))
+            selected = spec.output_ids[request.step]
+            request.step += 1
             request.boundary = end
-            if request.cancel >= 0:
-                self.finish(request, CANCEL, "cancelled at reload end", (request.cancel, end))
-            else:
-                self.ready.append(request)
-        else:
-            self.admit(end)
-        self.dispatch()
+            if request.first_token_us is None:
+                request.first_token_us = self.now
+            if request.step <= spec.outcome["published_tokens"]:  # a selected turn end is last, unpublished
+                request.published += 1
+                request.boundary = self.emit(spec.request_id, PUBLISH, (end,), detail=f"token={selected}")
+                if request.publish_log is not None:
+                    total = request.publish_log[-1][1] + request.token_bytes[request.step - 1]
+                    request.publish_log.append((self.now, total))
+            if request.step == len(spec.output_ids):
+                outcome = spec.outcome
+                carry_out(step_ended(request, COMPLETE if outcome["complete"] else STOP, outcome["stop_reason"]))
+            elif decisions := step_ended(request):  # most steps decide nothing
+                carry_out(decisions)
+        self.compute_free_event = end  # the batch's last compute_end
+        carry_out(self.policy.work_ended())
 
-    # -- service ---------------------------------------------------------
+    # -- the policy's decisions, carried out -------------------------------
 
-    def dispatch(self) -> None:
-        """Start the next service step if the compute resource is idle (round-robin over ready requests)."""
-        if self.compute_busy or not self.ready:
-            return
-        head = self.ready.popleft()
-        if self.batching and head.step > 0:
-            batch = [head, *(r for r in self.ready if r.step > 0)]
-            self.ready = deque(r for r in self.ready if r.step == 0)
+    def carry_out(self, decisions: Decisions[_Request]) -> None:
+        for kind, request, subject in decisions:
+            _CARRY_OUT[kind](self, request, subject)
+
+    def rejected(self, request: _Request, reason: str) -> None:
+        end = self.emit(request.request_id, REJECT, (request.arrival_event,), detail=reason)
+        self.end(request, Status.REJECTED, reason, end)
+
+    def admitted(self, request: _Request, state: RetainedState | None) -> None:
+        request_id, arrival, trigger = request.request_id, request.arrival_event, self.trigger
+        request.admitted_us = self.now
+        admitted = self.emit(request_id, ADMIT, (arrival,) if trigger == arrival else (arrival, trigger))
+        if state is None:
+            self.admission = admitted, self.emit(request_id, LOOKUP_MISS, (admitted,))
         else:
-            batch = [head]
+            hit = self.emit(request_id, LOOKUP_HIT, (admitted,), state.state_id, state.size, request.reuse_tier)
+            self.admission = admitted, hit
+            self.fate(state.state_id, f"reused by {request_id}")
+
+    def reserved(self, request: _Request, _: None) -> None:
+        request.boundary = self.emit(request.request_id, RESERVE, (self.admission[0],), size=request.reservation)
+
+    def reload(self, request: _Request, state: RetainedState) -> None:
+        causes = (self.admission[1],)  # the hit
+        reload = self.emit(request.request_id, RELOAD, causes, state.state_id, state.size, direction=HOST_TO_DEVICE)
+        self.link_decisions.append(reload)
+
+    def offload(self, head: _Request, state: RetainedState) -> None:
+        causes = (head.arrival_event, self.trigger)
+        offload = self.emit(head.request_id, OFFLOAD, causes, state.state_id, state.size, direction=DEVICE_TO_HOST)
+        self.link_decisions.append(offload)
+
+    def drop(self, head: _Request, state: RetainedState) -> None:
+        self.fate(state.state_id, f"dropped from {state.tier}")
+        self.emit(head.request_id, DROP, (head.arrival_event, self.trigger), state.state_id, state.size, state.tier)
+
+    def start_transfer(self, request: _Request, transfer: Transfer) -> None:
+        direction, state = transfer.direction, transfer.state
+        decision = self.link_decisions.popleft()
+        causes = (decision,) if self.link_free_event < 0 else (decision, self.link_free_event)
+        start = self.emit(request.request_id, TRANSFER_START, causes, state.state_id, state.size, direction=direction)
+        self.last_started = TRANSFER
+        self.in_flight = start, self.now
+        duration = self.transfer.transfer_us(direction, state.size)
+        self.schedule(self.occupy(duration, True), _TRANSFER_END, None)
+
+    def transfer_ended(self, request: _Request, transfer: Transfer) -> None:
+        direction, state = transfer.direction, transfer.state
+        if direction == DEVICE_TO_HOST and state.tier == HOST:
+            self.fate(state.state_id, "on host")
+        start, started = self.in_flight
+        end = self.emit(request.request_id, TRANSFER_END, (start,), state.state_id, state.size, direction=direction)
+        self.measurements.append((end, _MEASURED[direction], self.now - started, state.size))
+        self.link_free_event = self.trigger = end
+        if direction == HOST_TO_DEVICE:
+            request.boundary = end
+
+    def start_work(self, head: _Request, batch: list[_Request]) -> None:
         flops, memory = self.work_cost(head)
         for request in batch[1:]:
             f, b = self.work_cost(request)
@@ -378,15 +324,10 @@ class _Engine:
             flops, memory = flops + f, memory + b - min(request.spec.fixed_memory_bytes, b)
         # The step overhead (host time before the work) delays the work but does not busy the compute.
         phase, idle_us = (PREFILL if head.step == 0 else DECODE), max(0, self.now - self.last_end)
-        overhead, busy = self.compute.work_us(  # the work named by its first compute_start's id (a spread's draw)
-            phase,
-            len(head.spec.prompt_ids) - head.reused,
-            len(batch),
-            flops,
-            memory,
-            idle_us,
-            self.next_event,
-            self.last_started,
+        # The work is named by its first compute_start's id (a spread's draw).
+        positions, work = len(head.spec.prompt_ids) - head.reused, self.next_event
+        overhead, busy = self.compute.work_us(
+            phase, positions, len(batch), flops, memory, idle_us, work, self.last_started
         )
         self.last_started = phase
         duration = overhead + busy
@@ -394,8 +335,7 @@ class _Engine:
         for request in batch:
             causes = (request.boundary,) if free < 0 else (request.boundary, free)
             phase = PREFILL if request.step == 0 else DECODE
-            starts.append(self.emit(request.spec.request_id, COMPUTE_START, causes, phase=phase, detail=detail))
-        self.compute_busy = True
+            starts.append(self.emit(request.request_id, COMPUTE_START, causes, phase=phase, detail=detail))
         self.busy_us += busy
         self.schedule(self.occupy(duration), _COMPUTE_END, (batch, starts, memory, self.now))
 
@@ -415,77 +355,29 @@ class _Engine:
             return spec.prefill_cost(request.reused)
         return spec.decode_flops[request.step - 1], spec.decode_bytes[request.step - 1]
 
-    def on_compute_end(self, work: tuple) -> None:
-        batch, starts, memory, started = work
-        elapsed = self.now - started
-        self.compute_busy = False
-        for request, start in zip(batch, starts, strict=True):
-            spec = request.spec
-            phase = PREFILL if request.step == 0 else DECODE
-            end = self.emit(spec.request_id, COMPUTE_END, (start,), phase=phase)
-            self.measurements.append((end, _MEASURED[phase], elapsed, memory))
-            selected = spec.output_ids[request.step]
-            request.step += 1
-            request.boundary = end
-            if request.first_token_us is None:
-                request.first_token_us = self.now
-            if request.step <= spec.outcome["published_tokens"]:  # a selected turn end is last, unpublished
-                request.published += 1
-                request.boundary = self.emit(spec.request_id, PUBLISH, (end,), detail=f"token={selected}")
-                if request.publish_log is not None:
-                    total = request.publish_log[-1][1] + request.token_bytes[request.step - 1]
-                    request.publish_log.append((self.now, total))
-            if request.step == len(spec.output_ids):
-                kind = COMPLETE if spec.outcome["complete"] else STOP
-                self.finish(request, kind, spec.outcome["stop_reason"], (request.boundary,))
-            elif request.cancel >= 0:
-                self.finish(request, CANCEL, "cancelled at step boundary", (request.cancel, request.boundary))
-            else:
-                self.ready.append(request)
-        self.compute_free_event = end  # the batch's last compute_end
-        self.dispatch()
-
-    def finish(self, request: _Request, kind: str, reason: str, causes: tuple, admitted: bool = True) -> None:
-        """The request ends exactly once: release its reservation and retain what it computed."""
-        spec, cache = request.spec, self.cache
-        request.ended = True
-        end = self.emit(spec.request_id, kind, causes, detail=reason)
+    def finished(self, request: _Request, reason: str, kind: str) -> None:
+        # A cancel follows the cancel_request and the arrival (while waiting) or the last step boundary.
+        last = request.boundary if request.admitted else request.arrival_event
+        causes = (request.boundary,) if kind != CANCEL else (request.cancel, last)
+        self.finish_event = end = self.emit(request.request_id, kind, causes, detail=reason)
         self.end(request, _STATUS[kind], reason, end)
-        if not admitted:
-            return
-        self.active -= 1
-        self.in_system -= 1
-        cache.reserved -= request.reservation
-        released = self.emit(spec.request_id, RELEASE, (end,), size=request.reservation)
-        computed = len(spec.prompt_ids) + request.step - 1 if request.step > 0 else request.reused
-        retained = 0
-        if self.retain_states and computed > 0:
-            key = token_key((*spec.prompt_ids, *spec.output_ids)[:computed])
-            if cache.has(key):
-                self.emit(
-                    spec.request_id,
-                    RETAIN_SKIP,
-                    (released,),
-                    size=computed * self.kv_bytes,
-                    detail="already retained",
-                )
-            else:
-                state = cache.retain(key, spec.request_id)
-                self.state_fate[state.state_id] = {
-                    "request_id": spec.request_id,
-                    "positions": state.positions,
-                    "bytes": state.size,
-                    "fate": "on device",
-                }
-                self.emit(spec.request_id, RETAIN, (released,), state.state_id, state.size)
-                retained = state.size
-        if request.step > 0:
-            self.hold_thread(self.compute.finish_us(retained))
-        self.admit(released)
 
-    def hold_thread(self, duration: int) -> None:
-        """Host time on the serving thread (after a request that ran ends): what it runs next starts later,
-        and no compute is busy. Idle time is still counted from the end of the last work or transfer."""
+    def released(self, request: _Request, _: None) -> None:
+        self.trigger = self.emit(request.request_id, RELEASE, (self.finish_event,), size=request.reservation)
+
+    def retained(self, request: _Request, state: RetainedState) -> None:
+        origin = {"request_id": request.request_id, "positions": state.positions, "bytes": state.size}
+        self.state_fate[state.state_id] = origin | {"fate": "on device"}
+        self.emit(request.request_id, RETAIN, (self.trigger,), state.state_id, state.size)
+
+    def retain_skipped(self, request: _Request, positions: int) -> None:
+        size = positions * self.kv_bytes
+        self.emit(request.request_id, RETAIN_SKIP, (self.trigger,), size=size, detail="already retained")
+
+    def left(self, request: _Request, retained: int) -> None:
+        """Host time on the serving thread after a request that ran ends: what it runs next starts later, and
+        no compute is busy. Idle time is still counted from the end of the last work or transfer."""
+        duration = self.compute.finish_us(retained) if request.step > 0 else 0
         if duration:
             self.thread_free = max(self.now, self.thread_free) + duration
 
@@ -505,9 +397,7 @@ class _Engine:
             del self.requests[spec.request_id]
 
     def outcome(self, request: _Request, status: Status, reason: str, end_event: int) -> RequestOutcome:
-        spec, now = request.spec, self.now
-        selected = request.step
-        first = request.first_token_us
+        spec, now, selected, first = request.spec, self.now, request.step, request.first_token_us
         return RequestOutcome(
             status=status,
             stop_reason=reason,
@@ -528,6 +418,19 @@ class _Engine:
             unused_budget=spec.max_new_tokens - selected,
             complete=status == Status.COMPLETED,
         )
+
+
+# How the engine carries out each of the policy's decisions (functions, not bound methods: the engine makes no
+# reference cycles). A decision that ends a request is recorded as the event of the same name
+# (Decision.COMPLETE is "complete", as EventKind.COMPLETE is).
+_CARRY_OUT: dict[str, Callable[[_Engine, _Request, Any], None]] = {
+    Decision.REJECT: _Engine.rejected, Decision.ADMIT: _Engine.admitted, Decision.RESERVE: _Engine.reserved,
+    Decision.RELOAD: _Engine.reload, Decision.OFFLOAD: _Engine.offload, Decision.DROP: _Engine.drop,
+    Decision.TRANSFER_START: _Engine.start_transfer, Decision.TRANSFER_END: _Engine.transfer_ended,
+    Decision.RUN: _Engine.start_work, Decision.RELEASE: _Engine.released, Decision.RETAIN: _Engine.retained,
+    Decision.RETAIN_SKIP: _Engine.retain_skipped, Decision.LEAVE: _Engine.left,
+    **{end: partial(_Engine.finished, kind=end) for end in (COMPLETE, STOP, CANCEL)},
+}  # fmt: skip
 
 
 def run(

@@ -1,8 +1,10 @@
 """KVCache: device and host byte budgets and exact whole-prefix LRU retention.
 
-This is the residency bookkeeping one simulation owns while it runs (it is
-created inside `simulate` and never escapes it). The rules it implements are
-written out in docs/kvsim.md:
+This is the residency bookkeeping of one serving run: the KVResidency policy
+(kvsim/kv_residency.py) owns one while kvsim's engine or the InferenceEngine
+drives it, and it never escapes the run. It holds no keys and values (a driver
+keeps those, if any, by state id). The rules it implements are written out in
+docs/kvsim.md:
 
 * a retained state is the KV of an exact token sequence; a lookup finds the
   longest retained sequence that is a proper prefix of the prompt;
@@ -35,7 +37,7 @@ class RetainedState:
     taken: bool = False  # claimed by a request (reload pending or in flight)
 
 
-class Residency:
+class KVCache:
     def __init__(self, config: KVCacheConfig, kv_bytes_per_position: int):
         self.config = config
         self.kv_bytes_per_position = kv_bytes_per_position

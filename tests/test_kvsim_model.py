@@ -200,11 +200,11 @@ def test_bad_traces_are_clear_errors():
 
 
 def test_lookup_finds_the_longest_retained_proper_prefix():
-    from kvsim.kv_cache import Residency
+    from kvsim.kv_cache import KVCache
     from kvsim.recorded import token_key
     from kvsim.system import KVCacheConfig
 
-    cache = Residency(KVCacheConfig(device_kv_bytes=10**6, host_kv_bytes=0), kv_bytes_per_position=10)
+    cache = KVCache(KVCacheConfig(device_kv_bytes=10**6, host_kv_bytes=0), kv_bytes_per_position=10)
     states = {ids: cache.retain(token_key(ids), "r") for ids in [(1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6), (9,)]}
     found = lambda prompt: cache.lookup(token_key(prompt))  # noqa: E731
     assert found((1, 2, 3, 4, 5, 6, 7)) is states[(1, 2, 3, 4, 5, 6)]
