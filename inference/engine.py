@@ -1,11 +1,13 @@
-"""InferenceEngine: a Workload served against the wall clock, with kvsim's scheduling and KV pool rules.
+"""InferenceEngine: a Workload served against the wall clock, deciding with kvsim's serving policy.
 
-The engine composes request scheduling, the KV state pool (`StateManager`),
-model execution and decoding (greedy, or each request's seeded sampling) against one ModelExecution. It takes the
-same decisions kvsim's discrete-event engine takes (`kvsim/engine.py`, laid out
-here handler by handler so the two read side by side), but every duration is
-measured: a work runs when it is dispatched, and its end becomes a happening at
-the time it actually ended.
+Admission, retention, eviction and the tier moves are decided by kvsim's
+KVResidency policy, the very one kvsim's discrete-event engine drives with its
+virtual clock (`kvsim/kv_residency.py`). The engine drives it with the wall
+clock and carries out its decisions: it keeps the retained states' arrays (the
+`StateManager`), runs model execution and decoding (greedy, or each request's
+seeded sampling) against one ModelExecution, and measures every duration: a
+work runs when it is dispatched, and its end becomes a happening at the time it
+actually ended.
 
 Happenings are taken in (time, sequence number) order, as in kvsim: declared
 arrivals and customer actions at their offsets from the run's start (the engine
@@ -15,12 +17,11 @@ arrival that falls inside a work is seen, in its place in the order, as soon as
 the work returns. Transfers (offload, reload) run synchronously on the loop too,
 one at a time in FIFO order; kvsim's link runs concurrently with compute.
 
-Execution uses fixed compiled shapes (`inference/slot_execution.py`), all
-compiled before the clock starts; the engine counts any XLA compilation while
-the clock runs, and pauses Python's garbage collector while it runs. Retained
-states move between the slot rows and their
-exact-length arrays through host numpy slicing and padding, which compiles
-nothing per length.
+Execution runs on the active requests' rows of one slot state
+(`inference/slot_rows.py`) in fixed compiled shapes
+(`inference/slot_execution.py`), all compiled before the clock starts; the
+engine counts any XLA compilation while the clock runs, and pauses Python's
+garbage collector while it runs.
 """
 
 from __future__ import annotations
@@ -30,34 +31,37 @@ import dataclasses
 import gc
 import heapq
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 import jax
-import numpy as np
 
-from inference.execution import ModelExecution, bucket
+from inference.execution import ModelExecution
 from inference.generation import stop_codes, stop_reason
 from inference.policy import STOP_TURN_END, InferenceRequest, check_prompt
 from inference.recorded_computations import read_workload
-from inference.slot_execution import EnginePlan, SlotExecution, batch_bucket
-from inference.state_manager import (
-    DEVICE,
-    HOST,
-    RetainedState,
-    StateManager,
-    check_budget,
-    nbytes,
-    to_device,
-    to_host,
-    token_key,
-)
+from inference.slot_execution import EnginePlan
+from inference.slot_rows import SlotRows, Work
+from inference.state_manager import DeviceArrays, StateManager, check_budget, nbytes
 from jgpt.foundation.errors import ApiError
-from jgpt.model.kv_state import KVState
-from kvsim import CustomerInteraction, KVResidencySystemConfig, check_wall_clock, parse_interaction
+from kvsim import (
+    DEVICE,
+    DEVICE_TO_HOST,
+    HOST_TO_DEVICE,
+    CustomerInteraction,
+    Decision,
+    Decisions,
+    KVResidency,
+    KVResidencySystemConfig,
+    RetainedState,
+    ScheduledRequest,
+    Transfer,
+    check_wall_clock,
+    parse_interaction,
+)
 
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
-DEVICE_TO_HOST, HOST_TO_DEVICE = "device_to_host", "host_to_device"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # The last stretch before a declared happening is waited for busily: a sleep to the happening itself
 # overslept by 130-170 us (median; up to 3.6 ms) on the quiet 2-core machine, and the engine is the
@@ -102,39 +106,34 @@ class ServedRun:
 # -- the serving loop -----------------------------------------------------------------------------------------
 
 
-class _Request:
+class _Request(ScheduledRequest):
     __slots__ = (
-        "spec", "arrival", "key", "reservation", "reused", "reuse_tier", "step", "cancel", "ended",
-        "admitted_us", "first_token_us", "published", "output", "held", "row", "seconds", "stop_reason", "outcome",
+        "spec", "arrival", "admitted_us", "first_token_us", "published", "held", "row", "seconds", "stop_reason",
+        "outcome",
     )  # fmt: skip
+    output_ids: list[int]  # grows as the engine selects ids
 
     def __init__(self, spec: InferenceRequest, arrival: int):
+        super().__init__(spec.request_id, spec.prompt_ids, [], spec.generation.max_new_tokens)
         self.spec = spec
         self.arrival = arrival
-        self.key = token_key(spec.prompt_ids)
-        self.reservation = 0
-        self.reused = 0
-        self.reuse_tier: str | None = None
-        self.step = 0  # 0: prefill next; k: decode step k-1 next (k ids selected)
-        self.cancel = False  # a cancel waits for the next step boundary
-        self.ended = False
         self.admitted_us: int | None = None
         self.first_token_us: int | None = None
         self.published = 0
-        self.output: list[int] = []
-        self.held: tuple | None = None  # the reused prefix's (keys, values) until the prefill consumes them
+        self.held: DeviceArrays | None = None  # the reused prefix's (keys, values) until the prefill consumes them
         self.row: int | None = None  # slot row, from the prefill to the end
         self.seconds: list[float] = []
         self.stop_reason: str | None = None
         self.outcome: dict | None = None
 
 
-# A work as recorded, before its start and end: kind, requests, executed rows, window, processed and reused
-# positions, matmul flops, logical memory bytes, bytes moved.
-_Work = tuple[str, list[_Request], int, int, int, int, int, int, int]
+_STATUS: dict[str, str] = {Decision.COMPLETE: "completed", Decision.STOP: "stopped", Decision.CANCEL: "cancelled"}
 
 
 class _Serving:
+    """Drives the KVResidency policy with the wall clock: each of its decisions moves arrays or runs the model
+    at once, and what it starts ends when it returned."""
+
     def __init__(
         self, execution: ModelExecution, system: KVResidencySystemConfig, plan: EnginePlan, observe,
         as_fast_as_possible: bool = False,
@@ -142,33 +141,20 @@ class _Serving:
         self.execution = execution
         # Nothing waits for a declared time: a happening due later is taken as soon as it is the next one.
         self.as_fast_as_possible = as_fast_as_possible
-        self.system = system
-        self.plan = plan
         self.observe = observe
-        self.retain_states = system.kv_cache.retention_policy == "lru"
-        self.batching = plan.batching
         self.kv_bytes = execution.costs.kv_bytes_per_position
-        self.pool = StateManager(system.kv_cache, self.kv_bytes)
+        self.policy: KVResidency[_Request] = KVResidency(system, self.kv_bytes)
+        self.pool = StateManager()
         self.requests: dict[str, _Request] = {}
         self.heap: list[tuple] = []
         self.sequence = 0
         self.now = 0
         self.started_ns = 0
-        self.waiting: deque[_Request] = deque()
-        self.in_system = 0
-        self.active = 0
-        self.ready: deque[_Request] = deque()
-        self.compute_busy = False
         self.busy_us = 0
-        self.link: deque[tuple] = deque()  # (direction, state, request)
-        self.link_busy = False
         self.works: list[dict] = []
         self.moved = {DEVICE_TO_HOST: 0, HOST_TO_DEVICE: 0}
         self.counts = {"offload": 0, "reload": 0, "drop": 0}
-        self.rows: list[_Request] = []  # slot row -> its request; active rows are [0, len)
-        self.programs = SlotExecution(execution, plan)
-        self.slots = self.programs.empty_slots()
-        self.empty_start = self.programs.empty_start()
+        self.slot_rows = SlotRows(execution, plan)
 
     # -- the clock -------------------------------------------------------
 
@@ -201,16 +187,17 @@ class _Serving:
             if what == _COMPUTE_END:
                 self.on_compute_end(payload)
             elif what == _ARRIVE:
-                self.on_arrival(payload)
+                self.requests[payload.request_id] = payload
+                self.carry_out(self.policy.arrive(payload))
             elif what == _TRANSFER_END:
-                self.on_transfer_end(payload)
+                self.carry_out(self.policy.transfer_ended())
             else:
                 self.on_action(payload)
             if self.observe is not None:
                 self.observe(self.audit())
 
     def audit(self) -> tuple[int, int]:
-        """The pool's invariants checked against the arrays held; the measured (device, host) bytes."""
+        """The policy's accounts checked against the arrays held; the measured (device, host) bytes."""
         active = []
         for request in self.requests.values():
             if request.admitted_us is None or request.ended:
@@ -218,227 +205,22 @@ class _Serving:
             positions = len(request.spec.prompt_ids) + request.step - 1
             held = nbytes(request.held) if request.row is None else positions * self.kv_bytes
             active.append((request.spec.request_id, request.reservation, held))
-        return check_budget(self.pool, active)
-
-    def on_arrival(self, request: _Request) -> None:
-        spec, system = request.spec, self.system
-        self.requests[spec.request_id] = request
-        budget = spec.generation.max_new_tokens
-        request.reservation = (len(spec.prompt_ids) + budget - 1) * self.kv_bytes
-        reason = None
-        if budget > system.max_new_tokens_cap:
-            reason = f"max_new_tokens {budget} > max_new_tokens_cap {system.max_new_tokens_cap}"
-        elif self.in_system >= system.max_requests:
-            reason = f"max_requests {system.max_requests} already in the system"
-        elif request.reservation > system.kv_cache.device_kv_bytes:
-            reason = f"reservation {request.reservation} bytes > device_kv_bytes {system.kv_cache.device_kv_bytes}"
-        if reason is not None:
-            request.ended = True
-            request.outcome = self.outcome(request, "rejected", reason)
-            return
-        self.in_system += 1
-        self.waiting.append(request)
-        self.admit()
-        self.dispatch()
+        return check_budget(self.pool, self.policy.cache, active)
 
     def on_action(self, action) -> None:
-        if action.kind != "cancel":
-            return  # consume: the engine publishes every id as it is selected; nothing to wait for
+        """A cancel of an arrived request goes to the policy (one not yet arrived is intent without effect); a
+        consume waits for nothing, as every id is published as it is selected."""
         request = self.requests.get(action.request_id)
-        if request is None or request.ended or request.cancel:
-            return  # not yet arrived, already over, or already cancelling: intent without effect
-        if request.admitted_us is None:
-            self.in_system -= 1
-            self.finish(request, "cancel", "cancelled while waiting", admitted=False)
-            self.admit()
-        elif request in self.ready:
-            self.ready.remove(request)
-            self.finish(request, "cancel", "cancelled between steps")
-        else:
-            request.cancel = True  # running or reloading: honoured at the next step boundary
-        self.dispatch()
-
-    # -- admission and residency ------------------------------------------
-
-    def admit(self) -> None:
-        """FIFO admission of waiting requests while slots and device bytes allow."""
-        pool = self.pool
-        while self.waiting and self.active < self.system.scheduling.max_active_requests:
-            request = self.waiting[0]
-            if request.ended:
-                self.waiting.popleft()
-                continue
-            state = pool.lookup(request.key) if self.retain_states else None
-            credit = state.size if state is not None and state.tier == DEVICE else 0
-            need = request.reservation - credit
-            if need > pool.device_free():
-                shortfall = need - pool.device_free() - pool.offloading_bytes
-                evictable = pool.device_lru_bytes - credit
-                if shortfall <= 0 or evictable < shortfall:
-                    return  # wait for offloads in flight, or for active requests to release
-                self.evict(shortfall, state, request)
-                continue
-            self.waiting.popleft()
-            self.active += 1
-            request.admitted_us = self.now
-            if state is not None:
-                request.reused, request.reuse_tier = state.positions, HOST if state.tier != DEVICE else DEVICE
-                pool.take(state)
-            pool.reserved += request.reservation
-            if request.reuse_tier == HOST:
-                assert state is not None, "a reuse tier is set only where a state was taken"
-                self.enqueue_transfer(HOST_TO_DEVICE, state, request)
-            else:
-                request.held = None if state is None else state.device
-                self.ready.append(request)
-
-    def evict(self, shortfall: int, keep: RetainedState | None, request: _Request) -> None:
-        """Move least recently used device states out until `shortfall` bytes will be free."""
-        pool = self.pool
-        while shortfall > 0:
-            oldest = iter(pool.device_lru.values())
-            state = next(oldest)
-            if state is keep:
-                state = next(oldest)
-            shortfall -= state.size
-            kept_on_host = keep.size if keep is not None and keep.tier == HOST else 0
-            if state.size <= pool.host_free() + pool.host_lru_bytes - kept_on_host:
-                while pool.host_free() < state.size:  # least recently used host states make room
-                    pool.drop_from_host(next(s for s in pool.host_lru.values() if s is not keep))
-                    self.counts["drop"] += 1
-                pool.begin_offload(state)
-                self.counts["offload"] += 1
-                self.enqueue_transfer(DEVICE_TO_HOST, state, request)
-            else:
-                pool.drop_from_device(state)
-                self.counts["drop"] += 1
-
-    def enqueue_transfer(self, direction: str, state: RetainedState, request: _Request) -> None:
-        self.link.append((direction, state, request))
-        if direction == HOST_TO_DEVICE:
-            self.counts["reload"] += 1
-        if not self.link_busy:
-            self.start_transfer()
-
-    def start_transfer(self) -> None:
-        direction, state, request = transfer = self.link.popleft()
-        started = self.clock()
-        if direction == DEVICE_TO_HOST:
-            state.host = to_host(state.device)
-        else:
-            state.device = jax.block_until_ready(to_device(state.host))
-        ended = self.clock()
-        self.link_busy = True
-        kind = "offload" if direction == DEVICE_TO_HOST else "reload"
-        self.record_work(kind, [request], 0, 0, 0, 0, 0, 0, state.size, started, ended)
-        self.schedule(ended, _TRANSFER_END, transfer)
-
-    def on_transfer_end(self, transfer: tuple) -> None:
-        direction, state, request = transfer
-        self.moved[direction] += state.size
-        if direction == DEVICE_TO_HOST:
-            self.pool.end_offload(state)
-        else:
-            request.held = self.pool.end_reload(state)
-        self.link_busy = False
-        if self.link:
-            self.start_transfer()
-        if direction == HOST_TO_DEVICE:
-            if request.cancel:
-                self.finish(request, "cancel", "cancelled at reload end")
-            else:
-                self.ready.append(request)
-        else:
-            self.admit()
-        self.dispatch()
-
-    # -- service ---------------------------------------------------------
-
-    def dispatch(self) -> None:
-        """Run the next service step if the compute resource is idle (round-robin over ready requests)."""
-        if self.compute_busy or not self.ready:
-            return
-        head = self.ready.popleft()
-        if self.batching and head.step > 0:
-            batch = [head, *(r for r in self.ready if r.step > 0)]
-            self.ready = deque(r for r in self.ready if r.step == 0)
-        else:
-            batch = [head]
-        started = self.clock()
-        if head.step == 0:
-            chosen, work = self.prefill(head)
-        else:
-            chosen, work = self.decode(batch)
-        ended = self.clock()
-        self.compute_busy = True
-        self.busy_us += ended - started
-        self.record_work(*work, started=started, ended=ended)
-        self.schedule(ended, _COMPUTE_END, (batch, chosen, ended - started))
-
-    def prefill(self, request: _Request) -> tuple[list[int], _Work]:
-        e, prompt, reused = self.execution, request.spec.prompt_ids, request.reused
-        start = self.empty_start if request.held is None else self.start_state(request, request.held)
-        count = len(prompt) - reused
-        window = np.zeros((1, bucket(count, e.architecture.context)), np.int32)
-        window[0, :count] = prompt[reused:]
-        request.row = len(self.rows)
-        self.rows.append(request)
-        rule = self.programs.rule([request.spec])
-        chosen, self.slots = self.programs.prefill_into(self.slots, start, window, count, request.row, rule)
-        request.held = None
-        costs = e.costs
-        work = ("prefill", [request], 1, window.shape[1], count, reused, costs.matmul_flops(reused, len(prompt)),
-                costs.memory_bytes(reused, len(prompt)), 0)  # fmt: skip
-        return [int(np.asarray(chosen)[0])], work
-
-    def start_state(self, request: _Request, held: tuple) -> KVState:
-        """The reused prefix in a batch-of-one state of C slots, assembled on the host (no per-length compile)."""
-        n, template = request.reused, self.empty_start
-        keys, values = (np.zeros(template.keys.shape, template.keys.dtype) for _ in range(2))
-        keys[:, 0, :, :n], values[:, 0, :, :n] = (np.asarray(x) for x in held)
-        token_ids = np.zeros((1, self.plan.slot_capacity), np.int32)
-        token_ids[0, :n] = request.spec.prompt_ids[:n]
-        lengths = np.asarray([n], np.int32)
-        return template.replace(**jax.device_put(dict(keys=keys, values=values, token_ids=token_ids, lengths=lengths)))
-
-    def decode(self, batch: list[_Request]) -> tuple[list[int], _Work]:
-        costs = self.execution.costs
-        positions = [len(r.spec.prompt_ids) + r.step - 1 for r in batch]
-        if self.batching:
-            rows = batch_bucket(len(self.rows))
-            ids, counts, steps = np.zeros(rows, np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32)
-            specs: list[InferenceRequest | None] = [None] * rows
-            for request in batch:
-                assert request.row is not None, "a request decodes in the row its prefill gave it"
-                ids[request.row], counts[request.row], steps[request.row] = request.output[-1], 1, request.step
-                specs[request.row] = request.spec
-            rule = self.programs.rule(specs)
-            chosen, self.slots = self.programs.decode_rows(
-                self.slots, ids, counts, rule, None if rule is None else steps
-            )
-            chosen = np.asarray(chosen)  # the one host read of the step
-            selected = [int(chosen[r.row]) for r in batch]
-        else:
-            (request,) = batch
-            rows = 1
-            assert request.row is not None, "a request decodes in the row its prefill gave it"
-            rule = self.programs.rule([request.spec])
-            chosen, self.slots = self.programs.decode_row(
-                self.slots, request.row, request.output[-1], rule, request.step
-            )
-            selected = [int(np.asarray(chosen)[0])]
-        # A batch reads the fixed bytes of a work (the weights) once, not once per request.
-        memory = sum(costs.memory_bytes(p, p + 1) for p in positions) - costs.fixed_memory_bytes * (len(batch) - 1)
-        flops = sum(costs.matmul_flops(p, p + 1) for p in positions)
-        return selected, ("decode", batch, rows, 1, len(batch), sum(positions), flops, memory, 0)
+        if action.kind == "cancel" and request is not None:
+            self.carry_out(self.policy.cancel(request))
 
     def on_compute_end(self, work: tuple) -> None:
         batch, chosen, elapsed_us = work
-        self.compute_busy = False
         context, turn_end = self.execution.architecture.context, self.execution.turn_end_id
+        step_ended, carry_out = self.policy.step_ended, self.carry_out
         for request, selected in zip(batch, chosen, strict=True):
             spec = request.spec
-            request.output.append(selected)
+            request.output_ids.append(selected)
             request.seconds.append(elapsed_us / 1e6)
             request.step += 1
             if request.first_token_us is None:
@@ -448,60 +230,80 @@ class _Serving:
             budget, prompt = spec.generation.max_new_tokens, len(spec.prompt_ids)
             code = stop_codes(_Scalars, selected, request.step, budget, prompt, context, turn_end)
             if code:
-                request.stop_reason = stop_reason(code)
-                self.finish(
-                    request, "complete" if request.stop_reason == STOP_TURN_END else "stop", request.stop_reason
-                )
-            elif request.cancel:
-                self.finish(request, "cancel", "cancelled at step boundary")
+                request.stop_reason = reason = stop_reason(code)
+                carry_out(step_ended(request, Decision.COMPLETE if reason == STOP_TURN_END else Decision.STOP, reason))
             else:
-                self.ready.append(request)
-        self.dispatch()
+                carry_out(step_ended(request))
+        carry_out(self.policy.work_ended())
 
-    def finish(self, request: _Request, kind: str, reason: str, admitted: bool = True) -> None:
-        """The request ends exactly once: release its reservation and retain what it computed."""
-        spec, pool = request.spec, self.pool
-        request.ended = True
-        request.outcome = self.outcome(
-            request, {"complete": "completed", "stop": "stopped"}.get(kind, "cancelled"), reason
-        )
-        if not admitted:
-            return
-        self.active -= 1
-        self.in_system -= 1
-        pool.reserved -= request.reservation
-        computed = len(spec.prompt_ids) + request.step - 1 if request.step > 0 else request.reused
-        if self.retain_states and computed > 0:
-            key = token_key((*spec.prompt_ids, *request.output)[:computed])
-            if not pool.has(key):
-                if request.row is None:  # not prefilled: what it computed is the reused prefix it holds
-                    assert request.held is not None, "an admitted request with reused positions holds them"
-                    arrays = request.held
-                else:
-                    arrays = self.row_arrays(request.row, computed)
-                pool.retain(key, spec.request_id, arrays)
+    # -- the policy's decisions, carried out -------------------------------
+
+    def carry_out(self, decisions: Decisions[_Request]) -> None:
+        for kind, request, subject in decisions:
+            _CARRY_OUT[kind](self, request, subject)
+
+    def rejected(self, request: _Request, reason: str) -> None:
+        request.outcome = self.outcome(request, "rejected", reason)
+
+    def admitted(self, request: _Request, state: RetainedState | None) -> None:
+        request.admitted_us = self.now
+        if state is not None and request.reuse_tier == DEVICE:
+            request.held = self.pool.take(state)
+
+    def count(self, request: _Request, state: RetainedState, what: str) -> None:
+        self.counts[what] += 1
+
+    def drop(self, head: _Request, state: RetainedState) -> None:
+        self.counts["drop"] += 1
+        self.pool.drop(state)
+
+    def start_transfer(self, request: _Request, transfer: Transfer) -> None:
+        """A transfer runs synchronously on the serving loop, and the link is busy until its end is taken."""
+        state, offload = transfer.state, transfer.direction == DEVICE_TO_HOST
+        started = self.clock()
+        if offload:
+            self.pool.copy_to_host(state)
+        else:
+            self.pool.copy_to_device(state)
+        ended = self.clock()
+        self.record_work(("offload" if offload else "reload", 0, 0, 0, 0, 0, 0), [request], state.size, started, ended)
+        self.schedule(ended, _TRANSFER_END, None)
+
+    def transfer_ended(self, request: _Request, transfer: Transfer) -> None:
+        state = transfer.state
+        self.moved[transfer.direction] += state.size
+        if transfer.direction == DEVICE_TO_HOST:
+            self.pool.offloaded(state)
+        else:
+            request.held = self.pool.reloaded(state)
+
+    def start_work(self, head: _Request, batch: list[_Request]) -> None:
+        """Run the service step the policy dispatched; its end is taken when it returned."""
+        started = self.clock()
+        chosen, work = self.slot_rows.prefill(head) if head.step == 0 else self.slot_rows.decode(batch)
+        ended = self.clock()
+        self.busy_us += ended - started
+        self.record_work(work, batch, 0, started, ended)
+        self.schedule(ended, _COMPUTE_END, (batch, chosen, ended - started))
+
+    def finished(self, request: _Request, reason: str, end: str) -> None:
+        request.outcome = self.outcome(request, _STATUS[end], reason)
+
+    def retained(self, request: _Request, state: RetainedState) -> None:
+        if request.row is None:  # not prefilled: what it computed is the reused prefix it holds
+            assert request.held is not None, "an admitted request with reused positions holds them"
+            arrays = request.held
+        else:
+            arrays = self.slot_rows.row_arrays(request.row, state.positions)
+        self.pool.retain(state, arrays)
+
+    def left(self, request: _Request, retained: int) -> None:
         request.held = None
         if request.row is not None:
-            self.release_row(request)
-        self.admit()
+            self.slot_rows.release(request)
 
-    def row_arrays(self, row: int, positions: int) -> tuple[jax.Array, jax.Array]:
-        """A row's first `positions` slots as exact-length device arrays [layers, kv_heads, positions, head_dim]."""
-        one = self.programs.extract_row(self.slots, row)
-        keys, values = (np.asarray(x)[:, 0, :, :positions] for x in (one.keys, one.values))
-        return to_device((keys, values))
-
-    def release_row(self, request: _Request) -> None:
-        """Keep the active rows compacted: the last active row moves into the freed one."""
-        last = self.rows.pop()
-        if last is not request:
-            assert last.row is not None and request.row is not None, "both are active rows"
-            self.slots = self.programs.move_row(self.slots, last.row, request.row)
-            last.row = request.row
-            self.rows[request.row] = last
-        request.row = None
-
-    def record_work(self, kind, requests, rows, window, processed, reused, flops, memory, size, started, ended) -> None:
+    def record_work(self, work: Work, requests: list[_Request], size: int, started: int, ended: int) -> None:
+        kind, rows, window, processed, reused, flops, memory = work
         self.works.append({
             "work_id": len(self.works), "kind": kind, "request_ids": [r.spec.request_id for r in requests],
             "rows": len(requests), "executed_rows": rows, "window": window, "processed_positions": processed,
@@ -534,8 +336,23 @@ class _Serving:
             "published_tokens": request.published,
             "unused_budget": spec.generation.max_new_tokens - selected,
             "complete": status == "completed",
-            "output_ids": list(request.output),
+            "output_ids": list(request.output_ids),
         }
+
+
+def _nothing(serving: _Serving, request: _Request, subject: Any) -> None:
+    """A decision with no arrays to move and nothing to run."""
+
+
+# How the engine carries out each of the policy's decisions (functions, not bound methods: no reference cycle).
+_CARRY_OUT: dict[str, Callable[[_Serving, _Request, Any], None]] = {
+    Decision.REJECT: _Serving.rejected, Decision.ADMIT: _Serving.admitted, Decision.RESERVE: _nothing,
+    Decision.RELOAD: partial(_Serving.count, what="reload"), Decision.OFFLOAD: partial(_Serving.count, what="offload"),
+    Decision.DROP: _Serving.drop, Decision.TRANSFER_START: _Serving.start_transfer,
+    Decision.TRANSFER_END: _Serving.transfer_ended, Decision.RUN: _Serving.start_work, Decision.RELEASE: _nothing,
+    Decision.RETAIN: _Serving.retained, Decision.RETAIN_SKIP: _nothing, Decision.LEAVE: _Serving.left,
+    **{end: partial(_Serving.finished, end=end) for end in (Decision.COMPLETE, Decision.STOP, Decision.CANCEL)},
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -562,7 +379,7 @@ class InferenceEngine:
         plan = EnginePlan.of(self.execution.architecture.context, self.system, requests)
         plan.check_memory(self.execution, self.system, len(requests))
         serving = _Serving(self.execution, self.system, plan, observe, as_fast_as_possible)
-        serving.slots, compiled, compile_wall_us = serving.programs.compile(serving.slots)
+        compiled, compile_wall_us = serving.slot_rows.compile()
         ordered = [_Request(r, 0 if as_fast_as_possible else r.arrival_us) for r in requests]
         compiles: list[str] = []
 
@@ -597,7 +414,7 @@ def _served(request: _Request) -> ServedRequest:
     outcome = request.outcome
     assert outcome is not None, "a run ends once every request has ended, each with its outcome"
     return ServedRequest(
-        request.spec, outcome, tuple(request.output), request.reused, tuple(request.seconds), request.stop_reason
+        request.spec, outcome, tuple(request.output_ids), request.reused, tuple(request.seconds), request.stop_reason
     )
 
 
