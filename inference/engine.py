@@ -64,8 +64,8 @@ from kvsim import (
 _ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # The last stretch before a declared happening is waited for busily: a sleep to the happening itself
-# overslept by 130-170 us (median; up to 3.6 ms) on the quiet 2-core machine, and the engine is the
-# instrument that says when the happening was seen.
+# oversleeps by a tenth of a millisecond or more, and the engine is the instrument that says when the
+# happening was seen.
 SPIN_US = 2000
 
 

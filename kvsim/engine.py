@@ -43,8 +43,8 @@ from kvsim.workload import CustomerInteraction, Workload
 _COMPUTE_END, _TRANSFER_END = range(2)
 # The kinds the engine writes into its plain tuples are the enum members' values, plain strings: the collector
 # stops tracking a tuple of ints and strings, but never one that holds an enum member (an object with a
-# __dict__), and traversing 35 events a request at every older-generation collection cost a tenth of the
-# run. Rows hands the members back to a reader. Bound once as globals: Python 3.11 finds an Enum class's
+# __dict__), and traversing every event of a run at each older-generation collection costs a sizeable share
+# of the run. Rows hands the members back to a reader. Bound once as globals: Python 3.11 finds an Enum class's
 # attributes through a Python-level __getattr__, ten times slower than a global.
 DEVICE_TO_HOST, HOST_TO_DEVICE = TransferDirection.DEVICE_TO_HOST.value, TransferDirection.HOST_TO_DEVICE.value
 PREFILL, DECODE = Phase.PREFILL.value, Phase.DECODE.value
@@ -479,8 +479,8 @@ def run_arrivals(
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """The engine makes no reference cycles, so in a run the garbage collector frees nothing, yet it traverses
-    the events the run holds again at every older-generation collection: 15% of a 20,000-request run's time,
-    9% in the oldest generation alone. It is paused while the engine runs (and resumed after, error or not, if
+    the events the run holds again at every older-generation collection, a sizeable share of a long run's
+    time. It is paused while the engine runs (and resumed after, error or not, if
     it was on); what the run keeps is then traversed once, at the next collection."""
     enabled = gc.isenabled()
     gc.disable()
