@@ -443,6 +443,6 @@ def _selection(request: InferenceRequest, step: int, selected_id: int, logits, t
     policy = request.generation
     if policy.selection != SAMPLE:
         return TokenSelection(selected_id, **scored)
-    key = {"seed": policy.seed, "stream": request_stream(request.request_id), "step": step}
+    key = {"seed": policy.seed, "stream": request_stream(request), "step": step}
     ranked = tuple((int(i), float(p)) for i, p in zip(*top) if p > 0)
     return TokenSelection(selected_id, rule=SAMPLE, rng_state=key, candidates=ranked, **scored)

@@ -91,6 +91,9 @@ class InferenceRequest:
     generation: GenerationPolicy = GenerationPolicy()
     arrival_us: int = 0
     text: str | None = None  # the user text the prompt encodes, where there is one
+    # The name its draws' random stream derives from (inference/sampling.py), when not its request id: an
+    # endpoint request draws from the CLI's stream, so a seed selects the same ids there as in `jgpt generate`.
+    draws_from: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))

@@ -1,8 +1,9 @@
 """TokenSelection by seeded sampling: temperature, top-k and top-p filters, keys from (seed, request, step).
 
 The selection rule of a row is a function of its logits and three integers: the
-policy's `seed`, the request's stream (from the SHA-256 of its request id) and the
-index of the id being selected (0 for the id the prefill's logits select). The draw
+policy's `seed`, the request's stream (from the SHA-256 of its request id, or of the
+name it `draws_from`) and the index of the id being selected (0 for the id the
+prefill's logits select). The draw
 reads no other state, so a request selects the same ids alone or in a batch, in
 `generate` or `generate_stepwise`, and in the InferenceEngine.
 
@@ -29,9 +30,11 @@ TOP_CANDIDATES = 5  # ids of the filtered distribution a TokenSelection records
 TOP_P_TOLERANCE = 1e-6
 
 
-def request_stream(request_id: str) -> int:
-    """A request's random stream: the first 31 bits of the SHA-256 of its id (its batch position plays no part)."""
-    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:4], "big") >> 1
+def request_stream(request: InferenceRequest) -> int:
+    """A request's random stream: the first 31 bits of the SHA-256 of its id, or of the name it draws from
+    (its batch position plays no part)."""
+    name = request.request_id if request.draws_from is None else request.draws_from
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") >> 1
 
 
 @struct.dataclass
@@ -59,7 +62,7 @@ class SelectionRule:
             top_k=column([p.top_k for p in policies], np.int32),
             top_p=column([p.top_p for p in policies], np.float32),
             seed=column([p.seed for p in policies], np.int32),
-            stream=column([0 if r is None else request_stream(r.request_id) for r in requests], np.int32),
+            stream=column([0 if r is None else request_stream(r) for r in requests], np.int32),
         )
 
 

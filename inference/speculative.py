@@ -446,7 +446,7 @@ def _selection(request: InferenceRequest, step: int, selected_id: int) -> TokenS
     policy = request.generation
     if policy.selection != SAMPLE:
         return TokenSelection(selected_id, decoding=SPECULATIVE)
-    key = {"seed": policy.seed, "stream": request_stream(request.request_id), "step": step}
+    key = {"seed": policy.seed, "stream": request_stream(request), "step": step}
     return TokenSelection(selected_id, rule=SAMPLE, decoding=SPECULATIVE, rng_state=key)
 
 
