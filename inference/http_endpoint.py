@@ -1,0 +1,283 @@
+"""The HTTP server of the RequestEndpoint: the OpenAI API over the InferenceEngine's live loop (Starlette, uvicorn).
+
+Routes: POST /v1/completions and /v1/chat/completions (whole, or streamed as server-sent events: one chunk
+per published id or group of ids, then `data: [DONE]`), GET /v1/models, /health and /metrics (Prometheus
+text). The engine runs on its own thread behind an EngineBridge (inference/live_traffic.py); this module only
+reads requests, waits on publications and writes responses.
+
+Semantics under load:
+* the engine decides admission: a request it rejects because the system is full (max_requests) gets 429
+  with Retry-After, one it could never serve (max_new_tokens_cap, a reservation past the device's KV
+  bytes) 400 naming max_tokens; a malformed one 400 naming the field, before it reaches the engine;
+* a client that goes away cancels its request in the engine (at its next step boundary; its slot is freed);
+* SIGTERM or Ctrl-C stops accepting connections, lets the requests in flight finish for up to the drain
+  bound, cancels what is left, stops the engine and returns its result (a second Ctrl-C quits at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import json
+import secrets
+import signal
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from inference.live_traffic import Accepted, Closed, Ended, EngineBridge, Failed, LiveTraffic, Selected
+from inference.request_endpoint import (
+    CHAT,
+    COMPLETION,
+    DONE,
+    EndpointRequest,
+    PublishedText,
+    ServedModel,
+    chunk,
+    error,
+    event,
+    finish_reason,
+    read_request,
+    refusal,
+    response,
+    usage_chunk,
+)
+from inference.serving_metrics import ServingMetrics
+from jgpt.foundation.errors import ApiError
+
+Result = TypeVar("Result")
+RETRY_AFTER_S = 1  # a full system frees a slot as soon as one request ends: ask again soon
+FULL = "max_requests"  # the engine's rejection reason when the system holds all the requests it may
+PATHS = {COMPLETION: "/v1/completions", CHAT: "/v1/chat/completions"}
+ID_PREFIXES = {COMPLETION: "cmpl", CHAT: "chatcmpl"}
+
+
+class RequestEndpoint(Generic[Result]):
+    """The app's state: the model served, the bridge to the engine, the metrics, and the engine's result."""
+
+    def __init__(self, model: ServedModel, serve: Callable[[LiveTraffic], Result], device_kv: int, host_kv: int):
+        self.model, self.serve = model, serve
+        self.bridge: EngineBridge[Result] = EngineBridge(observe=self.observe)
+        self.metrics = ServingMetrics(lambda: self.bridge.traffic.gauges, device_kv, host_kv)
+        self.numbers = itertools.count()
+        self.result: Result | None = None
+
+    def observe(self, request_id: str, publication) -> None:
+        self.metrics.observe(request_id, publication)
+
+    def app(self, on_ready: Callable[[], None] = lambda: None) -> Starlette:
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            self.bridge.start(self.serve)
+            on_ready()
+            yield
+            self.result = await self.bridge.stop()
+
+        routes = [
+            Route(PATHS[COMPLETION], functools.partial(self.complete, kind=COMPLETION), methods=["POST"]),
+            Route(PATHS[CHAT], functools.partial(self.complete, kind=CHAT), methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.exposition, methods=["GET"]),
+        ]
+        return Starlette(routes=routes, lifespan=lifespan)
+
+    # -- the plain routes ---------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        return self.json("/v1/models", self.model.listing())
+
+    async def health(self, request: Request) -> Response:
+        bridge = self.bridge
+        status = "failed" if bridge.failure else "draining" if bridge.closed else "ok"
+        return self.json("/health", {"status": status, "in_flight": bridge.in_flight}, 200 if status == "ok" else 503)
+
+    async def exposition(self, request: Request) -> Response:
+        return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
+
+    def json(self, path: str, document: Any, status: int = 200, headers: dict | None = None) -> Response:
+        self.metrics.responded(path, status)
+        return JSONResponse(document, status, headers)
+
+    # -- completions ---------------------------------------------------------
+
+    async def complete(self, request: Request, kind: str) -> Response:
+        path = PATHS[kind]
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as problem:
+            return self.json(path, error(f"body: not JSON ({problem})", "body"), 400)
+        response_id = f"{ID_PREFIXES[kind]}-{next(self.numbers)}"
+        try:
+            call = read_request(kind, body, self.model, response_id, secrets.randbelow(1 << 31))
+        except ApiError as problem:
+            return self.json(path, refusal(problem), 400)
+        try:
+            publications = self.bridge.submit(call.request)
+        except Closed as problem:
+            return self.json(path, error(str(problem), None, "server_error"), 503)
+        first = await anext(publications)
+        if isinstance(first, Failed):
+            return self.json(path, error(first.reason, None, "server_error"), 500)
+        if isinstance(first, Ended):
+            return self.rejected(path, first.outcome)
+        assert isinstance(first, Accepted), "the engine accepts or rejects a request before anything else"
+        if call.stream:
+            self.metrics.responded(path, 200)
+            return StreamingResponse(
+                self.chunks(call, publications), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+        return await self.whole(request, path, call, publications)
+
+    def rejected(self, path: str, outcome: dict) -> Response:
+        reason = outcome["stop_reason"]
+        if reason.startswith(FULL):
+            message = f"the server is full ({reason}); retry after {RETRY_AFTER_S} s"
+            return self.json(path, error(message, None, "rate_limit_error"), 429, {"Retry-After": str(RETRY_AFTER_S)})
+        return self.json(path, error(f"max_tokens: {reason}", "max_tokens"), 400)
+
+    async def whole(self, request: Request, path: str, call: EndpointRequest, publications) -> Response:
+        """The non-streamed response, once the request has ended; a client gone meanwhile cancels it."""
+        collected = asyncio.ensure_future(self.collect(call, publications))
+        gone = asyncio.ensure_future(_disconnected(request))
+        await asyncio.wait((collected, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not collected.done():
+            collected.cancel()
+            self.client_gone(call)
+            return Response(status_code=499)  # nobody reads it
+        gone.cancel()
+        outcome, text, ids, stopped = collected.result()
+        if outcome is None:
+            return self.json(path, error(text, None, "server_error"), 500)
+        document = response(
+            call, self.model, call.request.request_id, text, ids, finish_reason(outcome, stopped), outcome
+        )
+        return self.json(path, document)
+
+    async def collect(self, call: EndpointRequest, publications) -> tuple[dict | None, str, list[int], bool]:
+        published = PublishedText(self.model.tokenizer, self.model.turn_end_id, call.stop)
+        pieces: list[str] = []
+        ids: list[int] = []
+        async for publication in publications:
+            if isinstance(publication, Selected):
+                stopped = published.stopped
+                piece, new = published.add(publication.token_id)
+                pieces.append(piece)
+                ids += new
+                if published.stopped and not stopped:
+                    self.bridge.cancel(call.request.request_id)  # a stop string ends it: free its slot now
+            elif isinstance(publication, Ended):
+                piece, new = published.release(final=True)
+                return publication.outcome, "".join([*pieces, piece]), ids + new, published.stopped
+            elif isinstance(publication, Failed):
+                return None, publication.reason, ids, False
+        raise AssertionError("publications end with Ended or Failed")
+
+    async def chunks(self, call: EndpointRequest, publications) -> AsyncIterator[bytes]:
+        """The streamed response's events; leaving early (the client went away) cancels the request."""
+        model, request_id = self.model, call.request.request_id
+        published = PublishedText(model.tokenizer, model.turn_end_id, call.stop)
+        ended = False
+        try:
+            if call.kind == CHAT:
+                yield event(chunk(call, model, request_id, None, []))
+            async for publication in publications:
+                if isinstance(publication, Selected):
+                    stopped = published.stopped
+                    piece, ids = published.add(publication.token_id)
+                    if piece or ids:
+                        yield event(chunk(call, model, request_id, piece, ids))
+                    if published.stopped and not stopped:
+                        self.bridge.cancel(request_id)
+                elif isinstance(publication, Ended):
+                    ended = True
+                    outcome = publication.outcome
+                    piece, ids = published.release(final=True)
+                    if piece or ids:
+                        yield event(chunk(call, model, request_id, piece, ids))
+                    yield event(chunk(call, model, request_id, "", [], finish_reason(outcome, published.stopped)))
+                    if call.include_usage:
+                        yield event(usage_chunk(call, model, request_id, outcome))
+                    yield DONE
+                elif isinstance(publication, Failed):
+                    ended = True
+                    yield event(error(publication.reason, None, "server_error"))
+                    yield DONE
+        finally:
+            if not ended:
+                self.client_gone(call)
+
+    def client_gone(self, call: EndpointRequest) -> None:
+        self.metrics.disconnected()
+        self.bridge.cancel(call.request.request_id)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes its connection (the body has been read: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, but a signal that stops it is the end of the command, not raised again afterwards: a
+    SIGTERM drains the server and the command ends with 0, its record written."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket's address taken before the model loads, so a port in use is refused at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as problem:
+        sock.close()
+        raise ApiError("port", f"cannot listen on {host}:{port}: {problem.strerror or problem}") from None
+    return sock
+
+
+def serve_http(
+    endpoint: RequestEndpoint[Result], sock: socket.socket, *, drain_seconds: int, announce: Callable[[str], None]
+) -> Result:
+    """Serve on the bound socket until SIGTERM or Ctrl-C; the engine's result once it has stopped."""
+
+    def ready() -> None:
+        sock.listen(2048)
+        host, port = sock.getsockname()[:2]
+        announce(f"http://{host}:{port}")
+
+    config = uvicorn.Config(
+        endpoint.app(ready), log_level="warning", timeout_graceful_shutdown=drain_seconds, lifespan="on",
+        access_log=False,
+    )  # fmt: skip
+    server = _Server(config)
+    server.run(sockets=[sock])
+    if server.force_exit or endpoint.result is None:
+        raise KeyboardInterrupt  # quit at once: nothing drained, nothing to write
+    return endpoint.result
+
+
+def print_announcement(address: str) -> None:
+    print(f"listening on {address} (SIGTERM or Ctrl-C drains and stops)", file=sys.stderr, flush=True)
