@@ -30,7 +30,8 @@ from jgpt.tokenizers.tokenizer import Tokenizer
 
 COMPLETION, CHAT = "text_completion", "chat.completion"
 CLI_STREAM = "cli"  # the request id whose random stream `jgpt generate` draws from
-COMPLETION_DEFAULT_TOKENS = 16  # the OpenAI API's default max_tokens for a completion; a chat's is the context's room
+# The OpenAI API's default max_tokens for a completion; a chat's is all the context leaves (at most the system's cap).
+COMPLETION_DEFAULT_TOKENS = 16
 MAX_STOP_STRINGS = 4
 # The API's fields for the CLI's (GenerationPolicy's) names, so a refusal names what the client sent.
 WIRE_NAMES = {"max_new_tokens": "max_tokens"}
@@ -60,6 +61,7 @@ class ServedModel:
     vocabulary: int
     context: int
     turn_end_id: int
+    max_new_tokens_cap: int  # the system's: a request that gives no budget asks for at most this many ids
     created: int  # unix seconds: when the server started (the API's `created`)
 
     def listing(self) -> dict[str, Any]:
@@ -103,7 +105,7 @@ def read_request(kind: str, body: Any, model: ServedModel, request_id: str, fres
     prompt_ids = _prompt(given["prompt"], model) if kind == COMPLETION else _chat_prompt(given["messages"], model)
     check_prompt(prompt_ids, model.vocabulary, model.context, prompt_field)
     budget_field = "max_completion_tokens" if "max_completion_tokens" in given else "max_tokens"
-    default = COMPLETION_DEFAULT_TOKENS if kind == COMPLETION else model.context
+    default = min(COMPLETION_DEFAULT_TOKENS if kind == COMPLETION else model.context, model.max_new_tokens_cap)
     policy = _policy(given, given.get(budget_field, default), budget_field, fresh_seed)
     # A budget past the context keeps its meaning, as in `jgpt generate`: the request stops at the context.
     budget = selectable(prompt_ids, policy.max_new_tokens, model.context)

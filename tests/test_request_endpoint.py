@@ -27,7 +27,8 @@ from jgpt.tokenizers.framing import TURN_END_ID, Turn
 from jgpt.tokenizers.tokenizer import Tokenizer
 
 TOKENIZER = Tokenizer.bytes_only()
-MODEL = ServedModel("tiny", TOKENIZER, vocabulary=260, context=32, turn_end_id=TURN_END_ID, created=0)
+MODEL = ServedModel("tiny", TOKENIZER, vocabulary=260, context=32, turn_end_id=TURN_END_ID, max_new_tokens_cap=30,
+                    created=0)  # fmt: skip
 
 
 def read(kind: str, body: dict, seed: int = 77):
@@ -57,6 +58,13 @@ def test_the_api_fields_become_the_clis_generation_policy():
     # A chat's default budget, and any budget past the context, is what the context leaves (context - prompt + 1).
     assert read(CHAT, {"messages": [{"role": "user", "content": "a"}]}).request.generation.max_new_tokens == 32 - 4 + 1
     assert read(COMPLETION, {"prompt": "hello", "max_tokens": 10**6}).request.generation.max_new_tokens == 28
+    capped = ServedModel("tiny", TOKENIZER, 260, 32, TURN_END_ID, max_new_tokens_cap=5, created=0)
+    assert (
+        read_request(
+            CHAT, {"messages": [{"role": "user", "content": "a"}]}, capped, "r", 0
+        ).request.generation.max_new_tokens
+        == 5
+    )
     call = read(CHAT, {"messages": [{"role": "user", "content": "a"}], "stream": True, "stop": "x",
                        "stream_options": {"include_usage": True}, "max_completion_tokens": 3, "user": "u", "n": 1})  # fmt: skip
     assert (call.stream, call.include_usage, call.stop, call.request.generation.max_new_tokens) == (
