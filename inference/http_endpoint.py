@@ -258,25 +258,35 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_http(
-    endpoint: RequestEndpoint[Result], sock: socket.socket, *, drain_seconds: int, announce: Callable[[str], None]
-) -> Result:
-    """Serve on the bound socket until SIGTERM or Ctrl-C; the engine's result once it has stopped."""
+class HttpServer(Generic[Result]):
+    """The endpoint served on a bound socket: `run` until SIGTERM or Ctrl-C (on the main thread) or `stop` (from any
+    thread), then the engine's result, once the requests in flight have drained."""
 
-    def ready() -> None:
-        sock.listen(2048)
-        host, port = sock.getsockname()[:2]
-        announce(f"http://{host}:{port}")
+    def __init__(
+        self, endpoint: RequestEndpoint[Result], sock: socket.socket, *, drain_seconds: int,
+        announce: Callable[[str], None],
+    ):  # fmt: skip
+        self.endpoint, self.sock, self.announce = endpoint, sock, announce
+        config = uvicorn.Config(
+            endpoint.app(self.ready), log_level="warning", timeout_graceful_shutdown=drain_seconds, lifespan="on",
+            access_log=False,
+        )  # fmt: skip
+        self.server = _Server(config)
 
-    config = uvicorn.Config(
-        endpoint.app(ready), log_level="warning", timeout_graceful_shutdown=drain_seconds, lifespan="on",
-        access_log=False,
-    )  # fmt: skip
-    server = _Server(config)
-    server.run(sockets=[sock])
-    if server.force_exit or endpoint.result is None:
-        raise KeyboardInterrupt  # quit at once: nothing drained, nothing to write
-    return endpoint.result
+    def ready(self) -> None:
+        self.sock.listen(2048)
+        host, port = self.sock.getsockname()[:2]
+        self.announce(f"http://{host}:{port}")
+
+    def run(self) -> Result:
+        self.server.run(sockets=[self.sock])
+        if self.server.force_exit or self.endpoint.result is None:
+            raise KeyboardInterrupt  # quit at once: nothing drained, nothing to write
+        return self.endpoint.result
+
+    def stop(self) -> None:
+        """Drain and stop, as SIGTERM does."""
+        self.server.should_exit = True
 
 
 def print_announcement(address: str) -> None:
