@@ -60,6 +60,12 @@ RETRY_AFTER_S = 1  # a full system frees a slot as soon as one request ends: ask
 FULL = "max_requests"  # the engine's rejection reason when the system holds all the requests it may
 PATHS = {COMPLETION: "/v1/completions", CHAT: "/v1/chat/completions"}
 ID_PREFIXES = {COMPLETION: "cmpl", CHAT: "chatcmpl"}
+# A request's JSON: ample for any prompt a context holds, as ids or text; nothing larger is read.
+MAX_BODY_BYTES = 8 << 20
+
+
+class BodyTooLarge(ApiError):
+    """A request body past MAX_BODY_BYTES (413): refused before the rest of it is read."""
 
 
 class RequestEndpoint(Generic[Result]):
@@ -67,13 +73,10 @@ class RequestEndpoint(Generic[Result]):
 
     def __init__(self, model: ServedModel, serve: Callable[[LiveTraffic], Result], device_kv: int, host_kv: int):
         self.model, self.serve = model, serve
-        self.bridge: EngineBridge[Result] = EngineBridge(observe=self.observe)
         self.metrics = ServingMetrics(lambda: self.bridge.traffic.gauges, device_kv, host_kv)
+        self.bridge: EngineBridge[Result] = EngineBridge(observe=self.metrics.observe)
         self.numbers = itertools.count()
         self.result: Result | None = None
-
-    def observe(self, request_id: str, publication) -> None:
-        self.metrics.observe(request_id, publication)
 
     def app(self, on_ready: Callable[[], None] = lambda: None) -> Starlette:
         @contextlib.asynccontextmanager
@@ -113,13 +116,12 @@ class RequestEndpoint(Generic[Result]):
 
     async def complete(self, request: Request, kind: str) -> Response:
         path = PATHS[kind]
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as problem:
-            return self.json(path, error(f"body: not JSON ({problem})", "body"), 400)
         response_id = f"{ID_PREFIXES[kind]}-{next(self.numbers)}"
         try:
+            body = await _json_body(request)
             call = read_request(kind, body, self.model, response_id, secrets.randbelow(1 << 31))
+        except BodyTooLarge as problem:
+            return self.json(path, refusal(problem), 413)
         except ApiError as problem:
             return self.json(path, refusal(problem), 400)
         try:
@@ -220,6 +222,19 @@ class RequestEndpoint(Generic[Result]):
     def client_gone(self, call: EndpointRequest) -> None:
         self.metrics.disconnected()
         self.bridge.cancel(call.request.request_id)
+
+
+async def _json_body(request: Request) -> Any:
+    """The request's body as JSON, refused past MAX_BODY_BYTES (read no further) or when it is not JSON."""
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > MAX_BODY_BYTES:
+            raise BodyTooLarge("body", f"is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as problem:  # RecursionError: nested past the parser's depth
+        raise ApiError("body", f"not JSON ({problem})") from None
 
 
 async def _disconnected(request: Request) -> None:

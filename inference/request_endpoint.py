@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -166,8 +167,9 @@ def _chat_prompt(value: Any, model: ServedModel) -> list[int]:
         raise ApiError("messages", "is empty; a chat needs at least one message")
     try:
         return list(model.tokenizer.encode_turns(turns, open_turn="assistant").ids)
-    except ApiError as error:
-        raise ApiError(error.field.replace("turns", "messages", 1), error.reason) from None
+    except ApiError as error:  # the tokenizer names turns[i].text: message i's content
+        field = re.sub(r"^turns\[(\d+)\]\.text", r"messages[\1].content", error.field).replace("turns", "messages", 1)
+        raise ApiError(field, error.reason) from None
 
 
 def _content(value: Any, field: str) -> str:

@@ -105,6 +105,8 @@ def test_the_api_fields_become_the_clis_generation_policy():
         (CHAT, {"messages": [{"role": "tool", "content": "a"}]}, "messages[0].role", "'tool' is not a role"),
         (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]", "text"),
         (CHAT, {"messages": []}, "messages", "is empty"),
+        (CHAT, {"messages": [{"role": "user", "content": "a\ud800"}]}, "messages[0].content", "lone surrogate"),
+        (CHAT, {"messages": [{"role": "user"}]}, "messages[0].content", "missing"),
         (CHAT, [1], "body", "expected a JSON object"),
     ],
 )
