@@ -20,8 +20,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
-import json
-import secrets
+import random
 import signal
 import socket
 import sys
@@ -29,10 +28,11 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from inference.live_traffic import Accepted, Closed, Ended, EngineBridge, Failed, LiveTraffic, Selected
@@ -76,6 +76,9 @@ class RequestEndpoint(Generic[Result]):
         self.metrics = ServingMetrics(lambda: self.bridge.traffic.gauges, device_kv, host_kv)
         self.bridge: EngineBridge[Result] = EngineBridge(observe=self.metrics.observe)
         self.numbers = itertools.count()
+        # Seeds for requests that sample without one: fresh per request, as the API's are (no secret is made from
+        # them, and a system call per request would hand the engine thread the GIL back and forth).
+        self.seeds = random.Random()
         self.result: Result | None = None
 
     def app(self, on_ready: Callable[[], None] = lambda: None) -> Starlette:
@@ -110,7 +113,7 @@ class RequestEndpoint(Generic[Result]):
 
     def json(self, path: str, document: Any, status: int = 200, headers: dict | None = None) -> Response:
         self.metrics.responded(path, status)
-        return JSONResponse(document, status, headers)
+        return Response(orjson.dumps(document), status, headers, media_type="application/json")
 
     # -- completions ---------------------------------------------------------
 
@@ -119,7 +122,7 @@ class RequestEndpoint(Generic[Result]):
         response_id = f"{ID_PREFIXES[kind]}-{next(self.numbers)}"
         try:
             body = await _json_body(request)
-            call = read_request(kind, body, self.model, response_id, secrets.randbelow(1 << 31))
+            call = read_request(kind, body, self.model, response_id, self.seeds.randrange(1 << 31))
         except BodyTooLarge as problem:
             return self.json(path, refusal(problem), 413)
         except ApiError as problem:
@@ -232,8 +235,8 @@ async def _json_body(request: Request) -> Any:
         if len(data) > MAX_BODY_BYTES:
             raise BodyTooLarge("body", f"is larger than {MAX_BODY_BYTES} bytes")
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as problem:  # RecursionError: nested past the parser's depth
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as problem:  # nested past 1024 levels too
         raise ApiError("body", f"not JSON ({problem})") from None
 
 

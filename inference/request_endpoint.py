@@ -16,10 +16,11 @@ samples without a seed is given a fresh one by the caller, as the OpenAI API dra
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 from inference.generation import selectable
 from inference.policy import GREEDY, SAMPLE, STOP_TURN_END, GenerationPolicy, InferenceRequest, check_prompt
@@ -259,7 +260,7 @@ def usage_chunk(call: EndpointRequest, model: ServedModel, response_id: str, out
 
 def event(document: Mapping[str, Any]) -> bytes:
     """One server-sent event carrying a JSON document."""
-    return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(document) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
