@@ -26,7 +26,7 @@ import socket
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import orjson
 import uvicorn
@@ -79,7 +79,8 @@ class RequestEndpoint(Generic[Result]):
         # Seeds for requests that sample without one: fresh per request, as the API's are (no secret is made from
         # them, and a system call per request would hand the engine thread the GIL back and forth).
         self.seeds = random.Random()
-        self.result: Result | None = None
+        self.result: Result | None = None  # the engine's, once stopped
+        self.stopped = False
 
     def app(self, on_ready: Callable[[], None] = lambda: None) -> Starlette:
         @contextlib.asynccontextmanager
@@ -88,6 +89,7 @@ class RequestEndpoint(Generic[Result]):
             on_ready()
             yield
             self.result = await self.bridge.stop()
+            self.stopped = True
 
         routes = [
             Route(PATHS[COMPLETION], functools.partial(self.complete, kind=COMPLETION), methods=["POST"]),
@@ -298,9 +300,9 @@ class HttpServer(Generic[Result]):
 
     def run(self) -> Result:
         self.server.run(sockets=[self.sock])
-        if self.server.force_exit or self.endpoint.result is None:
+        if self.server.force_exit or not self.endpoint.stopped:
             raise KeyboardInterrupt  # quit at once: nothing drained, nothing to write
-        return self.endpoint.result
+        return cast(Result, self.endpoint.result)
 
     def stop(self) -> None:
         """Drain and stop, as SIGTERM does."""
