@@ -191,38 +191,43 @@ class RequestEndpoint(Generic[Result]):
         raise AssertionError("publications end with Ended or Failed")
 
     async def chunks(self, call: EndpointRequest, publications) -> AsyncIterator[bytes]:
-        """The streamed response's events; leaving early (the client went away) cancels the request."""
+        """The streamed response's events, those a publication makes written at once (a chat's opening role
+        chunk with its first text); leaving early (the client went away) cancels the request."""
         model, request_id = self.model, call.request.request_id
         published = PublishedText(model.tokenizer, model.turn_end_id, call.stop)
+        events = [event(chunk(call, model, request_id, None, []))] if call.kind == CHAT else []
         ended = False
         try:
-            if call.kind == CHAT:
-                yield event(chunk(call, model, request_id, None, []))
             async for publication in publications:
                 if isinstance(publication, Selected):
                     stopped = published.stopped
                     piece, ids = published.add(publication.token_id)
                     if piece or ids:
-                        yield event(chunk(call, model, request_id, piece, ids))
+                        events.append(event(chunk(call, model, request_id, piece, ids)))
                     if published.stopped and not stopped:
                         self.bridge.cancel(request_id)
                 elif isinstance(publication, Ended):
                     ended = True
-                    outcome = publication.outcome
-                    piece, ids = published.release(final=True)
-                    if piece or ids:
-                        yield event(chunk(call, model, request_id, piece, ids))
-                    yield event(chunk(call, model, request_id, "", [], finish_reason(outcome, published.stopped)))
-                    if call.include_usage:
-                        yield event(usage_chunk(call, model, request_id, outcome))
-                    yield DONE
+                    events += self.last_events(call, published, publication.outcome)
                 elif isinstance(publication, Failed):
                     ended = True
-                    yield event(error(publication.reason, None, "server_error"))
-                    yield DONE
+                    events += [event(error(publication.reason, None, "server_error")), DONE]
+                if events:
+                    yield b"".join(events)
+                    events = []
         finally:
             if not ended:
                 self.client_gone(call)
+
+    def last_events(self, call: EndpointRequest, published: PublishedText, outcome: dict) -> list[bytes]:
+        """A stream's end: the text still held back, the finish reason, the usage if asked, then [DONE]."""
+        model, request_id = self.model, call.request.request_id
+        piece, ids = published.release(final=True)
+        events = [event(chunk(call, model, request_id, piece, ids))] if piece or ids else []
+        events.append(event(chunk(call, model, request_id, "", [], finish_reason(outcome, published.stopped))))
+        if call.include_usage:
+            events.append(event(usage_chunk(call, model, request_id, outcome)))
+        return [*events, DONE]
 
     def client_gone(self, call: EndpointRequest) -> None:
         self.metrics.disconnected()
