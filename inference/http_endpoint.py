@@ -74,13 +74,15 @@ class RequestEndpoint(Generic[Result]):
     def __init__(self, model: ServedModel, serve: Callable[[LiveTraffic], Result], device_kv: int, host_kv: int):
         self.model, self.serve = model, serve
         self.metrics = ServingMetrics(lambda: self.bridge.traffic.gauges, device_kv, host_kv)
-        self.bridge: EngineBridge[Result] = EngineBridge(observe=self.metrics.observe)
+        self.bridge: EngineBridge[Result] = EngineBridge(self.metrics.observe, lambda: self.on_failure())
         self.numbers = itertools.count()
         # Seeds for requests that sample without one: fresh per request, as the API's are (no secret is made from
         # them, and a system call per request would hand the engine thread the GIL back and forth).
         self.seeds = random.Random()
         self.result: Result | None = None  # the engine's, once stopped
+        self.error: BaseException | None = None  # or what it stopped with
         self.stopped = False
+        self.on_failure: Callable[[], None] = lambda: None  # the server's: stop serving
 
     def app(self, on_ready: Callable[[], None] = lambda: None) -> Starlette:
         @contextlib.asynccontextmanager
@@ -88,7 +90,10 @@ class RequestEndpoint(Generic[Result]):
             self.bridge.start(self.serve)
             on_ready()
             yield
-            self.result = await self.bridge.stop()
+            try:
+                self.result = await self.bridge.stop()
+            except BaseException as error:  # the engine's own: the command ends with it once the server is down
+                self.error = error
             self.stopped = True
 
         routes = [
@@ -285,13 +290,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 class HttpServer(Generic[Result]):
     """The endpoint served on a bound socket: `run` until SIGTERM or Ctrl-C (on the main thread) or `stop` (from any
-    thread), then the engine's result, once the requests in flight have drained."""
+    thread), then the engine's result, once the requests in flight have drained; or, when the engine failed, the
+    server stops and `run` raises what the engine raised."""
 
     def __init__(
         self, endpoint: RequestEndpoint[Result], sock: socket.socket, *, drain_seconds: int,
         announce: Callable[[str], None],
     ):  # fmt: skip
         self.endpoint, self.sock, self.announce = endpoint, sock, announce
+        endpoint.on_failure = self.stop  # an engine that failed serves nothing more: drain what is left and stop
         config = uvicorn.Config(
             endpoint.app(self.ready), log_level="warning", timeout_graceful_shutdown=drain_seconds, lifespan="on",
             access_log=False,
@@ -307,6 +314,8 @@ class HttpServer(Generic[Result]):
         self.server.run(sockets=[self.sock])
         if self.server.force_exit or not self.endpoint.stopped:
             raise KeyboardInterrupt  # quit at once: nothing drained, nothing to write
+        if self.endpoint.error is not None:
+            raise self.endpoint.error
         return cast(Result, self.endpoint.result)
 
     def stop(self) -> None:

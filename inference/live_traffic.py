@@ -181,10 +181,13 @@ class Closed(Exception):
 
 class EngineBridge(Generic[Result]):
     """The endpoint's side, on its asyncio loop. `start` runs `serve(traffic)` (the engine's live loop) on its own
-    thread; `observe` sees every publication on the loop, before the request's reader does (metrics)."""
+    thread; `observe` sees every publication on the loop, before the request's reader does (metrics);
+    `on_failure` is called on the loop if the engine stops with an error."""
 
-    def __init__(self, observe: Callable[[str, Publication], None] | None = None):
-        self.observe = observe
+    def __init__(
+        self, observe: Callable[[str, Publication], None] | None = None, on_failure: Callable[[], None] | None = None
+    ):
+        self.observe, self.on_failure = observe, on_failure
         self.readers: dict[str, Publications] = {}
         self.traffic = LiveTraffic(self.deliver)
         self.result: concurrent.futures.Future[Result] = concurrent.futures.Future()
@@ -256,3 +259,5 @@ class EngineBridge(Generic[Result]):
         for reader in self.readers.values():
             reader.queue.put_nowait(Failed(reason))
         self.readers.clear()
+        if self.on_failure is not None:
+            self.on_failure()

@@ -5,7 +5,12 @@ thread driven by a scripted engine."""
 from __future__ import annotations
 
 import asyncio
+import json
+import queue
+import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -235,3 +240,34 @@ def test_an_engine_that_fails_ends_every_reader_and_refuses_what_comes_after():
             await bridge.stop()
 
     asyncio.run(scenario())
+
+
+def test_an_engine_that_fails_answers_500_stops_the_server_and_its_error_ends_the_run():
+    from inference.http_endpoint import HttpServer, RequestEndpoint, bind
+
+    def failing(traffic: LiveTraffic):
+        traffic.start(0)
+        traffic.upcoming(wait=True)
+        traffic.take()
+        raise RuntimeError("device lost")
+
+    addresses: queue.Queue[str] = queue.Queue()
+    server = HttpServer(RequestEndpoint(MODEL, failing, 1, 1), bind("127.0.0.1", 0), drain_seconds=5,
+                        announce=addresses.put)  # fmt: skip
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run()
+        except RuntimeError as error:
+            ended.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    request = urllib.request.Request(f"{addresses.get(timeout=60)}/v1/completions", data=b'{"prompt": "hi"}')
+    with pytest.raises(urllib.error.HTTPError) as answered:
+        urllib.request.urlopen(request, timeout=60)
+    assert answered.value.code == 500
+    assert "RuntimeError: device lost" in json.loads(answered.value.read())["error"]["message"]
+    thread.join(timeout=60)
+    assert not thread.is_alive() and [str(e) for e in ended] == ["device lost"]
