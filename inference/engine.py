@@ -12,16 +12,22 @@ actually ended.
 Happenings are taken in (time, sequence number) order, as in kvsim: declared
 arrivals and customer actions at their offsets from the run's start (the engine
 sleeps until just before the next one when idle), and the ends of works at their measured
-times. The engine is synchronous: a work blocks the loop while it runs, so an
-arrival that falls inside a work is seen, in its place in the order, as soon as
-the work returns. Transfers (offload, reload) run synchronously on the loop too,
+times. Live (`InferenceEngine.live`, for `jgpt serve --http`), the same loop takes
+arrivals and cancels as they come instead (inference/happenings.py), at the times
+they happened, publishes every id as it is selected and each request's outcome
+(inference/live_traffic.py), and runs until the traffic is closed and every
+request in it has ended; its plan is compiled for any request the system admits.
+The engine is synchronous: a work blocks the loop while it runs, so an arrival
+that falls inside a work is seen, in its place in the order, as soon as the work
+returns. Transfers (offload, reload) run synchronously on the loop too,
 one at a time in FIFO order; kvsim's link runs concurrently with compute.
 
 Execution runs on the active requests' rows of one slot state
 (`inference/slot_rows.py`) in fixed compiled shapes
 (`inference/slot_execution.py`), all compiled before the clock starts; the
 engine counts any XLA compilation while the clock runs, and pauses Python's
-garbage collector while it runs.
+garbage collector while it runs (live, a server running for long, it only freezes
+what existed before).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import jax
 
 from inference.execution import ModelExecution
 from inference.generation import stop_codes, stop_reason
+from inference.happenings import ACTION, ARRIVE, Declared, Live
+from inference.live_traffic import Accepted, Ended, Gauges, LiveTraffic, Selected
 from inference.policy import STOP_TURN_END, InferenceRequest, check_prompt
 from inference.recorded_computations import read_workload
 from inference.slot_execution import EnginePlan
@@ -61,12 +69,8 @@ from kvsim import (
     parse_interaction,
 )
 
-_ARRIVE, _ACTION, _COMPUTE_END, _TRANSFER_END = range(4)
+_COMPUTE_END, _TRANSFER_END = ACTION + 1, ACTION + 2  # the loop's own happenings, after arrivals and actions
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-# The last stretch before a declared happening is waited for busily: a sleep to the happening itself
-# oversleeps by a tenth of a millisecond or more, and the engine is the instrument that says when the
-# happening was seen.
-SPIN_US = 2000
 
 
 class _Scalars:
@@ -139,6 +143,7 @@ class _Serving:
         as_fast_as_possible: bool = False,
     ):  # fmt: skip
         self.execution = execution
+        self.traffic: LiveTraffic | None = None  # live serving: where arrivals come from and ids are published
         # Nothing waits for a declared time: a happening due later is taken as soon as it is the next one.
         self.as_fast_as_possible = as_fast_as_possible
         self.observe = observe
@@ -167,34 +172,37 @@ class _Serving:
 
     # -- main loop -------------------------------------------------------
 
-    def run(self, requests: list[_Request], actions: list) -> None:
-        declared = [(r.arrival, i, _ARRIVE, r) for i, r in enumerate(requests)]
-        declared += [(a.at_us, len(declared) + j, _ACTION, a) for j, a in enumerate(actions)]
-        declared.sort()
-        self.sequence = len(declared)
-        heap, position = self.heap, 0
+    def run(self, happenings: Declared | Live) -> None:
+        heap, traffic = self.heap, self.traffic
+        self.sequence = happenings.sequences
         self.started_ns = time.monotonic_ns()
-        while position < len(declared) or heap:
-            if heap and (position == len(declared) or heap[0] < declared[position]):
+        happenings.start(self.started_ns)
+        while (upcoming := happenings.upcoming(wait=not heap)) is not None or heap:
+            if heap and (upcoming is None or heap[0][:2] < upcoming):
                 self.now, _, what, payload = heapq.heappop(heap)  # a work's measured end
             else:
-                at, _, what, payload = declared[position]
-                position += 1
-                while not self.as_fast_as_possible and (late := at - self.clock()) > 0:
-                    if late > SPIN_US:
-                        time.sleep((late - SPIN_US) / 1e6)
+                what, payload = happenings.take(self.clock)
                 self.now = self.clock()  # when the engine sees it
             if what == _COMPUTE_END:
                 self.on_compute_end(payload)
-            elif what == _ARRIVE:
-                self.requests[payload.request_id] = payload
-                self.carry_out(self.policy.arrive(payload))
+            elif what == ARRIVE:
+                self.on_arrival(payload)
             elif what == _TRANSFER_END:
                 self.carry_out(self.policy.transfer_ended())
             else:
                 self.on_action(payload)
             if self.observe is not None:
                 self.observe(self.audit())
+            if traffic is not None:
+                policy, cache = self.policy, self.policy.cache
+                traffic.flush(Gauges(policy.in_system - policy.active, policy.active, cache.device_bytes,
+                                     cache.host_retained))  # fmt: skip
+
+    def on_arrival(self, request: _Request) -> None:
+        self.requests[request.request_id] = request
+        self.carry_out(self.policy.arrive(request))
+        if self.traffic is not None and request.outcome is None:  # not rejected: it waits or runs
+            self.traffic.publish(request.request_id, Accepted())
 
     def audit(self) -> tuple[int, int]:
         """The policy's accounts checked against the arrays held; the measured (device, host) bytes."""
@@ -221,6 +229,8 @@ class _Serving:
         for request, selected in zip(batch, chosen, strict=True):
             spec = request.spec
             request.output_ids.append(selected)
+            if self.traffic is not None:
+                self.traffic.publish(request.request_id, Selected(selected))
             request.seconds.append(elapsed_us / 1e6)
             request.step += 1
             if request.first_token_us is None:
@@ -243,7 +253,7 @@ class _Serving:
             _CARRY_OUT[kind](self, request, subject)
 
     def rejected(self, request: _Request, reason: str) -> None:
-        request.outcome = self.outcome(request, "rejected", reason)
+        self.ended(request, "rejected", reason)
 
     def admitted(self, request: _Request, state: RetainedState | None) -> None:
         request.admitted_us = self.now
@@ -287,7 +297,12 @@ class _Serving:
         self.schedule(ended, _COMPUTE_END, (batch, chosen, ended - started))
 
     def finished(self, request: _Request, reason: str, end: str) -> None:
-        request.outcome = self.outcome(request, _STATUS[end], reason)
+        self.ended(request, _STATUS[end], reason)
+
+    def ended(self, request: _Request, status: str, reason: str) -> None:
+        request.outcome = self.outcome(request, status, reason)
+        if self.traffic is not None:
+            self.traffic.publish(request.request_id, Ended(request.outcome))
 
     def retained(self, request: _Request, state: RetainedState) -> None:
         if request.row is None:  # not prefilled: what it computed is the reused prefix it holds
@@ -379,26 +394,56 @@ class InferenceEngine:
         plan = EnginePlan.of(self.execution.architecture.context, self.system, requests)
         plan.check_memory(self.execution, self.system, len(requests))
         serving = _Serving(self.execution, self.system, plan, observe, as_fast_as_possible)
-        compiled, compile_wall_us = serving.slot_rows.compile()
+        compiled = serving.slot_rows.compile()
         ordered = [_Request(r, 0 if as_fast_as_possible else r.arrival_us) for r in requests]
-        compiles: list[str] = []
+        happenings = Declared(ordered, list(interaction.actions) if interaction else [], as_fast_as_possible)
+        with collector_paused():
+            return _run(serving, compiled, happenings, ordered)
 
-        def listener(event: str, duration_secs: float, **kwargs: str | int) -> None:
-            if event == COMPILE_EVENT:
-                compiles.append(event)
+    def live(self) -> LiveEngine:
+        """Compile every program any request the system admits can need; the LiveEngine serves live traffic."""
+        plan = EnginePlan.for_any_request(self.execution.architecture.context, self.system)
+        plan.check_memory(self.execution, self.system, self.system.max_requests)
+        serving = _Serving(self.execution, self.system, plan, None)
+        return LiveEngine(serving, serving.slot_rows.compile())
 
-        jax.monitoring.register_event_duration_secs_listener(listener)
-        try:
-            with collector_paused():
-                serving.run(ordered, list(interaction.actions) if interaction else [])
-        finally:
-            jax.monitoring.unregister_event_duration_listener(listener)
-        served = tuple(_served(r) for r in ordered)
-        end_us = max([serving.now, *(w["end_us"] for w in serving.works)])
-        return ServedRun(
-            plan, compiled, compile_wall_us, len(compiles), as_fast_as_possible, served, tuple(serving.works),
-            serving.busy_us, end_us, dict(serving.moved), dict(serving.counts),
-        )  # fmt: skip
+
+@dataclasses.dataclass(frozen=True)
+class LiveEngine:
+    """An InferenceEngine compiled for any request, serving requests as they arrive (`serve`, on its own thread).
+    One serves one run: `InferenceEngine.live` makes another (its programs are compiled once per process)."""
+
+    serving: _Serving
+    compiled: tuple[int, int]  # programs, compile wall us
+
+    def serve(self, traffic: LiveTraffic) -> ServedRun:
+        """Serve what arrives, publishing each id as it is selected, until the traffic is closed and every request
+        in the system has ended. The collector stays on (a server runs for long), its start-up heap frozen."""
+        self.serving.traffic = traffic
+        happenings = Live(traffic, _Request)
+        with collector_frozen():
+            return _run(self.serving, self.compiled, happenings, happenings.requests)
+
+
+def _run(serving: _Serving, compiled: tuple[int, int], happenings: Declared | Live, requests: list) -> ServedRun:
+    """Run the loop over the happenings, counting XLA compiles while the clock runs."""
+    compiles: list[str] = []
+
+    def listener(event: str, duration_secs: float, **kwargs: str | int) -> None:
+        if event == COMPILE_EVENT:
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        serving.run(happenings)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    served = tuple(_served(r) for r in requests)
+    end_us = max([serving.now, *(w["end_us"] for w in serving.works)])
+    return ServedRun(
+        serving.slot_rows.plan, *compiled, len(compiles), serving.as_fast_as_possible, served, tuple(serving.works),
+        serving.busy_us, end_us, dict(serving.moved), dict(serving.counts),
+    )  # fmt: skip
 
 
 def check_declared_times(requests: Sequence[InferenceRequest], interaction: CustomerInteraction | None) -> None:
@@ -416,6 +461,17 @@ def _served(request: _Request) -> ServedRequest:
     return ServedRequest(
         request.spec, outcome, tuple(request.output_ids), request.reused, tuple(request.seconds), request.stop_reason
     )
+
+
+@contextlib.contextmanager
+def collector_frozen():
+    """What exists before is collected and frozen (no later collection walks it); the collector stays on."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextlib.contextmanager

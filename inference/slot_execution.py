@@ -100,11 +100,24 @@ class EnginePlan:
     def of(cls, context: int, system: KVResidencySystemConfig, requests: Sequence[InferenceRequest]):
         """The shapes serving `requests` under `system` can need, for a model of `context` positions."""
         most = max(len(r.prompt_ids) + r.generation.max_new_tokens - 1 for r in requests)
-        rows = batch_bucket(min(system.scheduling.max_active_requests, len(requests)))
-        windows = sorted({bucket(n, context) for n in range(1, max(len(r.prompt_ids) for r in requests) + 1)})
+        longest = max(len(r.prompt_ids) for r in requests)
+        sampling = any(r.generation.selection == SAMPLE for r in requests)
+        return cls.shaped(context, system, most, longest, len(requests), sampling)
+
+    @classmethod
+    def for_any_request(cls, context: int, system: KVResidencySystemConfig):
+        """The shapes any request `system` admits can need, known before any arrives (live serving): prompts up
+        to the context, budgets up to the system's cap, a row for each request it may run at once, sampling."""
+        most = context - 1 + system.max_new_tokens_cap
+        return cls.shaped(context, system, most, context, system.scheduling.max_active_requests, True)
+
+    @classmethod
+    def shaped(cls, context: int, system: KVResidencySystemConfig, most: int, longest: int, count: int, sampling: bool):
+        """The plan for `count` requests reaching at most `most` positions, with prompts of at most `longest`."""
+        rows = batch_bucket(min(system.scheduling.max_active_requests, count))
+        windows = sorted({bucket(n, context) for n in range(1, longest + 1)})
         batching = system.scheduling.policy == CONTINUOUS_BATCHING
         batches = tuple(1 << i for i in range(rows.bit_length())) if batching else (1,)
-        sampling = any(r.generation.selection == SAMPLE for r in requests)
         return cls(rows, capacity_bucket(min(most, context), context), tuple(windows), batches, batching, sampling)
 
     def slot_buffer_bytes(self, execution: ModelExecution) -> int:
