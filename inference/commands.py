@@ -16,7 +16,8 @@ from jgpt.model.architecture import PRECISION_NAMES
 SUMMARIES = {
     "generate": "greedy or sampled generation in a jitted KV-cached loop (speculative with --draft), streaming text or JSON evidence",
     "record": "run a Workload and write the recorded computation document kvsim consumes",
-    "serve": "serve a Workload on the InferenceEngine against the wall clock and write the measured-run document",
+    "serve": "serve a Workload on the InferenceEngine against the wall clock and write the measured-run document, "
+    "or (--http) serve live clients the OpenAI API",
 }
 
 
@@ -101,13 +102,13 @@ def _record_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document (optional customer_interaction)")
+    parser.add_argument(
+        "workload", nargs="?", metavar="WORKLOAD.json", help="a Workload document (optional customer_interaction)"
+    )
     parser.add_argument(
         "--system", required=True, metavar="SYSTEM.json", help="the KVResidencySystemConfig kvsim reads"
     )
-    parser.add_argument(
-        "--out", required=True, metavar="MEASURED.json", help="where to write the measured-run document"
-    )
+    parser.add_argument("--out", metavar="MEASURED.json", help="where to write the measured-run document")
     parser.add_argument(
         "--as-fast-as-possible",
         action="store_true",
@@ -115,6 +116,22 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the whole document instead of the summary")
     parser.add_argument("--quiet", action="store_true", help="print nothing, not even progress")
+    _live_arguments(parser.add_argument_group("live clients (--http, instead of WORKLOAD.json and --out)"))
+
+
+def _live_arguments(group) -> None:
+    group.add_argument("--http", action="store_true", help="serve the OpenAI API (completions, chat) over HTTP")
+    group.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    group.add_argument("--port", type=int, default=8000, help="the port to listen on (0: any free one)")
+    group.add_argument(
+        "--record",
+        metavar="MEASURED.json",
+        help="when the server stops, write the measured-run document of what it served",
+    )
+    group.add_argument(
+        "--drain-seconds", type=int, default=30, metavar="S",
+        help="on SIGTERM, how long requests in flight may take to finish before they are cancelled",
+    )  # fmt: skip
 
 
 def _generate(argv: list[str]) -> int:
@@ -216,6 +233,11 @@ def _record(argv: list[str]) -> int:
 
 def _serve(argv: list[str]) -> int:
     args = _parser("serve").parse_args(argv)
+    if args.http:
+        return _serve_http(args)
+    for name, value in (("workload", args.workload), ("out", args.out)):
+        if value is None:
+            raise ApiError(name, "is required (or --http, to serve live clients)")
     output_file(args.out, "--out", [args.workload, args.system])
     document, system_document = _json_file(args.workload, "workload"), _json_file(args.system, "system")
 
@@ -243,6 +265,59 @@ def _serve(argv: list[str]) -> int:
     elif not args.quiet:
         print(f"{summary(measured)}\n-> {args.out}")
     return 0
+
+
+def _serve_http(args: argparse.Namespace) -> int:
+    """`jgpt serve --http`: the InferenceEngine on live requests, behind the OpenAI API, until SIGTERM or Ctrl-C."""
+    _check_live_arguments(args)
+    try:
+        from inference.http_endpoint import HttpServer, RequestEndpoint, bind, print_announcement
+    except ImportError as missing:
+        raise ApiError(
+            "http", f"needs the serving extra ({missing.name} is missing): pip install 'jgpt[serve]'"
+        ) from None
+    import time
+
+    from inference.engine import InferenceEngine
+    from inference.measured_run import measured_run, summary
+    from inference.recorded_computations import write_document
+    from inference.request_endpoint import ServedModel
+    from jgpt.artifacts.catalog import read_catalog
+    from kvsim import parse_system
+
+    system = parse_system(_json_file(args.system, "system"))
+    sock = bind(args.host, args.port)
+    with progress.shown(args.quiet):
+        with progress.stage("loading model"):
+            execution, tokenizer = _load(args.model, args.precision, args.kernels)
+        with progress.stage("compiling for every request the system admits"):
+            engine = InferenceEngine(execution, system).live()
+    a, name = execution.architecture, read_catalog().default_id() if args.model is None else args.model
+    model = ServedModel(
+        name, tokenizer, a.vocabulary, a.context, execution.turn_end_id, system.max_new_tokens_cap, int(time.time())
+    )
+    endpoint = RequestEndpoint(model, engine.serve, system.kv_cache.device_kv_bytes, system.kv_cache.host_kv_bytes)
+    announce = (lambda address: None) if args.quiet else print_announcement
+    served = HttpServer(endpoint, sock, drain_seconds=args.drain_seconds, announce=announce).run()
+    if args.record is not None:
+        interaction = endpoint.bridge.traffic.interaction()
+        measured = measured_run(execution, system, served, kind="live", interaction=interaction, tokenizer=tokenizer)
+        write_document(measured, args.record)
+        if not args.quiet:
+            print(f"{summary(measured)}\n-> {args.record}", file=sys.stderr)
+    return 0
+
+
+def _check_live_arguments(args: argparse.Namespace) -> None:
+    given = [name for name in ("workload", "out", "json", "as_fast_as_possible") if getattr(args, name)]
+    if given:
+        raise ApiError(given[0], "is not taken with --http (live clients bring the requests; --record writes the run)")
+    if not 0 <= args.port <= 65535:
+        raise ApiError("port", f"must be in 0..65535, got {args.port}")
+    if args.drain_seconds < 0:
+        raise ApiError("drain-seconds", f"must be >= 0, got {args.drain_seconds}")
+    if args.record is not None:
+        output_file(args.record, "--record", [args.system])
 
 
 def _json_file(path: str, field: str):
