@@ -177,20 +177,27 @@ class RequestEndpoint(Generic[Result]):
         return self.json(path, document)
 
     async def collect(self, call: EndpointRequest, publications) -> tuple[dict | None, str, list[int], bool]:
+        """(outcome, text, ids, stopped by a stop string), or (None, why) if the engine failed. Without stop
+        strings the text is decoded once, at the end; with them, as each id comes, to cancel at the first."""
         published = PublishedText(self.model.tokenizer, self.model.turn_end_id, call.stop)
         pieces: list[str] = []
         ids: list[int] = []
+        waiting: list[int] = []  # ids not decoded yet
         async for publication in publications:
             if isinstance(publication, Selected):
-                stopped = published.stopped
-                piece, new = published.add(publication.token_id)
-                pieces.append(piece)
-                ids += new
-                if published.stopped and not stopped:
-                    self.bridge.cancel(call.request.request_id)  # a stop string ends it: free its slot now
+                waiting.append(publication.token_id)
+                if call.stop and not published.stopped:
+                    piece, new = published.extend(waiting)
+                    pieces.append(piece)
+                    ids += new
+                    waiting = []
+                    if published.stopped:
+                        self.bridge.cancel(call.request.request_id)  # a stop string ends it: free its slot now
             elif isinstance(publication, Ended):
-                piece, new = published.release(final=True)
-                return publication.outcome, "".join([*pieces, piece]), ids + new, published.stopped
+                piece, new = published.extend(waiting)
+                rest, last = published.release(final=True)
+                text = "".join([*pieces, piece, rest])
+                return publication.outcome, text, ids + new + last, published.stopped
             elif isinstance(publication, Failed):
                 return None, publication.reason, ids, False
         raise AssertionError("publications end with Ended or Failed")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -35,8 +35,6 @@ CLI_STREAM = "cli"  # the request id whose random stream `jgpt generate` draws f
 # The OpenAI API's default max_tokens for a completion; a chat's is all the context leaves (at most the system's cap).
 COMPLETION_DEFAULT_TOKENS = 16
 MAX_STOP_STRINGS = 4
-# The API's fields for the CLI's (GenerationPolicy's) names, so a refusal names what the client sent.
-WIRE_NAMES = {"max_new_tokens": "max_tokens"}
 _SAMPLING = ("temperature", "top_p", "top_k", "seed")
 _COMMON = {"model", "max_tokens", *_SAMPLING, "stop", "n", "stream", "stream_options", "user"}
 # Fields the API defines that jgpt does not implement: accepted only with the value that leaves them unused.
@@ -132,8 +130,8 @@ def _policy(given: Mapping[str, Any], budget: Any, budget_field: str, fresh_seed
     try:
         policy = GenerationPolicy(budget, SAMPLE, **sampling)  # every field checked, greedy or not
     except ApiError as error:
-        field = budget_field if error.field == "max_new_tokens" else WIRE_NAMES.get(error.field, error.field)
-        raise ApiError(field, error.reason) from None
+        # A refusal names the field as the client sent it: the budget is GenerationPolicy's max_new_tokens.
+        raise ApiError(budget_field if error.field == "max_new_tokens" else error.field, error.reason) from None
     return GenerationPolicy(budget, GREEDY) if policy.temperature == 0 else policy
 
 
@@ -290,10 +288,16 @@ class PublishedText:
 
     def add(self, token_id: int) -> tuple[str, list[int]]:
         """The text and ids this selected id releases (both may be empty)."""
-        if self.stopped or token_id == self.turn_end_id:
+        return self.extend([token_id])
+
+    def extend(self, token_ids: Sequence[int]) -> tuple[str, list[int]]:
+        """The text and ids these selected ids release, decoded once (both may be empty). With stop strings give
+        ids one at a time: ids past a stop string that came in the same group are given out with it."""
+        kept = [] if self.stopped else [t for t in token_ids if t != self.turn_end_id]
+        if not kept:
             return "", []
-        self.ids.append(token_id)
-        self.unsent.append(token_id)
+        self.ids += kept
+        self.unsent += kept
         return self.release(final=False)
 
     def release(self, final: bool) -> tuple[str, list[int]]:

@@ -129,6 +129,9 @@ def test_the_published_text_holds_back_a_split_character_and_a_possible_stop_str
     assert [text.add(t) for t in b"yEN"] == [("y", [ord("y")]), ("", []), ("", [])]
     assert text.add(ord("D")) == ("", [ord("E"), ord("N"), ord("D")]) and text.stopped
     assert text.add(ord("z")) == ("", []) and text.release(final=True) == ("", [])
+    at_once = PublishedText(TOKENIZER, TURN_END_ID, ())
+    assert at_once.extend([*b"ab\xc3\xa9C\xc3", TURN_END_ID]) == ("abéC", list(b"ab\xc3\xa9C\xc3"))
+    assert at_once.release(final=True) == ("<0xC3>", [])  # an unfinished character, marked at the end
     plain = PublishedText(TOKENIZER, TURN_END_ID, ())
     assert [plain.add(t) for t in (104, TURN_END_ID)] == [("h", [104]), ("", [])]
     assert plain.release(final=True) == ("", [])
