@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # own GLIBC_TUNABLES first, then those it does not name.
 export GLIBC_TUNABLES := $(shell $(PYTHON) -m jgpt.runtime.process_settings)
 
-.PHONY: demo test lint bench clean chromium
+.PHONY: demo check test lint hooks bench clean chromium
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "jgpt needs Python 3.11 or newer")'
@@ -29,12 +29,17 @@ chromium:
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the report test"; \
 	  $$([ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq chromium >/dev/null'; }
 
-# ruff (defects, import order and the formatter's layout) over the tree, mypy over jgpt/, inference/ and kvsim/;
-# all configured in pyproject.toml.
+# ruff (defects, import order and the formatter's layout) over the tree, mypy over jgpt/, inference/ and kvsim/,
+# all configured in pyproject.toml; then tools/commit_subjects.py: commit subjects of at most 72 characters.
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python tools/commit_subjects.py
+
+# The commit-msg hook: a subject over 72 characters is refused before the commit is made.
+hooks:
+	git config core.hooksPath .githooks
 
 test: lint chromium
 	$(BIN)/python -m pytest -q -n 2
