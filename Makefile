@@ -1,4 +1,4 @@
-# Two entry points for a new user: `make demo` and `make test`.
+# Two entry points for a new user: `make demo` and `make test` (`make check` is its quick form while you work).
 # Each creates .venv on first use (Python 3.11+ and a C compiler are all it needs).
 PYTHON ?= python3
 VENV := .venv
@@ -40,6 +40,11 @@ lint: $(VENV)/.test
 # The commit-msg hook: a subject over 72 characters is refused before the commit is made.
 hooks:
 	git config core.hooksPath .githooks
+
+# The edit-test loop: lint, then the fast tier, every test not marked slow (tests/conftest.py lists the slow ones);
+# under 3 minutes on 2 cores. `make test` is the whole suite, what CI runs: run it before you push.
+check: lint chromium
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 test: lint chromium
 	$(BIN)/python -m pytest -q -n 2
