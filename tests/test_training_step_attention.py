@@ -9,6 +9,8 @@ so only the rounding differs (observed ~3e-7 relative).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,14 +56,21 @@ def loss_and_gradients(architecture, weights, batch, rows: int | None, by_blas: 
     return jax.jit(jax.value_and_grad(loss))(weights)
 
 
+@functools.cache
+def full_attention(architecture):
+    """The loss and gradients of the full attention on the cases' weights and batch: the same in every case of an
+    architecture, so compiled and run once for it."""
+    return loss_and_gradients(architecture, initialize(architecture, 0)[0], batch_of(3, architecture.context), None)
+
+
 @pytest.mark.parametrize("architecture", [GPT, LLAMA], ids=["gpt", "llama-grouped"])
 @pytest.mark.parametrize("rows", [16, 20, 64])  # 20 leaves a last block of 8 of the 48 queries; 64 is one block
 @pytest.mark.parametrize("by_blas", [False, True], ids=["xla", "blas"])
 def test_loss_and_gradients_match_the_full_attention(architecture, rows, by_blas):
-    weights = initialize(architecture, 0)[0]
-    batch = batch_of(3, architecture.context)
-    full_loss, full = loss_and_gradients(architecture, weights, batch, None)
-    block_loss, blocks = loss_and_gradients(architecture, weights, batch, rows, by_blas)
+    full_loss, full = full_attention(architecture)
+    block_loss, blocks = loss_and_gradients(
+        architecture, initialize(architecture, 0)[0], batch_of(3, architecture.context), rows, by_blas
+    )
     assert abs(float(block_loss - full_loss)) <= TOLERANCE * abs(float(full_loss))
     # Per weight against the whole gradient's norm: a key bias's gradient is zero but for rounding (softmax
     # ignores a shift shared by every key), so its own relative error measures only noise.
