@@ -4,6 +4,7 @@ a pass and nowhere else, and an auto plan of XLA's blocks, silently, where it ca
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -43,11 +44,20 @@ OUTPUT_MAJOR = LayerStrategy.unrolled_layers(output_major=True)
 AUTO = Kernels.auto()
 
 
-def one_step(architecture, plan: Kernels, weights, position: int, cache: KVBuffers):
+@functools.cache
+def decode_step(name: str, plan: Kernels):
+    """One decode step of the architecture `name` with its seed-3 weights under `plan`, jitted once for every
+    position and cache a case gives it."""
+    architecture = ARCHITECTURES[name]
+    weights = initialize(architecture, seed=3)[0]
     held, layers = OUTPUT_MAJOR.held_weights(weights), OUTPUT_MAJOR.layer_weights(weights)
     calls = plan.calls()
-    step = jax.jit(lambda ids, p, c: forward(held, architecture, ids, positions=p, cache=c, layer_weights=layers,
+    return jax.jit(lambda ids, p, c: forward(held, architecture, ids, positions=p, cache=c, layer_weights=layers,
                                              kernels=calls))  # fmt: skip
+
+
+def one_step(name: str, plan: Kernels, position: int, cache: KVBuffers):
+    step = decode_step(name, plan)
     args = (jnp.array([[5]], jnp.int32), jnp.array([[position]], jnp.int32), cache)
     return step(*args), "jgpt_fused_decode" in step.lower(*args).as_text()
 
@@ -68,10 +78,8 @@ def test_the_kernel_is_available_exactly_on_a_cpu_with_avx512f():
 @pytest.mark.parametrize("name", ARCHITECTURES)
 @pytest.mark.parametrize("position", [0, 9, SLOTS - 1, SLOTS + 6])
 def test_one_step_matches_xlas_blocks_within_1e_5(name, position):
-    a = ARCHITECTURES[name]
-    weights = initialize(a, seed=3)[0]
-    cache = random_cache(a, position)
-    (got, used), (want, not_used) = (one_step(a, plan, weights, position, cache) for plan in (AUTO, XLA))
+    cache = random_cache(ARCHITECTURES[name], position)
+    (got, used), (want, not_used) = (one_step(name, plan, position, cache) for plan in (AUTO, XLA))
     assert used == fused_decode.available() and not not_used
     for name, g, w in (("logits", got.logits, want.logits), ("keys", got.cache.keys, want.cache.keys),
                        ("values", got.cache.values, want.cache.values)):  # fmt: skip
