@@ -161,6 +161,19 @@ def test_the_hook_reads_the_message_as_git_will_record_it(tmp_path):
     assert done.returncode == 1
 
 
+def test_a_shallow_clone_checks_the_commits_it_holds(repository, tmp_path):
+    commit(repository, SUBJECT_72)
+    commit(repository, SUBJECT_73)
+    commit(repository, SUBJECT_72)
+    clone = tmp_path / "clone"
+    git(repository, "clone", "-q", "--depth", "2", repository.as_uri(), str(clone))
+    done = check(clone)
+    assert done.returncode == 1
+    assert "1 of 2 commits" in done.stdout and "shallow clone" in done.stdout
+    git(repository, "clone", "-q", "--depth", "1", repository.as_uri(), str(tmp_path / "tip"))
+    assert check(tmp_path / "tip").returncode == 0
+
+
 def test_without_git_history_it_passes_and_says_why(tmp_path):
     unpacked = tmp_path / "unpacked"
     (unpacked / "tools").mkdir(parents=True)

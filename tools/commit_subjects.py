@@ -12,6 +12,8 @@ its subjects are longer. Checked are the base and its descendants up to HEAD (`g
 the commits made where the check already was. A branch forked before the base and merged later keeps its own
 commits unchecked (they cannot be reworded once merged); its merge commit is checked.
 
+In a shallow clone the check starts at the oldest commit the clone holds, if the check is in it.
+
 A subject with git's autosquash prefixes (`fixup! `, `squash! `, `amend! `) is measured without them: git
 writes them in front of the subject they fix, and `git rebase --autosquash` takes them off again.
 """
@@ -111,7 +113,9 @@ def check_history() -> int:
         for commit, subject in commits
         if too_long(subject)
     ]
-    checked = f"{len(commits)} commit{'s' * (len(commits) > 1)} from {base[:12]} (the first to carry the check) to HEAD"
+    shallow = git("rev-parse", "--is-shallow-repository").strip() == "true"
+    first = "the oldest of this shallow clone to carry the check" if shallow else "the first to carry the check"
+    checked = f"{len(commits)} commit{'s' * (len(commits) > 1)} from {base[:12]} ({first}) to HEAD"
     if refused:
         print(f"commit subjects: {len(refused)} of {checked} are over {LIMIT} characters:", *refused, sep="\n")
         print(f"{ADVICE}. Reword them before they merge: git rebase -i {base[:12]}^ (or git commit --amend).")
