@@ -293,6 +293,7 @@ SLOW_FIXTURES = {  # the seconds its first user waited for it
     "test_hostile_kvsim_report.py": ("lab_run",),
     "test_hostile_surfaces.py": ("long_input",),  # 14: a 12000-request kvsim input
     "test_hostile_system.py": ("lab_run",),
+    "test_http_endpoint.py": ("launched",),  # 48: a `jgpt serve --http` process and the references it is held to
     "test_inference_record.py": ("document",),  # 30: a recorded workload
     "test_interruption.py": ("training",),  # 42: a training run
     "test_kernel_cache.py": ("real_cache",),  # 17: the real one-row kernel compiled into a cache
