@@ -29,7 +29,7 @@ chromium:
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the report test"; \
 	  $$([ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq chromium >/dev/null'; }
 
-# ruff (defects, import order and the formatter's layout) over the tree, mypy over jgpt/, inference/ and kvsim/,
+# ruff (defects, import order and the formatter's layout) over the tree, mypy over every package,
 # all configured in pyproject.toml; then tools/commit_subjects.py: commit subjects of at most 72 characters.
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
@@ -55,6 +55,8 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/speculative.py
 	$(BIN)/python bench/kvsim.py
 	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/serving.py
+	$(BIN)/python bench/results_page.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
