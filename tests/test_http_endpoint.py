@@ -312,15 +312,25 @@ def test_64_concurrent_streaming_clients_each_get_their_own_ids_retrying_after_4
     print(f"\n64 clients: all served their exact ids in {wall:.2f} s; {refusals} 429s along the way")
 
 
-def test_metrics_count_what_was_served(server):
-    metrics = server.metrics()
-    ended = sum(metrics[f'jgpt_requests_total{{outcome="{o}"}}'] for o in ("completed", "stopped", "cancelled"))
-    assert metrics["jgpt_time_to_first_token_seconds_count"] == ended
-    # Every rejection is a 429 but the one past max_new_tokens_cap (a 400).
-    refusals = metrics['jgpt_http_responses_total{endpoint="/v1/completions",code="429"}']
-    assert metrics['jgpt_requests_total{outcome="rejected"}'] == refusals + 1
-    assert metrics["jgpt_requests_running"] == metrics["jgpt_requests_waiting"] == 0
-    assert metrics['jgpt_prefix_hits_total{tier="device"}'] >= 1 and metrics['jgpt_kv_bytes{tier="device"}'] > 0
+def test_metrics_count_what_was_served(server, client):
+    """The counters move by exactly what this test sends, whatever the server served before it (under xdist
+    the file's tests are split between servers)."""
+    name = client.models.list().data[0].id
+    before = server.metrics()
+    prompt = [70, 71, 72, 73, 74]
+    first = client.completions.create(model=name, prompt=prompt, max_tokens=8, temperature=0)
+    turn = prompt + first.choices[0].token_ids + [75]
+    client.completions.create(model=name, prompt=turn, max_tokens=4, temperature=0)  # reuses the first's state
+    with pytest.raises(openai.BadRequestError):  # past max_new_tokens_cap: the engine rejects it, a 400
+        client.completions.create(model=name, prompt="hi", max_tokens=120)
+    after = server.metrics()
+    moved = {key: after[key] - before.get(key, 0) for key in after}
+    ended = sum(moved.get(f'jgpt_requests_total{{outcome="{o}"}}', 0) for o in ("completed", "stopped", "cancelled"))
+    assert ended == moved["jgpt_time_to_first_token_seconds_count"] == 2
+    assert moved['jgpt_requests_total{outcome="rejected"}'] == 1
+    assert moved['jgpt_http_responses_total{endpoint="/v1/completions",code="400"}'] == 1
+    assert after["jgpt_requests_running"] == after["jgpt_requests_waiting"] == 0
+    assert moved['jgpt_prefix_hits_total{tier="device"}'] >= 1 and after['jgpt_kv_bytes{tier="device"}'] > 0
 
 
 def test_sigterm_drains_in_flight_requests_exits_0_and_the_record_replays_in_kvsim(server, expected):
