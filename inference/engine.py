@@ -28,6 +28,9 @@ Execution runs on the active requests' rows of one slot state
 engine counts any XLA compilation while the clock runs, and pauses Python's
 garbage collector while it runs (live, a server running for long, it only freezes
 what existed before).
+
+A little over 500 lines, on purpose: the live loop and the timed one are one loop here, and
+`collector_paused` stays beside them because bench/fidelity.py patches it in this module.
 """
 
 from __future__ import annotations
