@@ -64,6 +64,32 @@ def read_trace(form: str, text: str, block_tokens: int, context: int) -> Trace:
     return Trace([item for _, item in rows], [at for at, _ in rows])
 
 
+@dataclass(frozen=True)
+class Lengths:
+    """A trace's prompt and output lengths, row by row (what `kvsim synthesize` samples from)."""
+
+    prompts: list[int]
+    outputs: list[int]
+
+
+def lengths(form: str, text: str) -> Lengths:
+    """Each request's prompt and output length as the trace gives them, read and checked row by row as an import
+    reads them, without making their ids."""
+    if form == "mooncake":
+        read = [
+            MOONCAKE_ROW.read(parse_json(line, f"trace line {number}"), f"trace line {number}")
+            for number, line in enumerate(text.splitlines(), 1)
+            if line.strip()
+        ]
+        return Lengths([row["input_length"] for row in read], [row["output_length"] for row in read])
+    reader = csv.DictReader(io.StringIO(text))
+    try:
+        rows = [_azure_row(row, number, reader) for number, row in enumerate(_azure_reader(reader), 2)]
+    except csv.Error as error:
+        raise ApiError(f"trace line {reader.line_num + 1}", f"unreadable CSV: {error}") from None
+    return Lengths([prompt for _, prompt, _ in rows], [output for _, _, output in rows])
+
+
 def _block(seed: str, tokens: int) -> tuple[int, ...]:
     return tuple(random.Random(seed).randbytes(tokens))
 
@@ -148,23 +174,11 @@ def _azure(text: str, context: int) -> list[tuple[str, Conversation]]:
 
 
 def _azure_rows(reader: csv.DictReader, context: int) -> list[tuple[str, Conversation]]:
-    header = reader.fieldnames or ()
-    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(header)
-    if missing:
-        raise ApiError("trace header", f"missing column {sorted(missing)[0]}")
     items: list[tuple[str, Conversation]] = []
     start, used, turn_end = None, 0, framing_ids()["turn_end"]
-    for number, row in enumerate(reader, 2):
+    for number, row in enumerate(_azure_reader(reader), 2):
         at = f"trace line {number}"
-        if None in row or None in row.values():
-            raise ApiError(at, f"expected {len(header)} columns as in the header")
-        try:
-            moment = _utc(datetime.fromisoformat(row["TIMESTAMP"].strip()[:26]))
-            prompt_tokens, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-        except ValueError as error:
-            raise ApiError(at, f"unreadable row: {error}") from None
-        if prompt_tokens < 1 or generated < 1:
-            raise ApiError(at, "ContextTokens and GeneratedTokens must be positive")
+        moment, prompt_tokens, generated = _azure_row(row, number, reader)
         _fits(prompt_tokens, generated, context, at, ("ContextTokens", "GeneratedTokens"))
         used = _within_limit(used + prompt_tokens + generated, at)
         start = moment if start is None else start
@@ -180,6 +194,29 @@ def _azure_rows(reader: csv.DictReader, context: int) -> list[tuple[str, Convers
         )
         items.append((at, conversation))
     return items
+
+
+def _azure_reader(reader: csv.DictReader) -> csv.DictReader:
+    """The reader, its header checked for the columns an import reads."""
+    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+    if missing:
+        raise ApiError("trace header", f"missing column {sorted(missing)[0]}")
+    return reader
+
+
+def _azure_row(row: dict, number: int, reader: csv.DictReader) -> tuple[datetime, int, int]:
+    """A row's time (UTC), ContextTokens and GeneratedTokens, each positive; the row as wide as the header."""
+    at = f"trace line {number}"
+    if None in row or None in row.values():
+        raise ApiError(at, f"expected {len(reader.fieldnames or ())} columns as in the header")
+    try:
+        moment = _utc(datetime.fromisoformat(row["TIMESTAMP"].strip()[:26]))
+        prompt_tokens, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+    except ValueError as error:
+        raise ApiError(at, f"unreadable row: {error}") from None
+    if prompt_tokens < 1 or generated < 1:
+        raise ApiError(at, "ContextTokens and GeneratedTokens must be positive")
+    return moment, prompt_tokens, generated
 
 
 _MICROSECOND = datetime(2000, 1, 1, 0, 0, 0, 1) - datetime(2000, 1, 1)
