@@ -39,7 +39,7 @@ from kvsim.cache_run import (
 )
 from kvsim.compute_service import SPREAD_REPEATS
 from kvsim.distributions import Distribution
-from kvsim.inputs import load_input
+from kvsim.inputs import compose_input, load_input
 from kvsim.perfetto import trace_chunks
 from kvsim.record_lines import StreamedRun, is_streamed, pulled, streamed_view, whole_view, write_lines
 from kvsim.record_view import check_viewable
@@ -99,7 +99,30 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", type=Path, metavar="INPUT.json", help="a kvsim input: system, computations, workload")
+    parser.add_argument(
+        "input",
+        type=Path,
+        nargs="?",
+        metavar="INPUT.json",
+        help="a kvsim input: system, computations, workload in one file (or give the parts below)",
+    )
+    parts = parser.add_argument_group("the input's parts, instead of INPUT.json (the same run and record)")
+    parts.add_argument(
+        "--system", type=Path, metavar="SYSTEM.json", help="the system (KVResidencySystemConfig; jgpt serve --system)"
+    )
+    parts.add_argument(
+        "--computations",
+        type=Path,
+        metavar="C.json",
+        help="the recorded computation document (jgpt record, kvsim synthesize, kvsim import-trace)",
+    )
+    parts.add_argument(
+        "--workload",
+        type=Path,
+        metavar="W.json",
+        help="arrivals in place of the document's own: kvsim's Workload, or the Workload document of jgpt record "
+        "and jgpt serve (its customer_interaction too)",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -320,14 +343,16 @@ def main(command: str, argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    read = [args.input] if args.input else [args.system, args.computations, args.workload]
     if args.out:
-        output_file(args.out, "--out", [args.input])
+        output_file(args.out, "--out", [path for path in read if path])
     with progress.shown(args.quiet):
+        inputs = _inputs(args)
         if args.out and args.out.suffix == ".jsonl":
-            summary = _streamed(load_input(args.input, out=args.out), args.out)
+            summary = _streamed(inputs, args.out)
         else:
             with progress.stage("simulating"):
-                run = simulate(**load_input(args.input, out=args.out))
+                run = simulate(**inputs)
             if args.out:
                 with progress.stage(f"writing {args.out}"):
                     write_atomically(args.out, record_chunks(run))
@@ -339,6 +364,19 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         print(f"record written to {args.out}")
     return 0
+
+
+def _inputs(args: argparse.Namespace) -> dict:
+    """`simulate`'s arguments from INPUT.json or from the parts the flags name, never both."""
+    parts = [f"--{name}" for name in ("system", "computations", "workload") if getattr(args, name)]
+    if args.input and parts:
+        raise ApiError(parts[0], "give INPUT.json or its parts (--system, --computations, --workload), not both")
+    if args.input:
+        return load_input(args.input, out=args.out)
+    for name in ("system", "computations"):
+        if not getattr(args, name):
+            raise ApiError(f"--{name}", "needed: give INPUT.json, or --system and --computations")
+    return compose_input(args.system, args.computations, args.workload)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -547,11 +585,11 @@ def _predict(args: argparse.Namespace) -> int:
 # In the order `jgpt kvsim --help` lists them.
 ACTIONS = {
     "run": Action(
-        "simulate INPUT.json, print a summary, optionally write the record",
+        "simulate INPUT.json (or --system and --computations), print a summary, optionally write the record",
         _run_arguments,
         _run,
-        "Simulate INPUT.json and print a summary (times and sizes in human units; "
-        "--json and the record keep the exact numbers).",
+        "Simulate INPUT.json, or the parts --system S.json --computations C.json [--workload W.json] make, and "
+        "print a summary (times and sizes in human units; --json and the record keep the exact numbers).",
     ),
     "replay": Action(
         "re-run a record's declaration; exit 0 only if the bytes are identical", _replay_arguments, _replay
