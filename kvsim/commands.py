@@ -37,6 +37,7 @@ from kvsim.cache_run import (
     run_id,
     simulate,
 )
+from kvsim.cache_run_plots import TIMELINE_LIMIT
 from kvsim.compute_service import SPREAD_REPEATS
 from kvsim.distributions import Distribution
 from kvsim.inputs import compose_input, load_input
@@ -157,6 +158,14 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="directory for the PNGs (default: RECORD's name without .json, plus _plots)",
+    )
+    parser.add_argument(
+        "--requests",
+        dest="timeline_requests",
+        default=str(TIMELINE_LIMIT),
+        metavar="N|all",
+        help=f"requests the timeline draws, the earliest arrivals (default {TIMELINE_LIMIT:,}, which takes seconds; "
+        "all: every one). The occupancy and latency views always cover the whole run",
     )
 
 
@@ -407,12 +416,19 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
+    limit = None if args.timeline_requests == "all" else _count(args.timeline_requests, "--requests")
     directory = output_directory(args.out_dir or args.record.with_name(args.record.stem + "_plots"), "--out-dir")
     from kvsim.cache_run_plots import write_plots
 
-    for path in write_plots(_view(args.record), directory):
-        print(path)
+    for plot in write_plots(_view(args.record), directory, limit):
+        print(f"{plot.path}: {plot.note}")
     return 0
+
+
+def _count(text: str, option: str) -> int:
+    if not text.isdecimal() or not 1 <= int(text) <= LIMIT:
+        raise ApiError(option, f"expected a whole number from 1 to 2^53, or all; got {text!r}")
+    return int(text)
 
 
 def _perfetto(args: argparse.Namespace) -> int:
