@@ -63,9 +63,7 @@ def test_the_timeline_draws_every_request_and_says_so(record):
 def test_a_limited_timeline_shows_the_earliest_arrivals_and_says_how_many_of_how_many(record):
     data, drawn = _figures(record, 200)
     figure, note = drawn["timeline.png"]
-    assert note == (
-        f"showing 200 of {REQUESTS} requests: the first 200 by arrival; --requests all to draw every one"
-    )
+    assert note == (f"showing 200 of {REQUESTS} requests: the first 200 by arrival; --requests all to draw every one")
     assert note in _title(figure)
     queued = next(c for c in figure.axes[0].collections if isinstance(c, LineCollection))
     earliest = sorted(o["arrival_us"] for o in data["outcomes"]["requests"].values())[:200]

@@ -72,7 +72,9 @@ def test_a_jgpt_workload_document_gives_its_arrivals_and_customer_interaction(tm
                 "customer_interaction": interaction}  # fmt: skip
     (tmp_path / "w.json").write_text(json.dumps(document))
     composed = _composed(tmp_path, parts, "--workload", str(tmp_path / "w.json"))
-    wrapped = _wrapped(tmp_path, parts, workload={"kind": "chat", "requests": arrivals}, customer_interaction=interaction)
+    wrapped = _wrapped(
+        tmp_path, parts, workload={"kind": "chat", "requests": arrivals}, customer_interaction=interaction
+    )
     assert composed == wrapped and b'"cancel_request"' in composed
 
 
