@@ -209,15 +209,15 @@ def _synthesize_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_RATE,
         metavar="R",
-        help=f"requests a second on average (default {DEFAULT_RATE:g}: the labs' default system serves the "
-        f"default workload well under half busy, nothing rejected); conversations start at R / mean turns "
-        f"({RATE_RANGE[0]:g} to {RATE_RANGE[1]:g})",
+        help=f"requests a second on average, {RATE_RANGE[0]:g} to {RATE_RANGE[1]:g}; conversations start at "
+        "R / mean turns. At the default the labs' default system serves the default workload well under half "
+        "busy, rejecting none",
     )
     shape.add_argument(
         "--arrivals",
         choices=tuple(Arrivals),
         default=Arrivals.POISSON,
-        help="conversation starts: a Poisson process (exponential gaps), or fixed spacing (default poisson)",
+        help="conversation starts: a Poisson process (exponential gaps), or fixed spacing",
     )
     shape.add_argument(
         "--turns", default="uniform:1:6", metavar="N|uniform:LO:HI", help=f"turns per conversation, 1 to {TURNS_LIMIT}"
@@ -242,9 +242,7 @@ def _synthesize_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIST",
         help="ids each reply selects, its turn end included; a reply longer than --max-new-tokens stops there",
     )
-    shape.add_argument(
-        "--max-new-tokens", type=int, default=12, metavar="N", help="each request's generation budget (default 12)"
-    )
+    shape.add_argument("--max-new-tokens", type=int, default=12, metavar="N", help="each request's generation budget")
     shape.add_argument(
         "--system-prompts",
         type=int,
