@@ -452,6 +452,7 @@ def _import_trace(args: argparse.Namespace) -> int:
 
 def _synthesize(args: argparse.Namespace) -> int:
     model = _model(args)
+    output_file(args.out, "--out")  # before any trace is read
     mix, traces_read = _mix(args, model.context)
     output_file(args.out, "--out", traces_read)
     made = synthesize(args.requests, args.seed, mix)
@@ -470,7 +471,11 @@ def _mix(args: argparse.Namespace, context: int) -> tuple[ConversationMix, list[
     traces_read: list[Path] = []
 
     def lengths(option: str, least: int, pick: Callable[[traces.Lengths], list[int]]) -> Distribution:
-        parsed = distributions.parse(getattr(args, option.removeprefix("--").replace("-", "_")), option, least, context)
+        """A length option's distribution, a trace's read here."""
+        # Lengths past the context are cut (a prompt) or stopped (a reply) as they are drawn; check_fits refuses
+        # a shape that cannot fit at all. The bound keeps a drawn reply's ids within memory.
+        most = DIMENSION_LIMIT
+        parsed = distributions.parse(getattr(args, option.removeprefix("--").replace("-", "_")), option, least, most)
         if not isinstance(parsed, distributions.TraceSource):
             return parsed
         if parsed.form not in traces.FORMATS:
@@ -478,7 +483,7 @@ def _mix(args: argparse.Namespace, context: int) -> tuple[ConversationMix, list[
         path = Path(parsed.path)
         traces_read.append(path)
         text = read_bytes(path, option).decode("utf-8", errors="replace")
-        return distributions.sampled(pick(traces.lengths(parsed.form, text)), parsed, option, least, context)
+        return distributions.sampled(pick(traces.lengths(parsed.form, text)), parsed, option, least, most)
 
     mix = ConversationMix(
         system_prompts=args.system_prompts,

@@ -134,7 +134,7 @@ def parse(text: str, option: str, least: int, most: int = LIMIT, scale: int = 1)
     if kind == "lognormal":
         median, p90 = (_number(value, option, text) * scale for value in _parameters(rest, 2, option, text))
         if not 0 < median <= most:
-            raise ApiError(option, f"a log-normal's median must be above 0 and at most {most / scale:g}, got {text!r}")
+            raise ApiError(option, f"a log-normal's median must be above 0 and at most {most // scale}, got {text!r}")
         if not median < p90 <= LIMIT:
             raise ApiError(option, f"a log-normal's p90 must be above its median (sigma > 0), got {text!r}")
         return LogNormal(median, p90, least, most)
@@ -181,5 +181,5 @@ def _whole(value: str, option: str, text: str, least: int, most: int, scale: int
     except ValueError:
         raise ApiError(option, f"{value!r} is not a whole number in {text!r}") from None
     if not least <= number <= most:
-        raise ApiError(option, f"values must be from {least / scale:g} to {most / scale:g}, got {text!r}")
+        raise ApiError(option, f"values must be from {least // scale} to {most // scale}, got {text!r}")
     return number

@@ -202,7 +202,8 @@ def test_lengths_sampled_from_a_trace_are_the_trace_s(tmp_path):
         (["--max-new-tokens", "0"], "--max-new-tokens", "must be at least 1"),
         (["--system-prompts", "-1"], "--system-prompts", "must be at least 0"),
         (["--prompt-tokens", "2040", "--context", "2048"], "--prompt-tokens", "past the model's context 2048"),
-        (["--prompt-tokens", "4000", "--context", "2048"], "--prompt-tokens", "values must be from 4 to 2048"),
+        (["--prompt-tokens", "4000", "--context", "2048"], "--prompt-tokens", "past the model's context 2048"),
+        (["--output-tokens", "lognormal:2e6:3e6"], "--output-tokens", "median must be above 0 and at most 1048576"),
     ],
 )
 def test_each_bad_option_is_one_error_naming_it(tmp_path, capsys, options, field, words):
