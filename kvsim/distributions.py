@@ -37,10 +37,6 @@ class Fixed:
     def least(self) -> int:
         return self.value
 
-    @property
-    def mean(self) -> float:
-        return self.value
-
     def spec(self) -> str:
         return str(self.value)
 
@@ -56,10 +52,6 @@ class Uniform:
     @property
     def least(self) -> int:
         return self.low
-
-    @property
-    def mean(self) -> float:
-        return (self.low + self.high) / 2
 
     def spec(self) -> str:
         return f"uniform:{self.low}:{self.high}"
@@ -100,10 +92,6 @@ class Sampled:
     @property
     def least(self) -> int:
         return min(self.values)
-
-    @property
-    def mean(self) -> float:
-        return sum(self.values) / len(self.values)
 
     def spec(self) -> str:
         return f"trace:{self.source}"

@@ -118,7 +118,9 @@ def shape_summary(made: Synthesized, mix: ConversationMix, rate: float) -> str:
     measured = f"{(len(items) - 1) * 1e6 / span:.4g} requests/s over {duration_us(span)}" if span else "all at once"
     lines = [
         f"arrivals: {mix.arrivals}, {rate:g} requests/s asked, {measured} made; {made.conversations} conversations",
-        f"prompt ids {_spread([len(i.prompt_ids) for i in items])}; output ids {_spread([len(i.output_ids) for i in items])}",
+        f"prompt ids (a turn adds {mix.prompt_tokens.spec()}) {_spread([len(i.prompt_ids) for i in items])}",
+        f"output ids ({mix.output_tokens.spec()}, at most {mix.max_new_tokens}) "
+        f"{_spread([len(i.output_ids) for i in items])}",
     ]
     if made.cut or made.ended:
         lines.append(
