@@ -165,7 +165,9 @@ def test_the_same_seed_writes_the_same_bytes_and_another_seed_differs(tmp_path, 
     assert first[0] == again[0] == other[0] == 0
     assert first[1] == again[1] != other[1]
     out = capsys.readouterr().out
-    assert "arrivals: poisson, 20 requests/s asked" in out and "prompt ids (a turn adds lognormal:200:800) median" in out
+    assert (
+        "arrivals: poisson, 20 requests/s asked" in out and "prompt ids (a turn adds lognormal:200:800) median" in out
+    )
     source = json.loads(first[1])["execution"]["provenance"]["sources"]["generator"]
     assert "--rate 20.0" in source and "--prompt-tokens lognormal:200:800" in source
 
