@@ -221,7 +221,7 @@ def test_the_defaults_make_a_workload_the_labs_default_system_serves(tmp_path, c
     from experiments.generation_defaults import generation_defaults
     from kvsim import parse_document, parse_system, simulate
 
-    code, written = _synthesize(tmp_path, "c.json", "--requests", 1000)
+    code, written = _synthesize(tmp_path, "c.json", "--requests", 400)
     assert code == 0
     system = parse_system(generation_defaults().execution.system_config_json())
     totals = simulate(system, parse_document(json.loads(written))).outcomes["totals"]
