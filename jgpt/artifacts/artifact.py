@@ -2,7 +2,7 @@
 
 An artifact is a directory:
 
-    manifest.json    format, architecture, provenance, parameters, identities, assets
+    manifest.json    format, architecture, provenance, parameters, identities, assets, prompt_format
     weights/         the weights as an orbax-checkpoint PyTree checkpoint
     tokenizer.json   the tokenizer file (absent for an imported model without one)
     tokenizer_config.json, chat_template.jinja
@@ -17,6 +17,12 @@ Identities (DESIGN.md):
 
 `load_artifact` verifies all of them and every listed asset's bytes; any mismatch is
 an ApiError naming the identity that failed, never a warning.
+
+`prompt_format` declares how the model's prompts are framed (jgpt/tokenizers/prompt_format.py: chat,
+chat-template or plain). A manifest written before the declaration existed has none and is read unchanged
+(its bytes and identities stay): its format is implied by what the artifact is (`implied_prompt_format`:
+trained on a text file -> plain; imported -> chat-template when its tokenizer has a chat template, else
+plain; otherwise chat).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from jgpt.foundation.paths import confined
 from jgpt.foundation.validation import is_integer
 from jgpt.model.architecture import Architecture, architecture_from_json
 from jgpt.model.weights import ModelWeights, abstract_weights, check_weights, parameter_count
+from jgpt.tokenizers.prompt_format import FIELD as PROMPT_FORMAT
+from jgpt.tokenizers.prompt_format import check_fits, check_prompt_format, has_chat_template, implied_prompt_format
 from jgpt.tokenizers.tokenizer import Tokenizer
 from jgpt.tokenizers.tokenizer_file import load_tokenizer
 
@@ -86,6 +94,7 @@ class ModelArtifact:
     tokenizer_sha256: str | None
     manifest_sha256: str
     assets: tuple[ModelAsset, ...]
+    prompt_format: str  # declared by the manifest, or implied for one written before the declaration
     format: str = FORMAT
 
     @property
@@ -176,13 +185,15 @@ def save_artifact(
     provenance: Any,
     tokenizer: Any = None,
     *,
+    prompt_format: str | None = None,
     overwrite: bool = False,
 ) -> ModelArtifact:
     """Write an artifact directory atomically (staged next to `path`, then renamed).
 
     `tokenizer` is a Tokenizer (anything with `.save(path)`), a path to a tokenizer
     file, or None for a model without one. `provenance` is an InitializationProvenance,
-    a TrainingProvenance, or its JSON object.
+    a TrainingProvenance, or its JSON object. `prompt_format` (chat, chat-template or plain) is
+    written into the manifest; None writes the one implied by the provenance and the tokenizer's chat template.
     """
     path = Path(path).absolute()  # orbax accepts absolute paths only
     check_weights(weights, architecture)
@@ -201,6 +212,7 @@ def save_artifact(
             else:
                 shutil.copyfile(tokenizer, staging / TOKENIZER)
             tokenizer_sha256 = file_sha256(staging / TOKENIZER)
+        prompt_format = _prompt_format(prompt_format, provenance_json, staging, tokenizer)
         manifest = {
             "format": FORMAT,
             "architecture": architecture.to_json(),
@@ -211,11 +223,26 @@ def save_artifact(
             "weight_format": WEIGHT_FORMAT,
             "tokenizer_format": None if tokenizer is None else TOKENIZER_FORMAT,
             "assets": [asset.to_json() for asset in _assets(staging)],
+            PROMPT_FORMAT: prompt_format,
         }
         manifest["manifest_sha256"] = sha256_json(manifest)
         write_atomically(staging / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
         replace_directory(staging, path)
     return load_artifact(path)
+
+
+def _prompt_format(declared: str | None, provenance: Mapping[str, Any], directory: Path, tokenizer: Any) -> str:
+    """The format to declare: the one given, checked against the tokenizer (`save_artifact`'s, saved in
+    `directory`), or the one implied by the provenance and the tokenizer files."""
+    if declared is None:
+        return implied_prompt_format(provenance, has_chat_template(directory))
+    check_prompt_format(declared)
+    if tokenizer is None:
+        tokenizer = Tokenizer.bytes_only()
+    elif not hasattr(tokenizer, "save"):
+        tokenizer = load_tokenizer(directory / TOKENIZER)
+    check_fits(declared, tokenizer)
+    return declared
 
 
 def _require_replaceable(path: Path) -> None:
@@ -275,6 +302,8 @@ def _check_manifest(manifest: Mapping[str, Any]) -> None:
     _require_sha256(manifest["checkpoint_sha256"], "checkpoint_sha256")
     if manifest["tokenizer_sha256"] is not None:
         _require_sha256(manifest["tokenizer_sha256"], "tokenizer_sha256")
+    if PROMPT_FORMAT in manifest:
+        check_prompt_format(manifest[PROMPT_FORMAT])
     if not isinstance(manifest["assets"], list):
         raise ApiError("assets", "must be a list of ModelAssets")
     for n, asset in enumerate(manifest["assets"]):
@@ -344,6 +373,7 @@ def load_artifact(path: str | os.PathLike) -> ModelArtifact:
         raise ApiError(
             "checkpoint_sha256", f"weights in {path} hash to {actual}, manifest says {manifest['checkpoint_sha256']}"
         )
+    declared = manifest.get(PROMPT_FORMAT)
     return ModelArtifact(
         path=path,
         architecture=architecture,
@@ -353,4 +383,5 @@ def load_artifact(path: str | os.PathLike) -> ModelArtifact:
         tokenizer_sha256=tokenizer_sha256,
         manifest_sha256=manifest["manifest_sha256"],
         assets=assets,
+        prompt_format=declared or implied_prompt_format(manifest["provenance"], has_chat_template(path)),
     )

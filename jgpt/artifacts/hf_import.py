@@ -388,14 +388,17 @@ def convert(directory: str | Path) -> tuple[Architecture, ModelWeights, Initiali
 def import_hf(directory: str | Path, out: str | Path, *, overwrite: bool = False):
     """Convert a local Hugging Face model directory into a jgpt ModelArtifact at `out`."""
     from jgpt.artifacts.artifact import save_artifact
+    from jgpt.tokenizers.prompt_format import imported_prompt_format
 
     output_directory(out, "out")  # a file, or a path under one, is refused before any work
     source, target = Path(directory).resolve(), Path(out).resolve()
     if source.is_relative_to(target):
         raise ApiError("out", f"{out} is (or holds) the model directory being imported; choose another")
     architecture, weights, provenance = convert(directory)
+    tokenizer = _tokenizer(Path(directory), architecture)
+    prompt_format = imported_prompt_format(tokenizer, Path(directory))  # chat-template with a chat template, else plain
     return save_artifact(
-        out, architecture, weights, provenance, _tokenizer(Path(directory), architecture), overwrite=overwrite
+        out, architecture, weights, provenance, tokenizer, prompt_format=prompt_format, overwrite=overwrite
     )
 
 
