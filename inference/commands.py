@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any, NamedTuple
 
 from jgpt.foundation import progress
 from jgpt.foundation.command_line import ArgumentParser
@@ -14,7 +15,8 @@ from jgpt.foundation.output_paths import output_file
 from jgpt.model.architecture import PRECISION_NAMES
 
 SUMMARIES = {
-    "generate": "greedy or sampled generation in a jitted KV-cached loop (speculative with --draft), streaming text or JSON evidence",
+    "generate": "continue a prompt, framed as the model declares (a chat turn or plain text), greedily or sampled, "
+    "in a jitted KV-cached loop (speculative with --draft), streaming text or JSON evidence",
     "record": "run a Workload and write the recorded computation document kvsim consumes",
     "serve": "serve a Workload on the InferenceEngine against the wall clock and write the measured-run document, "
     "or (--http) serve live clients the OpenAI API",
@@ -55,10 +57,21 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt", nargs="*", metavar="PROMPT", help="user text (words are joined by spaces)")
+    parser.add_argument(
+        "prompt", nargs="*", metavar="PROMPT",
+        help="the prompt text (words are joined by spaces): a user turn for a chat model, the text to continue "
+        "for a plain-text model",
+    )  # fmt: skip
     parser.add_argument(
         "--ids", metavar="ID,ID,...", help="raw prompt token ids instead of text, e.g. 257,72,105,259,258"
     )
+    parser.add_argument(
+        "--turns", metavar="FILE.json",
+        help='a conversation instead of PROMPT: a JSON list of {"role", "text"} turns (as `jgpt tokenize --turns` '
+        "reads), the assistant's reply to follow",
+    )  # fmt: skip
+    parser.add_argument("--system", metavar="TEXT", help="a system turn before the conversation (chat models)")
+    _framing_arguments(parser)
     parser.add_argument(
         "--max-new-tokens", type=int, default=64, metavar="N", help="budget of selected ids, TURN_END included"
     )
@@ -74,27 +87,37 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculate", type=int, metavar="K", help="with --draft: ids drafted per round (default 4)")
 
 
+def _framing_arguments(parser: argparse.ArgumentParser) -> None:
+    """--raw and --chat: how a prompt's text is framed, overriding the model's declared prompt_format."""
+    framing = parser.add_mutually_exclusive_group()
+    framing.add_argument(
+        "--raw", action="store_true", help="frame nothing: the text's ids as they stand (the model's default if plain)"
+    )
+    framing.add_argument(
+        "--chat", action="store_true",
+        help="frame the text as a user turn with the model's chat framing or template (the default for a chat model)",
+    )  # fmt: skip
+
+
 def _sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    """--sample and the settings of its draws (GenerationPolicy's)."""
+    """--sample and the settings of its draws (GenerationPolicy's). A setting given implies --sample."""
     parser.add_argument(
-        "--sample", action="store_true", help="draw each id (seeded sampling) instead of greedy selection"
-    )
+        "--sample", action="store_true",
+        help="draw each id (seeded sampling) instead of greedy selection; any setting below implies it",
+    )  # fmt: skip
     parser.add_argument(
-        "--temperature", type=float, metavar="T", help="with --sample: logits divided by T (0: greedy; default 1)"
+        "--temperature", type=float, metavar="T", help="logits divided by T (0: greedy, as in the HTTP API; default 1)"
     )
+    parser.add_argument("--top-k", type=int, metavar="K", help="draw among the K most probable ids (default: all)")
     parser.add_argument(
-        "--top-k", type=int, metavar="K", help="with --sample: draw among the K most probable ids (default: all)"
+        "--top-p", type=float, metavar="P", help="draw among the most probable ids reaching P (default: 1, all)"
     )
-    parser.add_argument(
-        "--top-p", type=float, metavar="P", help="with --sample: draw among the most probable ids reaching P"
-    )
-    parser.add_argument(
-        "--seed", type=int, metavar="S", help="with --sample: the seed the draws' keys derive from (default 0)"
-    )
+    parser.add_argument("--seed", type=int, metavar="S", help="the seed the draws' keys derive from (default 0)")
 
 
 def _record_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", metavar="WORKLOAD.json", help="a Workload document")
+    _framing_arguments(parser)
     parser.add_argument("--out", required=True, metavar="COMPUTATIONS.json", help="where to write the document")
     parser.add_argument("--no-reference", action="store_true", help="skip the full-prefix recompute of every work")
     parser.add_argument("--json", action="store_true", help="print what was recorded as JSON on stdout")
@@ -109,6 +132,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--system", required=True, metavar="SYSTEM.json", help="the KVResidencySystemConfig kvsim reads"
     )
     parser.add_argument("--out", metavar="MEASURED.json", help="where to write the measured-run document")
+    _framing_arguments(parser)
     parser.add_argument(
         "--as-fast-as-possible",
         action="store_true",
@@ -138,25 +162,25 @@ def _generate(argv: list[str]) -> int:
     args = _parser("generate").parse_args(argv)
     _check_generate_arguments(args)
 
-    from inference.policy import GenerationPolicy, InferenceRequest
-    from jgpt.tokenizers.framing import Turn
+    from inference.policy import InferenceRequest, implied_policy
 
     sampling = {
         name: getattr(args, name)
         for name in ("temperature", "top_k", "top_p", "seed")
         if getattr(args, name) is not None
     }
-    policy = GenerationPolicy(args.max_new_tokens, "sample" if args.sample else "greedy", **sampling)
+    policy = implied_policy(args.max_new_tokens, sampling, args.sample)
     given_ids = _parse_ids(args.ids) if args.ids else None
+    given_turns = _turns_file(args.turns) if args.turns else None
     if args.observe is not None and not 0 <= args.observe < args.max_new_tokens:
         raise ApiError(
             "observe", f"step {args.observe} is outside 0..{args.max_new_tokens - 1}, the steps the budget allows"
         )
-    execution, tokenizer = _load(args.model, args.precision, args.kernels)
+    execution, tokenizer, declared = _load(args.model, args.precision, args.kernels)
     text: str | None = None
-    if given_ids is None:  # the arguments give exactly one of the two (checked above)
-        text = " ".join(args.prompt)
-        prompt_ids = tokenizer.encode_turns([Turn("user", text)], open_turn="assistant").ids
+    if given_ids is None:  # the arguments give exactly one of PROMPT, --ids and --turns (checked above)
+        text = " ".join(args.prompt) if given_turns is None else None
+        prompt_ids = _prompt_ids(args, tokenizer, declared, text, given_turns)
     else:
         prompt_ids = given_ids
     request = InferenceRequest("cli", prompt_ids, policy, text=text)
@@ -171,12 +195,52 @@ def _generate(argv: list[str]) -> int:
 
 def _check_generate_arguments(args: argparse.Namespace) -> None:
     """The combinations of arguments `jgpt generate` refuses before it loads anything."""
-    if bool(args.prompt) == bool(args.ids):
-        raise ApiError("prompt", "give either PROMPT text or --ids, exactly one of them")
+    if [bool(args.prompt), bool(args.ids), args.turns is not None].count(True) != 1:
+        raise ApiError("prompt", "give exactly one of PROMPT text, --turns FILE.json or --ids")
+    if args.ids:
+        framing = [flag for flag, given in (("--system", args.system is not None), ("--raw", args.raw),
+                                            ("--chat", args.chat)) if given]  # fmt: skip
+        if framing:
+            raise ApiError(framing[0].lstrip("-"), "frames text; --ids are the prompt's ids as they stand")
     if args.speculate is not None and args.draft is None:
         raise ApiError("speculate", "needs --draft MODEL, the model that proposes ids")
     if args.draft is not None and args.observe is not None:
         raise ApiError("observe", "is not available with --draft: the speculative loop runs as one compiled program")
+
+
+def _turns_file(path: str):
+    from jgpt.tokenizers.framing import turns_from_json
+
+    turns = turns_from_json(read_json(path, "turns"))
+    if not turns:
+        raise ApiError("turns", f"{path} holds no turn; a conversation has at least one")
+    return turns
+
+
+def _prompt_ids(args: argparse.Namespace, tokenizer, declared: str, text: str | None, turns) -> list[int]:
+    """The prompt's ids: the --system turn, then the conversation of --turns or PROMPT's user turn, framed by the
+    format --raw or --chat names, else by the model's declared prompt_format."""
+    from jgpt.tokenizers.framing import Turn
+    from jgpt.tokenizers.prompt_format import framed
+
+    conversation = (*(() if args.system is None else (Turn("system", args.system),)),
+                    *((Turn("user", text or ""),) if turns is None else turns))  # fmt: skip
+    field = "system" if args.system is not None else "turns"
+    return framed(tokenizer, _prompt_format(args, tokenizer, declared), conversation, field)
+
+
+def _prompt_format(args: argparse.Namespace, tokenizer, declared: str) -> str:
+    """The format a command frames by: --raw's plain, --chat's conversation framing, else the model's declared one."""
+    from jgpt.tokenizers.prompt_format import PLAIN, conversation_format
+
+    if args.raw:
+        return PLAIN
+    if not args.chat:
+        return declared
+    chat = conversation_format(tokenizer)
+    if chat is None:
+        raise ApiError("chat", "this model's tokenizer has no chat template: it frames no conversation")
+    return chat
 
 
 def _generated(args: argparse.Namespace, execution, request, stream: _TextStream | None):
@@ -187,7 +251,9 @@ def _generated(args: argparse.Namespace, execution, request, stream: _TextStream
     if args.draft is not None:
         from inference.speculative import PROMPT_LOOKUP, PromptLookup, generate_speculative
 
-        draft = PromptLookup() if args.draft == PROMPT_LOOKUP else _load(args.draft, args.precision, args.kernels)[0]
+        draft = (
+            PromptLookup() if args.draft == PROMPT_LOOKUP else _load(args.draft, args.precision, args.kernels).execution
+        )
         k = 4 if args.speculate is None else args.speculate
         (response,) = generate_speculative(execution, draft, [request], k).responses
         if stream is not None:  # the loop is one program: the text comes at its end
@@ -217,8 +283,8 @@ def _record(argv: list[str]) -> int:
     read_workload(document, Tokenizer.bytes_only())  # its shape does not depend on the ids: refuse before loading
     with progress.shown(args.quiet):
         with progress.stage("loading model"):
-            execution, tokenizer = _load(args.model, args.precision, args.kernels)
-        requests = read_workload(document, tokenizer)
+            execution, tokenizer, declared = _load(args.model, args.precision, args.kernels)
+        requests = read_workload(document, tokenizer, prompt_format=_prompt_format(args, tokenizer, declared))
         computations = record(
             execution, requests, tokenizer=tokenizer, reference=not args.no_reference, kind=document["kind"]
         )
@@ -249,8 +315,9 @@ def _serve(argv: list[str]) -> int:
     system = parse_system(system_document)
     with progress.shown(args.quiet or args.json):
         with progress.stage("loading model"):
-            execution, tokenizer = _load(args.model, args.precision, args.kernels)
-        requests, interaction = read_served_workload(document, tokenizer, execution)
+            execution, tokenizer, declared = _load(args.model, args.precision, args.kernels)
+        prompt_format = _prompt_format(args, tokenizer, declared)
+        requests, interaction = read_served_workload(document, tokenizer, execution, prompt_format=prompt_format)
         # Ctrl-C or SIGTERM (run_guarded) unwinds the run: the document is written only once it is whole.
         engine = InferenceEngine(execution, system)
         # A stage draws only before and after: nothing writes to the terminal while the clock runs.
@@ -289,13 +356,15 @@ def _serve_http(args: argparse.Namespace) -> int:
     sock = bind(args.host, args.port)
     with progress.shown(args.quiet):
         with progress.stage("loading model"):
-            execution, tokenizer = _load(args.model, args.precision, args.kernels)
+            execution, tokenizer, declared = _load(args.model, args.precision, args.kernels)
+        prompt_format = _prompt_format(args, tokenizer, declared)
         with progress.stage("compiling for every request the system admits"):
             engine = InferenceEngine(execution, system).live()
     a, name = execution.architecture, read_catalog().default_id() if args.model is None else args.model
     model = ServedModel(
-        name, tokenizer, a.vocabulary, a.context, execution.turn_end_id, system.max_new_tokens_cap, int(time.time())
-    )
+        name, tokenizer, a.vocabulary, a.context, execution.turn_end_id, system.max_new_tokens_cap, int(time.time()),
+        prompt_format,
+    )  # fmt: skip
     endpoint = RequestEndpoint(model, engine.serve, system.kv_cache.device_kv_bytes, system.kv_cache.host_kv_bytes)
     announce = (lambda address: None) if args.quiet else print_announcement
     served = HttpServer(endpoint, sock, drain_seconds=args.drain_seconds, announce=announce).run()
@@ -324,10 +393,18 @@ def _json_file(path: str, field: str):
     return read_json(path, field)
 
 
-def _load(model: str | None, precision: str | None = None, kernels: str = "auto"):
-    """The ModelExecution and Tokenizer of a catalog id or artifact path (default: the catalog default),
-    at the model's precision or at `precision` (a `--precision` name), its matrices stored in it, under the
-    kernel plan `kernels` names (`--kernels`)."""
+class LoadedModel(NamedTuple):
+    """A model ready to run: its execution, its tokenizer and the prompt format its artifact declares."""
+
+    execution: Any  # inference.execution.ModelExecution (imported with jax, when a command loads a model)
+    tokenizer: Any
+    prompt_format: str
+
+
+def _load(model: str | None, precision: str | None = None, kernels: str = "auto") -> LoadedModel:
+    """The ModelExecution, Tokenizer and prompt format of a catalog id or artifact path (default: the catalog
+    default), at the model's precision or at `precision` (a `--precision` name), its matrices stored in it, under
+    the kernel plan `kernels` names (`--kernels`)."""
     from inference.execution import ModelExecution
     from inference.precision import at_precision
     from jgpt.artifacts.catalog import load_model, read_catalog
@@ -337,7 +414,8 @@ def _load(model: str | None, precision: str | None = None, kernels: str = "auto"
     tokenizer = artifact.tokenizer()
     execution = ModelExecution.from_artifact(artifact, tokenizer, kernels=Kernels.named(kernels))
     own = execution.architecture.precision
-    return at_precision(execution, own if precision is None else PRECISION_NAMES.get(precision, own)), tokenizer
+    execution = at_precision(execution, own if precision is None else PRECISION_NAMES.get(precision, own))
+    return LoadedModel(execution, tokenizer, artifact.prompt_format)
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:

@@ -56,6 +56,7 @@ from inference.slot_execution import EnginePlan
 from inference.slot_rows import SlotRows, Work
 from inference.state_manager import DeviceArrays, StateManager, check_budget, nbytes
 from jgpt.foundation.errors import ApiError
+from jgpt.tokenizers.prompt_format import CHAT
 from kvsim import (
     DEVICE,
     DEVICE_TO_HOST,
@@ -495,11 +496,11 @@ def collector_paused():
 
 
 def read_served_workload(
-    document, tokenizer, execution: ModelExecution
+    document, tokenizer, execution: ModelExecution, *, prompt_format: str = CHAT
 ) -> tuple[tuple[InferenceRequest, ...], CustomerInteraction | None]:
-    """The requests of a Workload document and its optional customer interaction, refused where kvsim
-    would refuse them (same field names)."""
-    requests = read_workload(document, tokenizer)
+    """The requests of a Workload document (their text framed by `prompt_format`) and its optional customer
+    interaction, refused where kvsim would refuse them (same field names)."""
+    requests = read_workload(document, tokenizer, prompt_format=prompt_format)
     a = execution.architecture
     for request in requests:
         check_prompt(request.prompt_ids, a.vocabulary, a.context, f"request {request.request_id!r}: prompt_ids")

@@ -70,6 +70,16 @@ class GenerationPolicy:
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")
 
 
+def implied_policy(max_new_tokens: int, settings: Mapping[str, Any], sample: bool = False) -> GenerationPolicy:
+    """The policy of a face's sampling settings, one rule for `jgpt generate` and the HTTP API: a sampling setting
+    given (temperature, top_k, top_p, seed) implies sampling, as `sample` asks for it outright; temperature 0 is
+    sampling's limit, greedy selection. Every setting is checked either way."""
+    if not (sample or settings):
+        return GenerationPolicy(max_new_tokens, GREEDY)
+    policy = GenerationPolicy(max_new_tokens, SAMPLE, **settings)
+    return GenerationPolicy(max_new_tokens, GREEDY) if policy.temperature == 0 else policy
+
+
 def _check_number(field: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
     ok = is_number(value) and low <= value <= high
     if not ok or (low_open and value == low):

@@ -25,6 +25,7 @@ from jgpt.foundation.identity import write_atomically
 from jgpt.foundation.validation import Integer, Integers, ListOf, Object, String
 from jgpt.model.kv_state import KVState
 from jgpt.tokenizers.framing import Turn, turns_from_json
+from jgpt.tokenizers.prompt_format import CHAT, framed
 from jgpt.tokenizers.tokenizer import Tokenizer
 from kvsim import SERVED_INTERACTION, WALL_CLOCK_LIMIT_US
 
@@ -49,11 +50,15 @@ WORKLOAD = Object(
 )  # fmt: skip
 
 
-def read_workload(document: Any, tokenizer: Tokenizer, field: str = "workload") -> tuple[InferenceRequest, ...]:
+def read_workload(
+    document: Any, tokenizer: Tokenizer, field: str = "workload", *, prompt_format: str = CHAT
+) -> tuple[InferenceRequest, ...]:
     """The requests of a Workload document, in arrival order (array order breaks ties).
 
     Each request gives its input as `turns` (a conversation; the prompt opens the
-    assistant's turn after it), as `text` (one user turn), or as raw `prompt_ids`.
+    assistant's turn after it), as `text` (one user turn), or as raw `prompt_ids`;
+    turns and text are framed by `prompt_format` (jgpt/tokenizers/prompt_format.py: a
+    plain model's text is its ids as they stand, and it has no turns).
     """
     top = WORKLOAD.read(document, field)
     requests, seen = [], set()
@@ -63,7 +68,7 @@ def read_workload(document: Any, tokenizer: Tokenizer, field: str = "workload") 
         if request_id in seen:
             raise ApiError(f"{at}.request_id", f"request {request_id!r} is declared twice")
         seen.add(request_id)
-        prompt_ids, text = _prompt(body, tokenizer, f"{at}.request")
+        prompt_ids, text = _prompt(body, tokenizer, prompt_format, f"{at}.request")
         generation = GenerationPolicy.from_json(body.get("generation", {}), f"{at}.request.generation")
         requests.append(InferenceRequest(request_id, prompt_ids, generation, arrival, text))
     return tuple(sorted(requests, key=lambda r: r.arrival_us))  # sorted() is stable: ties keep array order
@@ -167,7 +172,9 @@ def _longest_proper_prefix(
     return next((prompt[:n] for n in range(len(prompt) - 1, 0, -1) if prompt[:n] in retained), None)
 
 
-def _prompt(body: Mapping[str, Any], tokenizer: Tokenizer, field: str) -> tuple[tuple[int, ...], str | None]:
+def _prompt(
+    body: Mapping[str, Any], tokenizer: Tokenizer, prompt_format: str, field: str
+) -> tuple[tuple[int, ...], str | None]:
     given = [name for name in ("turns", "prompt_ids") if name in body] or (["text"] if "text" in body else [])
     if len(given) != 1:
         raise ApiError(field, "gives its input as exactly one of turns (with an optional text), text, or prompt_ids")
@@ -180,4 +187,4 @@ def _prompt(body: Mapping[str, Any], tokenizer: Tokenizer, field: str) -> tuple[
     else:
         turns = (Turn("user", body["text"]),)
     text = body.get("text", next((t.text for t in reversed(turns) if t.role == "user"), None))
-    return tuple(tokenizer.encode_turns(turns, open_turn="assistant").ids), text
+    return tuple(framed(tokenizer, prompt_format, turns, f"{field}.turns")), text

@@ -27,7 +27,9 @@ from inference.policy import GREEDY, SAMPLE, STOP_TURN_END, GenerationPolicy, In
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.validation import array, boolean, integer, mapping, string
 from jgpt.foundation.validation import kind as json_kind
+from jgpt.tokenizers import prompt_format as prompt_formats
 from jgpt.tokenizers.framing import Turn
+from jgpt.tokenizers.prompt_format import PLAIN, framed
 from jgpt.tokenizers.tokenizer import Tokenizer
 
 COMPLETION, CHAT = "text_completion", "chat.completion"
@@ -63,6 +65,7 @@ class ServedModel:
     turn_end_id: int
     max_new_tokens_cap: int  # the system's: a request that gives no budget asks for at most this many ids
     created: int  # unix seconds: when the server started (the API's `created`)
+    prompt_format: str = prompt_formats.CHAT  # how a chat's messages are framed (jgpt/tokenizers/prompt_format.py)
 
     def listing(self) -> dict[str, Any]:
         """GET /v1/models."""
@@ -153,7 +156,14 @@ def _prompt(value: Any, model: ServedModel) -> list[int]:
 
 
 def _chat_prompt(value: Any, model: ServedModel) -> list[int]:
-    """Messages framed as the model's turns, the assistant's turn left open for the reply."""
+    """Messages framed as the model's turns, the assistant's turn left open for the reply; a plain-text model
+    frames no turns, so its chat is refused (its text goes to /v1/completions)."""
+    if model.prompt_format == PLAIN:
+        raise ApiError(
+            "messages",
+            f"{model.name!r} is a plain-text model (prompt_format {PLAIN!r}): it has no chat framing; "
+            "send its text to /v1/completions",
+        )
     turns = []
     for index, message in enumerate(array(value, "messages")):
         at = f"messages[{index}]"
@@ -165,7 +175,7 @@ def _chat_prompt(value: Any, model: ServedModel) -> list[int]:
     if not turns:
         raise ApiError("messages", "is empty; a chat needs at least one message")
     try:
-        return list(model.tokenizer.encode_turns(turns, open_turn="assistant").ids)
+        return framed(model.tokenizer, model.prompt_format, turns)
     except ApiError as error:  # the tokenizer names turns[i].text: message i's content
         field = re.sub(r"^turns\[(\d+)\]\.text", r"messages[\1].content", error.field).replace("turns", "messages", 1)
         raise ApiError(field, error.reason) from None

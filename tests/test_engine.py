@@ -66,7 +66,7 @@ def system(policy: str, max_active: int, device_kv_bytes: int, host_kv_bytes: in
 
 @pytest.fixture(scope="module")
 def model():
-    return _load(None)
+    return _load(None)[:2]
 
 
 def serve(model, workload_document, system_document, **options):

@@ -106,7 +106,7 @@ def expected(model, launched):
     from inference.policy import GenerationPolicy, InferenceRequest
     from jgpt.tokenizers.tokenizer import Turn
 
-    execution, tokenizer = _load(str(model))
+    execution, tokenizer, _ = _load(str(model))
     chat = tokenizer.encode_turns([Turn(role, text) for role, text in CHAT], open_turn="assistant").ids
     prompts = [COMPLETION_PROMPT, chat, *CLIENT_PROMPTS, *CANDIDATES]
     greedy = [InferenceRequest("cli", prompt, GenerationPolicy(LONG)) for prompt in prompts]

@@ -55,7 +55,7 @@ def artifact_dir(tmp_path_factory):
 def document(artifact_dir):
     from inference.commands import _load
 
-    execution, tokenizer = _load(str(artifact_dir))
+    execution, tokenizer, _ = _load(str(artifact_dir))
     return record(execution, read_workload(WORKLOAD, tokenizer), tokenizer=tokenizer)
 
 
@@ -116,7 +116,7 @@ def test_whole_sequences_of_earlier_requests_are_reused_once_and_stay_exact(docu
     from inference.commands import _load
     from inference.policy import GenerationPolicy, InferenceRequest
 
-    execution, _ = _load(str(artifact_dir))
+    execution = _load(str(artifact_dir)).execution
     sequence = tuple(a["prompt_ids"] + a["output_ids"][:-1])
     continued = record(
         execution,
@@ -270,7 +270,7 @@ def generate_ids(artifact_dir, prompt, budget):
     from inference.generation import generate
     from inference.policy import GenerationPolicy, InferenceRequest
 
-    execution, _ = _load(str(artifact_dir))
+    execution = _load(str(artifact_dir)).execution
     (response,) = generate(execution, [InferenceRequest("x", prompt, GenerationPolicy(budget))]).responses
     return [t for t in response.output_ids if t != execution.turn_end_id]
 

@@ -124,6 +124,7 @@ def train_command(prog: str, argv: list[str]) -> int:
     output_directory(config.out, "out", [args.config, config.data])
 
     from jgpt.artifacts.artifact import save_artifact
+    from jgpt.tokenizers.prompt_format import CHAT, PLAIN
     from training.run_lock import run_lock
     from training.sharding import main_process
     from training.trainer import train
@@ -132,9 +133,11 @@ def train_command(prog: str, argv: list[str]) -> int:
         result = train(config, resume=args.resume, progress=not args.quiet, model_axis=args.model_axis)
         if not main_process():  # one of several processes: process 0 writes the artifact and the summary
             return 0
+        # A model trained on a text file continues text; one trained on the conversations answers turns.
+        prompt_format = PLAIN if result.corpus.kind == "text" else CHAT
         artifact = save_artifact(
             result.run.model.absolute(), config.architecture, result.weights, result.provenance,
-            result.corpus.tokenizer, overwrite=True,
+            result.corpus.tokenizer, prompt_format=prompt_format, overwrite=True,
         )  # fmt: skip
     summary = {
         "model": str(artifact.path),
@@ -166,21 +169,27 @@ def training_config(args: argparse.Namespace):
 
 
 def _eval_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description="Development loss and held-out exact match of a model.")
+    parser = _Parser(
+        prog=prog,
+        description="Development loss and bits per byte of a model on held-out data, and held-out exact match per "
+        "skill of a chat model. What applies is measured: a chat model on held-out built-in conversations (and its "
+        "skills); a model trained on a text file on that text's held-out part, the split its run used; any model on "
+        "--data's development part (an imported model needs --data).",
+    )
     parser.add_argument(
         "--model", metavar="MODEL", help="catalog id or artifact directory (default: the catalog's default model)"
     )
     parser.add_argument(
         "--data",
         metavar="FILE.txt",
-        help="UTF-8 text file: evaluate on its development part instead of the conversations",
+        help="UTF-8 text file: evaluate on its development part (no chat skills) instead of the model's own data",
     )
     parser.add_argument(
         "--development-fraction",
         type=float,
-        default=0.1,
         metavar="F",
-        help="the share of --data's text that is its development part (as `jgpt train` split it)",
+        help="the share of the text that is its development part (default: the model's training run's split "
+        "where its run.json is beside it, else 0.1, as `jgpt train` splits)",
     )
     parser.add_argument(
         "--conversations", type=int, default=500, metavar="N", help="held-out conversations to generate"
@@ -212,9 +221,12 @@ def eval_command(prog: str, argv: list[str]) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(f"model {report['model']}  development loss {report['development_loss']:.4f} nats/token  "
-              f"{report['development_bits_per_byte']:.4f} bits/byte")  # fmt: skip
+              f"{report['development_bits_per_byte']:.4f} bits/byte  on {report['data']}")  # fmt: skip
         for skill, result in report.get("skills", {}).items():
             print(f"  {skill:<8} exact match {result['exact_match']:7.2%} of {result['exercises']}")
+        if "skills" not in report:
+            print(f"  no chat skills: measured on a chat model's held-out conversations only "
+                  f"(prompt_format {report['prompt_format']})")  # fmt: skip
     return 0
 
 

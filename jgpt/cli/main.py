@@ -95,16 +95,22 @@ def _lab() -> ModuleType:
 # name -> (the face whose `main(command, argv) -> int` runs it, summary)
 COMMANDS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "tokenize": (_tokenize, "encode text or conversation turns and print the Encoding; train a tokenizer"),
-    "train": (_training, "train a model with optax: checkpoints, resume, metrics, a ModelArtifact"),
-    "eval": (_training, "development loss and held-out exact match per skill of a model"),
+    "train": (
+        _training,
+        "train a model on the built-in conversations or a text file: checkpoints, resume, an artifact",
+    ),
+    "eval": (_training, "development loss and bits per byte on held-out data; a chat model's exact match per skill"),
     "catalog": (_catalog, "list the model catalog or add a verified artifact to it"),
-    "import-hf": (_import_hf, "convert a local Hugging Face GPT-2 or Llama directory into an artifact"),
+    "import-hf": (_import_hf, "convert a local Hugging Face model directory (GPT-2, Llama, ...) into an artifact"),
     "export-hf": (_export_hf, "write an artifact as a Hugging Face directory (config.json, safetensors, tokenizer)"),
-    "generate": (_inference, "greedy generation with a jitted KV-cached loop; streams text, or --json evidence"),
+    "generate": (
+        _inference,
+        "continue a prompt framed as the model declares (chat or plain), greedy or sampled; text or --json",
+    ),
     "record": (_inference, "run a Workload and write the recorded computation document kvsim reads"),
     "serve": (
         _inference,
-        "serve a Workload on the InferenceEngine (wall clock, batching, KV pool); measured-run document",
+        "serve a Workload on the InferenceEngine (wall clock, batching, KV pool), or live clients (--http, OpenAI API)",
     ),
     "kvsim": (_kvsim, "simulate KV residency and service: run, replay, plot, perfetto, import-trace, synthesize"),
     "lab": (_lab, "list, show and run the ontology-bound labs (model -> recorded computations -> kvsim -> record)"),
