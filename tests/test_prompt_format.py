@@ -135,3 +135,99 @@ def test_framing_by_format():
     with pytest.raises(ApiError, match="frames no roles") as refused:
         framed(tokenizer, PLAIN, turns)
     assert refused.value.field == "turns"
+
+
+def generated(capsys, *argv: str) -> dict:
+    assert jgpt(["generate", "--json", "--max-new-tokens", "3", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def refusal(capsys, *argv: str) -> str:
+    """The one line a refused command prints."""
+    assert jgpt(list(argv)) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    return line
+
+
+def test_a_plain_model_continues_exactly_the_texts_ids(plain_model, capsys):
+    assert load_artifact(plain_model).prompt_format == PLAIN
+    response = generated(capsys, "--model", str(plain_model), "Return the")
+    assert response["prompt_ids"] == list(b"Return the")
+    assert len(response["output_ids"]) == 3
+    chat = generated(capsys, "--model", str(plain_model), "--chat", "Return the")
+    tokenizer = Tokenizer.bytes_only()
+    assert chat["prompt_ids"] == list(tokenizer.encode_turns([Turn("user", "Return the")], open_turn="assistant").ids)
+    line = refusal(capsys, "generate", "--model", str(plain_model), "--system", "Be brief.", "Return the")
+    assert line.startswith("jgpt generate: error: system: a plain-text model") and "--chat" in line
+
+
+def test_eval_on_a_plain_model_reports_its_own_held_out_text_and_no_skills(plain_model, capsys):
+    assert jgpt(["eval", "--model", str(plain_model), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    provenance = load_artifact(plain_model).provenance
+    assert report["prompt_format"] == PLAIN and "skills" not in report
+    assert report["data_sha256"] == provenance["data_sha256"]
+    assert report["development_loss"] == pytest.approx(provenance["development_loss"], rel=1e-6)
+    assert report["development_bits_per_byte"] > 0
+    assert jgpt(["eval", "--model", str(plain_model)]) == 0
+    assert "no chat skills" in capsys.readouterr().out
+
+
+def test_eval_of_a_text_trained_model_without_its_run_asks_for_the_text(plain_model, tmp_path, capsys):
+    moved = Path(shutil.copytree(plain_model, tmp_path / "model"))
+    line = refusal(capsys, "eval", "--model", str(moved))
+    assert line.startswith("jgpt eval: error: data: ") and "--data FILE.txt" in line
+
+
+def test_system_and_turns_frame_as_encode_turns_and_raw_frames_nothing(initialized, tmp_path, capsys):
+    tokenizer = Tokenizer.bytes_only()
+    conversation = [Turn("user", "store red abc"), Turn("assistant", "ok"), Turn("user", "get red")]
+    (tmp_path / "turns.json").write_text(json.dumps([{"role": t.role, "text": t.text} for t in conversation]))
+    model = ["--model", str(initialized)]
+    with_system = generated(capsys, *model, "--system", "Be brief.", "--turns", str(tmp_path / "turns.json"))
+    expected = tokenizer.encode_turns([Turn("system", "Be brief."), *conversation], open_turn="assistant")
+    assert with_system["prompt_ids"] == list(expected.ids)
+    single = generated(capsys, *model, "--system", "Be brief.", "héllo")
+    expected = tokenizer.encode_turns([Turn("system", "Be brief."), Turn("user", "héllo")], open_turn="assistant")
+    assert single["prompt_ids"] == list(expected.ids)
+    assert generated(capsys, *model, "--raw", "héllo")["prompt_ids"] == list("héllo".encode())
+    line = refusal(capsys, "generate", *model, "--raw", "--ids", "72,105")
+    assert line == "jgpt generate: error: raw: frames text; --ids are the prompt's ids as they stand"
+
+
+def test_a_sampling_setting_implies_sampling_and_temperature_zero_is_greedy(initialized, capsys):
+    model = ["--model", str(initialized), "--ids", "257,72,105,259,258"]
+    greedy = generated(capsys, *model)
+    assert generated(capsys, *model, "--temperature", "0")["selections"] == greedy["selections"]
+    drawn = generated(capsys, *model, "--temperature", "0.5", "--seed", "3")
+    asked = generated(capsys, *model, "--sample", "--temperature", "0.5", "--seed", "3")
+    assert (drawn["selections"], drawn["output_ids"]) == (asked["selections"], asked["output_ids"])
+    assert drawn["selections"] != greedy["selections"]
+
+
+def test_a_workload_is_framed_by_the_format():
+    from inference.recorded_computations import read_workload
+
+    tokenizer = Tokenizer.bytes_only()
+    document = {"kind": "requests", "requests": [{"request_id": "a", "arrival_us": 0, "request": {"text": "hi"}}]}
+    (plain,) = read_workload(document, tokenizer, prompt_format=PLAIN)
+    (chat,) = read_workload(document, tokenizer)
+    assert plain.prompt_ids == (104, 105)
+    assert chat.prompt_ids == tuple(tokenizer.encode_turns([Turn("user", "hi")], open_turn="assistant").ids)
+    document["requests"][0]["request"] = {"turns": [{"role": "system", "text": "x"}, {"role": "user", "text": "hi"}]}
+    with pytest.raises(ApiError, match="frames no roles") as refused:
+        read_workload(document, tokenizer, prompt_format=PLAIN)
+    assert refused.value.field == "workload.requests[0].request.turns"
+
+
+def test_the_chat_endpoint_refuses_a_plain_model_naming_its_format():
+    from inference.request_endpoint import CHAT as CHAT_COMPLETION
+    from inference.request_endpoint import COMPLETION, ServedModel, read_request
+
+    model = ServedModel("notes", Tokenizer.bytes_only(), 260, 32, 259, 8, 0, PLAIN)
+    body = {"messages": [{"role": "user", "content": "Return the"}]}
+    with pytest.raises(ApiError, match="plain-text model \\(prompt_format 'plain'\\)") as refused:
+        read_request(CHAT_COMPLETION, body, model, "r", 0)
+    assert refused.value.field == "messages"
+    completion = read_request(COMPLETION, {"prompt": "Return the"}, model, "r", 0)
+    assert completion.request.prompt_ids == tuple(b"Return the")
