@@ -179,8 +179,10 @@ def _generate(argv: list[str]) -> int:
     execution, tokenizer, declared = _load(args.model, args.precision, args.kernels)
     text: str | None = None
     if given_ids is None:  # the arguments give exactly one of PROMPT, --ids and --turns (checked above)
-        text = " ".join(args.prompt) if given_turns is None else None
-        prompt_ids = _prompt_ids(args, tokenizer, declared, text, given_turns)
+        prompt_ids = tuple(_prompt_ids(args, tokenizer, declared, " ".join(args.prompt), given_turns))
+        # the user text the prompt encodes: PROMPT's, or the conversation's last user turn (as a Workload's)
+        users = [turn.text for turn in given_turns or () if turn.role == "user"]
+        text = " ".join(args.prompt) if given_turns is None else (users[-1] if users else None)
     else:
         prompt_ids = given_ids
     request = InferenceRequest("cli", prompt_ids, policy, text=text)
@@ -217,14 +219,14 @@ def _turns_file(path: str):
     return turns
 
 
-def _prompt_ids(args: argparse.Namespace, tokenizer, declared: str, text: str | None, turns) -> list[int]:
+def _prompt_ids(args: argparse.Namespace, tokenizer, declared: str, text: str, turns) -> list[int]:
     """The prompt's ids: the --system turn, then the conversation of --turns or PROMPT's user turn, framed by the
     format --raw or --chat names, else by the model's declared prompt_format."""
     from jgpt.tokenizers.framing import Turn
     from jgpt.tokenizers.prompt_format import framed
 
     conversation = (*(() if args.system is None else (Turn("system", args.system),)),
-                    *((Turn("user", text or ""),) if turns is None else turns))  # fmt: skip
+                    *((Turn("user", text),) if turns is None else turns))  # fmt: skip
     field = "system" if args.system is not None else "turns"
     return framed(tokenizer, _prompt_format(args, tokenizer, declared), conversation, field)
 
