@@ -299,7 +299,7 @@ SLOW_FIXTURES = {  # the seconds its first user waited for it
     "test_kernel_cache.py": ("real_cache",),  # 17: the real one-row kernel compiled into a cache
     "test_lab_kernels.py": ("runs",),  # 72: a lab run under two kernel plans
     "test_mesh_sharding.py": ("measured",),  # 117: a subprocess measuring meshes of 8 devices
-    "test_prompt_format.py": ("plain_model",),  # 60: a plain-text model trained with --data
+    "test_prompt_format.py": ("plain_model", "imported"),  # 60: a model trained with --data; 20: an import-hf
     "test_record_integrity.py": ("lab_run",),
     "test_report_injection.py": ("lab_run",),
     "test_reuse_rule.py": ("workload",),  # 17: a workload recorded by the shipped model

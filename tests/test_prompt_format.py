@@ -231,3 +231,52 @@ def test_the_chat_endpoint_refuses_a_plain_model_naming_its_format():
     assert refused.value.field == "messages"
     completion = read_request(COMPLETION, {"prompt": "Return the"}, model, "r", 0)
     assert completion.request.prompt_ids == tuple(b"Return the")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> Path:
+    """A random Llama imported with its own tokenizer (whose post-processor adds BOS) and no chat template."""
+    from tests.hf_models import save_model
+
+    root = tmp_path_factory.mktemp("imported")
+    save_model("llama", root / "hf")
+    config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
+    (root / "hf" / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": None}))
+    assert jgpt(["import-hf", str(root / "hf"), "--out", str(root / "model")]) == 0
+    return root
+
+
+def test_an_imported_model_without_a_template_is_plain_and_frames_as_its_tokenizer(imported, capsys):
+    from transformers import AutoTokenizer
+
+    model = imported / "model"
+    assert load_artifact(model).prompt_format == PLAIN
+    reference = AutoTokenizer.from_pretrained(imported / "hf")
+    assert generated(capsys, "--model", str(model), "some text")["prompt_ids"] == reference("some text").input_ids
+    line = refusal(capsys, "generate", "--model", str(model), "--chat", "some text")
+    assert line == "jgpt generate: error: chat: this model's tokenizer has no chat template: it frames no conversation"
+
+
+def test_eval_on_an_imported_model_measures_a_given_text_and_asks_for_one(imported, capsys):
+    model = imported / "model"
+    line = refusal(capsys, "eval", "--model", str(model))
+    assert line.startswith("jgpt eval: error: data: ") and "imported model (prompt_format 'plain')" in line
+    (imported / "notes.txt").write_text(TEXT)
+    assert jgpt(["eval", "--model", str(model), "--data", str(imported / "notes.txt"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["prompt_format"] == PLAIN and "skills" not in report
+    assert report["development_loss"] > 0 and report["development_bits_per_byte"] > 0
+
+
+def test_an_imported_model_with_a_chat_template_declares_it(imported, tmp_path, capsys):
+    source = Path(shutil.copytree(imported / "hf", tmp_path / "hf"))
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": template}))
+    assert jgpt(["import-hf", str(source), "--out", str(tmp_path / "model")]) == 0
+    capsys.readouterr()  # import-hf's summary
+    artifact = load_artifact(tmp_path / "model")
+    assert artifact.prompt_format == "chat-template"
+    prompt = generated(capsys, "--model", str(tmp_path / "model"), "--system", "Be brief.", "hi")["prompt_ids"]
+    turns = [Turn("system", "Be brief."), Turn("user", "hi")]
+    assert prompt == list(artifact.tokenizer().encode_turns(turns, open_turn="assistant").ids)
