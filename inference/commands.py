@@ -91,11 +91,13 @@ def _framing_arguments(parser: argparse.ArgumentParser) -> None:
     """--raw and --chat: how a prompt's text is framed, overriding the model's declared prompt_format."""
     framing = parser.add_mutually_exclusive_group()
     framing.add_argument(
-        "--raw", action="store_true", help="frame nothing: the text's ids as they stand (the model's default if plain)"
+        "--raw",
+        action="store_true",
+        help="frame nothing: a prompt is its text's ids as they stand (a plain model's default)",
     )
     framing.add_argument(
         "--chat", action="store_true",
-        help="frame the text as a user turn with the model's chat framing or template (the default for a chat model)",
+        help="frame a prompt as turns (text as a user turn) by the model's chat framing or template (a chat model's default)",
     )  # fmt: skip
 
 
@@ -103,10 +105,14 @@ def _sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """--sample and the settings of its draws (GenerationPolicy's). A setting given implies --sample."""
     parser.add_argument(
         "--sample", action="store_true",
-        help="draw each id (seeded sampling) instead of greedy selection; any setting below implies it",
+        help="draw each id (seeded sampling) instead of greedy selection; --temperature, --top-k, --top-p or --seed "
+        "given implies it",
     )  # fmt: skip
     parser.add_argument(
-        "--temperature", type=float, metavar="T", help="logits divided by T (0: greedy, as in the HTTP API; default 1)"
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="logits divided by T (0: greedy, as in the HTTP API; default 1 when sampling)",
     )
     parser.add_argument("--top-k", type=int, metavar="K", help="draw among the K most probable ids (default: all)")
     parser.add_argument(
