@@ -27,8 +27,8 @@ from inference.policy import GREEDY, SAMPLE, STOP_TURN_END, GenerationPolicy, In
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.validation import array, boolean, integer, mapping, string
 from jgpt.foundation.validation import kind as json_kind
-from jgpt.tokenizers import prompt_format as prompt_formats
 from jgpt.tokenizers.framing import Turn
+from jgpt.tokenizers.prompt_format import CHAT as CHAT_FORMAT
 from jgpt.tokenizers.prompt_format import PLAIN, framed
 from jgpt.tokenizers.tokenizer import Tokenizer
 
@@ -65,7 +65,7 @@ class ServedModel:
     turn_end_id: int
     max_new_tokens_cap: int  # the system's: a request that gives no budget asks for at most this many ids
     created: int  # unix seconds: when the server started (the API's `created`)
-    prompt_format: str = prompt_formats.CHAT  # how a chat's messages are framed (jgpt/tokenizers/prompt_format.py)
+    prompt_format: str = CHAT_FORMAT  # how a chat's messages are framed (jgpt/tokenizers/prompt_format.py)
 
     def listing(self) -> dict[str, Any]:
         """GET /v1/models."""
