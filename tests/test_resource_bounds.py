@@ -246,7 +246,7 @@ def test_record_reads_the_same_schema(tmp_path, nothing_compiles):
 
 def test_the_engine_refuses_far_times_whoever_read_them():
     """A lab's engine arm builds its requests itself: the engine's own gate names the request."""
-    execution, _ = _cached_load(None)
+    execution = _cached_load(None).execution
     far = InferenceRequest("far", (257, 72), GenerationPolicy(4), WALL_CLOCK_LIMIT_US + 1)
     with pytest.raises(ApiError, match=r"request 'far': arrival_us: .* past 86400000000 us"):
         InferenceEngine(execution, parse_system(_system())).serve([far])
