@@ -85,7 +85,8 @@ def evaluate_model(
             "text of its own for it; give one with --data FILE.txt for its development loss and bits per byte",
         )
     if held_out is None:
-        seed = artifact.provenance.get("seed", 0) if seed is None else seed
+        if seed is None:  # the training run's conversations held out; an imported model has no seed of its own
+            seed = artifact.provenance.get("seed") or 0
         split = conversation_corpus.split_conversations(seed, "development", conversations, architecture.context + 1)
         corpus = corpora.held_out_conversations(tokenizer, split, architecture.context + 1)
     else:
