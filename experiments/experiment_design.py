@@ -16,6 +16,8 @@ fields make a lab runnable on its own:
 * `calibration_workload` (required exactly when an arm sets `compute_service.model`
   to `calibrated`): the workload served on the InferenceEngine, before the arms,
   to fit the calibrated service, so the arms' predictions are out of sample.
+* `answer` (optional; every built-in lab has one): how the question is answered
+  from the arms (experiments/lab_answer.py), which the report opens with.
 
 A lab with any `missing_controls` is planned: it validates but refuses to run.
 """
@@ -30,6 +32,7 @@ from typing import Any
 
 from experiments.controls import CONTROLS, chosen, control, decoding_refusal
 from experiments.experiment_spec import EXECUTION_SPEC, ExecutionSpec, ExperimentSpec
+from experiments.lab_answer import ANSWER, read_answer
 from experiments.lab_workload import WORKLOAD, LabWorkload, read_workload
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.json_input import read_json
@@ -100,7 +103,7 @@ LAB = Object(
     {"id": String(pattern=_ID, meaning="lowercase words joined by '-'"), "name": Text(), "question": Text(),
      "ontology_binding": ONTOLOGY_BINDING, "settings": EXECUTION_SPEC, "missing_controls": ListOf(Text()),
      "contract": CONTRACT, "sources": ListOf(SOURCE, 1), "evidence": ListOf(RelativePath())},
-    {"workload": WORKLOAD, "sweep": ListOf(SWEEP_AXIS), "calibration_workload": WORKLOAD},
+    {"workload": WORKLOAD, "sweep": ListOf(SWEEP_AXIS), "calibration_workload": WORKLOAD, "answer": ANSWER},
     about="ExperimentDesign: a lab file under experiments/labs/ (docs/experiments.md).",
 )  # fmt: skip
 
@@ -119,6 +122,7 @@ class ExperimentDesign:
     workload: LabWorkload | None = None
     sweep: tuple[SweepAxis, ...] = ()
     calibration_workload: LabWorkload | None = None
+    answer: dict[str, Any] | None = None  # the validated declaration (experiments/lab_answer.py)
 
     @property
     def planned(self) -> bool:
@@ -173,6 +177,10 @@ class ExperimentDesign:
         )
         _check_runners(design, at)
         _check_wall_clock(design, at)
+        if "answer" in value:
+            arms = None if design.planned else [arm.execution.assignments for arm in design.arms()]
+            names = [*CONTROLS, *design.missing_controls]
+            design = dataclasses.replace(design, answer=read_answer(value["answer"], at("answer"), arms, names))
         return design
 
     def to_json(self) -> dict[str, Any]:
@@ -195,6 +203,8 @@ class ExperimentDesign:
             ]
         if self.calibration_workload is not None:
             document["calibration_workload"] = self.calibration_workload.source
+        if self.answer is not None:
+            document["answer"] = self.answer
         return document
 
 

@@ -3,7 +3,8 @@
 One row per arm: serving outcomes for kvsim and engine arms, decoding figures for
 generate arms (`experiments/decoding_arms.py`). A lab with an arm that kvsim did
 not simulate by roofline also says where each row comes from, and pairs every engine
-arm with the kvsim arms of the same system, field by field.
+arm with the kvsim arms of the same system, field by field. A lab that declares its
+answer (experiments/lab_answer.py) has it computed first.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from experiments.controls import CONTROLS, chosen
 from experiments.decoding_arms import greedy_rate, summary_row
+from experiments.lab_answer import computed_answer
 from kvsim import compare
 
 
@@ -50,14 +52,15 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
     models = [{k: m[k] for k in ("model_id", "checkpoint_sha256")} for m in record["bindings"]["models"]]
     table = {"lab": lab["id"], "question": lab["question"], "record": record["id"], "models": models, "arms": rows}
     modes = [_modes(arm) for arm in record["arms"]]
-    if all(mode == ("kvsim", "roofline") for mode, _ in modes):
-        return table  # a kvsim-only lab's summary is what it always was
-    for row, ((runner, service), _) in zip(rows, modes):
-        row["source"] = {
-            "engine": "measured on the engine",
-            "generate": "measured with generate, one request at a time",
-        }.get(runner, f"simulated by kvsim ({service})")
-    return table | {"fidelity": _fidelity(record["arms"], modes)}
+    if not all(mode == ("kvsim", "roofline") for mode, _ in modes):  # a kvsim-only lab's rows say nothing more
+        for row, ((runner, service), _) in zip(rows, modes):
+            row["source"] = {
+                "engine": "measured on the engine",
+                "generate": "measured with generate, one request at a time",
+            }.get(runner, f"simulated by kvsim ({service})")
+        table["fidelity"] = _fidelity(record["arms"], modes)
+    answer = computed_answer(record, rows, table.get("fidelity"))
+    return table if answer is None else {"answer": answer} | table
 
 
 def _modes(arm: Mapping[str, Any]) -> tuple[tuple[str, str], dict[str, Any]]:
