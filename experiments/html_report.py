@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from experiments.experiment_replay import replay
+from experiments.figure_text import fidelity_text
 from experiments.inference_map import default_inference_map
 from experiments.inspection import Inspectable
 from experiments.record_files import named_paths, verified_file
 from experiments.record_summary import summary
 from experiments.report_figures import draw_plots, simulated_arms
+from experiments.report_tables import answer_section, arms_table, html_table
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.identity import write_atomically
 from jgpt.foundation.json_input import parse_json
@@ -42,8 +44,9 @@ from jgpt.foundation.output_paths import output_file
 from jgpt.foundation.paths import confined
 
 SECTIONS = (
-    ("overview", "Question and bindings"),
+    ("answer", "Answer"),
     ("arms", "Outcomes by arm"),
+    ("overview", "Record and bindings"),
     ("fidelity", "Measured on the engine vs predicted by kvsim"),
     ("architecture", "Architecture walkthrough"),
     ("tokens", "Token sequence"),
@@ -86,9 +89,14 @@ def write_report(record_path: Path, out: Path) -> Path:
         recording["walkthrough"],
         {r["request_id"]: r["computations"] for r in computations["requests"] if r["request_id"] in inspected},
     )
+    figures = summary(record)
     data = {
         "record": {k: record[k] for k in ("id", "lab", "provenance", "bindings")} | {"kernels": recording["kernels"]},
-        "summary": summary(record),
+        "summary": figures,
+        "fidelity_text": [
+            [[fidelity_text(r["field"], r["measured"]), fidelity_text(r["field"], r["predicted"])] for r in p["rows"]]
+            for p in figures.get("fidelity", [])
+        ],
         "inspectable": {
             "observations": observations,
             "walkthrough": recording["walkthrough"],
@@ -195,7 +203,10 @@ def _page(record: dict[str, Any], data: dict[str, Any], images: dict[str, bytes]
     nav = "".join(f'<a href="#{key}-section">{html.escape(title)}</a>' for key, title in SECTIONS)
     payload = json.dumps(data, separators=(",", ":")).translate(_SCRIPT_SAFE)
     bodies = {
-        "arms": '<div id="arms-table" class="scroll"></div>' + _image(images["arms.png"], "arms compared"),
+        "answer": answer_section(record, data["summary"]),
+        "arms": f'<div id="arms-table" class="scroll">{html_table(arms_table(record, data["summary"]))}</div>'
+        + _image(images["arms.png"], "arms compared"),
+        "tokens": '<div id="state"></div><div id="tokens-panel"></div>',
         "kvsim": '<div id="events-panel"></div>' + timelines,
         "map": _image(images["inference-map.png"], "inference map") + '<div id="map-list"></div>',
         "contract": f"<dl>{contract}</dl><h3>Sources</h3><ul>{sources}</ul>",
@@ -210,8 +221,8 @@ def _page(record: dict[str, Any], data: dict[str, Any], images: dict[str, bytes]
 <meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">
 <title>{html.escape(lab["name"])}: {html.escape(record["id"])}</title>
 <style>{_CSS}</style></head>
-<body><header><h1>{html.escape(lab["name"])}</h1><p class="question">{html.escape(lab["question"])}</p>
-<nav>{nav}</nav><div id="state"></div><div id="inspection-error" role="alert"></div></header>
+<body><header><h1>{html.escape(lab["name"])}</h1><nav>{nav}</nav></header>
+<div id="inspection-error" role="alert"></div>
 <main>{sections}</main>
 <script type="application/json" id="data">{payload}</script>
 <script>{_SCRIPT}</script></body></html>
@@ -229,13 +240,16 @@ def _digest(text: str) -> str:
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#111827;background:#f9fafb}
-header{background:#1f2937;color:#f9fafb;padding:12px 24px;position:sticky;top:0;z-index:2}
-header h1{margin:0;font-size:20px} .question{margin:4px 0 8px;color:#d1d5db}
-nav a{color:#93c5fd;margin-right:12px;font-size:12px} #state{font:11px monospace;color:#a7f3d0;margin-top:6px}
-#inspection-error{color:#fca5a5;font-size:12px}
-main{padding:8px 24px} section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;margin:14px 0;padding:10px 16px}
-h2{font-size:16px;margin:4px 0 10px} img{max-width:100%}
-table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #e5e7eb;padding:2px 6px;text-align:right}
+header{background:#1f2937;color:#f9fafb;padding:8px 24px}
+header h1{margin:0 0 4px;font-size:19px} .question{margin:4px 0 8px}
+nav a{color:#93c5fd;margin-right:12px;font-size:12px} #state{font:11px monospace;color:#047857;margin:0 0 6px;overflow-wrap:anywhere}
+#inspection-error{position:fixed;bottom:0;left:0;right:0;z-index:2;background:#7f1d1d;color:#fecaca;font-size:12px;padding:6px 24px}
+#inspection-error:empty{display:none}
+main{padding:4px 24px} section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;margin:10px 0;padding:8px 16px}
+h2{font-size:16px;margin:4px 0 8px} img{max-width:100%} .answer{font-size:15px;background:#ecfdf5;border-left:4px solid #059669;padding:6px 10px}
+.note{font-size:12px;color:#6b7280}
+table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #e5e7eb;padding:2px 6px;text-align:right;white-space:nowrap}
+th{white-space:normal} td.l{white-space:normal;overflow-wrap:anywhere}
 th{background:#f3f4f6} td.l,th.l{text-align:left}
 .tok{display:inline-block;font:12px monospace;padding:1px 3px;margin:1px;border:1px solid #d1d5db;border-radius:3px;cursor:pointer;white-space:pre}
 .tok.control{background:#fde68a} .tok.reply{background:#e0e7ff} .tok.output{background:#bbf7d0} .tok.sel{outline:2px solid #dc2626}
@@ -243,7 +257,7 @@ th{background:#f3f4f6} td.l,th.l{text-align:left}
 .bar{display:inline-block;height:10px;background:#6366f1;vertical-align:middle}
 .stage{cursor:pointer;padding:2px 6px;margin:2px 0;border-left:3px solid transparent} .stage.sel{border-color:#dc2626;background:#fef2f2}
 .heads{display:flex;flex-wrap:wrap;gap:10px} .heads figure{margin:0} figcaption{font-size:11px;color:#6b7280}
-tr.sel td{background:#fef2f2} button{font-size:12px;margin:2px} .scroll{overflow-x:auto}
+tr.sel td{background:#fef2f2} button{font-size:12px;margin:2px} .scroll{overflow-x:auto;max-width:100%}
 .events{max-height:320px;overflow-y:auto}
 """
 
@@ -252,6 +266,23 @@ const D = JSON.parse(document.getElementById('data').textContent);
 const I = D.inspectable, OBS = I.observations;
 const $ = id => document.getElementById(id);
 const fmt = v => v === null || v === undefined ? '' : (typeof v === 'number' && !Number.isInteger(v) ? v.toFixed(4) : String(v));
+// Mirrors jgpt.foundation.units: three significant digits in the largest unit the value reaches.
+function scaled(value, units, step) {
+  if (value < 0) return '-' + scaled(-value, units, step);
+  const places = x => x < 10 ? 2 : x < 100 ? 1 : 0;
+  let [name, size] = units[0];
+  for (const [n, s] of units.slice(1))
+    if (value / s >= 1 || Number((value / size).toFixed(places(value / size))) >= step) { name = n; size = s; }
+  if (size === 1 && Number.isInteger(value)) return value + ' ' + name;
+  return (value / size).toFixed(places(value / size)) + ' ' + name;
+}
+const TIME = [['us', 1], ['ms', 1e3], ['s', 1e6]], SIZE = [['B', 1], ['KiB', 1024], ['MiB', 1024 ** 2], ['GiB', 1024 ** 3]];
+const WORK = [['FLOP', 1], ['kFLOP', 1e3], ['MFLOP', 1e6], ['GFLOP', 1e9], ['TFLOP', 1e12]];
+// A recorded value in the unit its field's name gives; the exact value goes into the cell's title.
+const human = (key, v) => typeof v !== 'number' ? fmt(v) : key.endsWith('_us') ? scaled(v, TIME, 1000)
+  : key.endsWith('bytes') ? scaled(v, SIZE, 1024) : key.endsWith('flops') ? scaled(v, WORK, 1000) : fmt(v);
+const cellOf = (key, v, props) => el('td', Object.assign({title: v === null || v === undefined ? '' : String(v)}, props || {}), human(key, v));
+const heading = c => c.replaceAll('_', ' ');
 let state = D.initial;
 
 // Every element is built here; recorded values only ever become text nodes or attribute values.
@@ -309,21 +340,17 @@ function renderOverview() {
     ['backend', Object.values(p.backend).join(' / ')], ['python', p.python], ['revision', p.revision],
   ].map(([k, v]) => el('tr', {}, el('th', {class: 'l'}, k), el('td', {class: 'l'}, fmt(v))))));
 }
-function renderArms() {
-  const rows = D.summary.arms, keys = Object.keys(rows[0]);
-  show('arms-table', table({}, keys.map(k => el('th', {}, k)),
-    rows.map(r => el('tr', {}, keys.map(k => el('td', {class: k === 'label' ? 'l' : null}, fmt(r[k])))))));
-}
 function renderFidelity() {
   const pairs = D.summary.fidelity;
   if (!pairs) { show('fidelity-panel', el('p', {}, 'No arm of this lab ran on the InferenceEngine: every outcome above is simulated by kvsim.')); return; }
   const pct = e => e === null ? '-' : (e >= 0 ? '+' : '') + (100 * e).toFixed(1) + '%';
   show('fidelity-panel', el('p', {}, 'Measured: wall-clock totals of an arm served on the InferenceEngine. Predicted: kvsim on the same ' +
     'system and workload, with its hypothetical roofline rates or with the service calibrated on the lab\'s separate calibration workload ' +
-    '(latencies in microseconds; error = (predicted - measured) / measured; hit rates are compared for equality).'),
-    pairs.map(p => el('div', {}, el('h3', {}, p.measured + '  vs  kvsim (' + p.service + '): ' + p.predicted),
+    '(hover a figure for its exact value; error = (predicted - measured) / measured; hit rates are compared for equality).'),
+    pairs.map((p, i) => el('div', {}, el('h3', {}, p.measured + '  vs  kvsim (' + p.service + '): ' + p.predicted),
       table({}, ['field', 'measured', 'predicted', 'error'].map(k => el('th', k === 'field' ? {class: 'l'} : {}, k)),
-        p.rows.map(r => el('tr', {}, el('td', {class: 'l'}, r.field), el('td', {}, fmt(r.measured)), el('td', {}, fmt(r.predicted)),
+        p.rows.map((r, j) => el('tr', {}, el('td', {class: 'l'}, r.field),
+          el('td', {title: String(r.measured)}, D.fidelity_text[i][j][0]), el('td', {title: String(r.predicted)}, D.fidelity_text[i][j][1]),
           el('td', {}, r.exact ? (r.measured === r.predicted ? 'exact' : 'differs') : pct(r.error))))))),
     fidelityPlot(pairs));
 }
@@ -423,9 +450,9 @@ function renderComputations(r) {
   const cols = ['work_id', 'phase', 'processed_positions', 'reused_positions', 'matmul_flops', 'reference_matmul_flops', 'logical_memory_bytes', 'reference_max_abs_error', 'wall_time_us'];
   show('computations-panel',
     el('p', {}, works.length + ' works of ' + r.request_id + ' (FLOPs and bytes are analytic counts; wall time is measured on this host). Click a row.'),
-    el('div', {class: 'scroll'}, table({}, cols.map(c => el('th', {}, c)), works.map((w, i) =>
+    el('div', {class: 'scroll'}, table({}, cols.map(c => el('th', {}, heading(c))), works.map((w, i) =>
       el('tr', {data: {work: i}, class: i === state.computation_index ? 'sel' : null, onclick: () => trySelect({computation_index: i, surface: 'resources'})},
-        cols.map(c => el('td', {}, fmt(w[c]))))))));
+        cols.map(c => cellOf(c, w[c])))))));
 }
 function renderEvents(r) {
   const armPicker = $('arm-picker'), arm = armPicker ? +armPicker.value : 0;
@@ -435,8 +462,8 @@ function renderEvents(r) {
     D.summary.arms.map((a, i) => el('option', {value: i, selected: i === arm}, a.label)));
   show('events-panel',
     el('p', {}, 'kvsim events of ' + r.request_id + ' in arm ', picker, ' (virtual microseconds; causes name the events that made each happen)'),
-    el('div', {class: 'scroll events'}, table({id: 'events'}, cols.map(c => el('th', {}, c)), events.map(e =>
-      el('tr', {}, cols.map(c => el('td', {class: c === 'kind' || c === 'detail' ? 'l' : null}, Array.isArray(e[c]) ? e[c].join(' ') : fmt(e[c]))))))));
+    el('div', {class: 'scroll events'}, table({id: 'events'}, cols.map(c => el('th', {}, heading(c))), events.map(e =>
+      el('tr', {}, cols.map(c => Array.isArray(e[c]) ? el('td', {}, e[c].join(' ')) : cellOf(c, e[c], {class: c === 'kind' || c === 'detail' ? 'l' : null})))))));
 }
 function renderMap() {
   const byId = Object.fromEntries(D.map.nodes.map(n => [n.id, n]));
@@ -454,7 +481,7 @@ function fromHash() {
     changes[k] = ['position', 'architecture_step', 'computation_index'].includes(k) ? (v === 'null' ? null : Number(v)) : (v === 'null' ? null : v); });
   if (Object.keys(changes).length) trySelect(changes);
 }
-renderOverview(); renderArms(); renderFidelity(); renderMap(); render(); fromHash();
+renderOverview(); renderFidelity(); renderMap(); render(); fromHash();
 window.addEventListener('hashchange', fromHash);
 """
 

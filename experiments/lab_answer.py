@@ -182,8 +182,7 @@ def computed_answer(record: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
         return None
     answer = lab["answer"]
     arms = [{spec["control"]: spec["value"] for spec in arm["execution"]} for arm in record["arms"]]
-    swept = _swept_controls(lab)
-    captions = [arm_caption({k: a[k] for k in swept if k in a}) or row["label"] for a, row in zip(arms, rows)]
+    captions = arm_captions(record)
     kind = answer["kind"]
     if kind == "fidelity":
         found = _fidelity(answer, fidelity or [], {row["label"]: c for row, c in zip(rows, captions)})
@@ -198,14 +197,20 @@ def computed_answer(record: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
     return {"kind": kind, "declared": answer} | found
 
 
-def _swept_controls(lab: Mapping[str, Any]) -> list[str]:
+def arm_captions(record: Mapping[str, Any]) -> list[str]:
+    """Each arm by the controls the lab sweeps, in their units ('host kv budget 16.0 MiB, link bandwidth
+    3.00 GB/s'); an arm of a lab without a sweep by its label."""
     names: list[str] = []
-    for axis in lab.get("sweep", []):
+    for axis in record["lab"].get("sweep", []):
         if "control" in axis:
             names.append(axis["control"])
         else:
             names += [k for point in axis["values"] for k in point if k not in names]
-    return names
+    captions = []
+    for arm in record["arms"]:
+        assignments = {spec["control"]: spec["value"] for spec in arm["execution"]}
+        captions.append(arm_caption({k: assignments[k] for k in names if k in assignments}) or arm["label"])
+    return captions
 
 
 def _row(rows, arms, selector, sweep=None, value=None) -> Mapping[str, Any]:
@@ -379,7 +384,7 @@ def _best(answer: dict, arms: list, rows: Sequence[Mapping[str, Any]], captions:
         )
     for name in answer.get("require", []):
         failing = [captions[i] for i, row in enumerate(rows) if not row.get(name)]
-        held = f"yes in every arm" if not failing else f"no in {', '.join(failing)}"
+        held = "yes in every arm" if not failing else f"no in {', '.join(failing)}"
         text += f"; {metric_caption(name)}: {held}"
     table = _table(
         ["arm", caption, *map(metric_caption, answer.get("require", []))],

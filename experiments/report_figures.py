@@ -11,20 +11,25 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
+from experiments.figure_text import metric_text  # noqa: E402
 from experiments.inference_map import default_inference_map, draw  # noqa: E402
+from experiments.lab_answer import arm_captions  # noqa: E402
 from experiments.record_files import verified_file  # noqa: E402
 from experiments.record_summary import summary  # noqa: E402
 from jgpt.foundation.json_input import parse_json  # noqa: E402
 
 PHASE_COLORS = {"prefill": "#2563eb", "decode": "#16a34a"}
 COMPARED = (
-    ("ttft_p50_us", "time to first token p50 (us)"),
-    ("e2e_p90_us", "end-to-end p90 (us)"),
-    ("tpot_p50_us", "time per output token p50 (us)"),
+    ("ttft_p50_us", "time to first token p50"),
+    ("e2e_p90_us", "end-to-end p90"),
+    ("tpot_p50_us", "time per output token p50"),
     ("token_hit_rate", "reused / prompt positions"),
     ("bytes_host_to_device", "bytes restored from host"),
-    ("compute_busy_us", "compute busy (us)"),
+    ("compute_busy_us", "compute busy"),
 )
 DECODED = (  # a generate arm's row (experiments/decoding_arms.py)
     ("acceptance_rate", "accepted / drafted ids"),
@@ -37,10 +42,11 @@ DECODED = (  # a generate arm's row (experiments/decoding_arms.py)
 def draw_plots(record: Mapping[str, Any], out: Path) -> list[Path]:
     plots = Path(out) / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    written = [_arms(summary(record), plots / "arms.png"), draw(default_inference_map(), plots / "inference-map.png")]
+    arms = arms_figure(summary(record), arm_captions(record))
+    written = [_save(arms, plots / "arms.png"), draw(default_inference_map(), plots / "inference-map.png")]
     for i, arm in simulated_arms(record):
         run = parse_json(verified_file(Path(out), arm["cache_run"], "cache_run"), "cache_run")
-        written.append(_timeline(run, arm["label"], plots / f"arm-{i}-timeline.png"))
+        written.append(_save(timeline_figure(run, arm["label"]), plots / f"arm-{i}-timeline.png"))
     return written
 
 
@@ -49,23 +55,51 @@ def simulated_arms(record: Mapping[str, Any]) -> list[tuple[int, Mapping[str, An
     return [(i, arm) for i, arm in enumerate(record["arms"]) if "cache_run" in arm]
 
 
-def _arms(summary: Mapping[str, Any], path: Path) -> Path:
+def arms_figure(summary: Mapping[str, Any], captions: list[str]) -> Figure:
+    """One horizontal bar chart per compared figure, every arm a bar named by its caption (on the left column
+    only: the rows are shared), values on the axis in their units. Bars lie horizontally so that any number of
+    arms with long names gets one line each, never overlapping."""
     rows = summary["arms"]
-    labels = [row["label"].replace(", ", "\n") for row in rows]
     compared = DECODED if all("decode_tokens_per_s" in row for row in rows) else COMPARED
-    fig, axes = plt.subplots(2, len(compared) // 2, figsize=(13, 6.5))
+    columns = 2 if len(compared) == 4 else 3
+    panel_height = max(1.6, 0.22 * len(rows) + 0.9)
+    fig, axes = plt.subplots(
+        len(compared) // columns, columns, figsize=(13, panel_height * len(compared) // columns + 0.5), sharey=True
+    )
+    positions = range(len(rows))
     for ax, (key, title) in zip(axes.flat, compared):
         values = [row.get(key) or 0 for row in rows]
-        ax.bar(range(len(rows)), values, color="#6366f1")
+        ax.barh(positions, values, color="#6366f1")
         ax.set_title(title, fontsize=9)
-        ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=30, ha="right")
-        ax.tick_params(axis="y", labelsize=7)
+        ax.set_yticks(positions, captions, fontsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _, key=key: metric_text(key, v)))
+        ax.tick_params(axis="x", labelsize=7)
+    axes.flat[0].invert_yaxis()  # shared: the first arm on top, as in the table
     fig.suptitle(f"{summary['lab']}: arms compared", fontsize=11)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
-def _timeline(run: Mapping[str, Any], label: str, path: Path) -> Path:
+def overlapping_labels(fig: Figure) -> list[tuple[str, str]]:
+    """Pairs of visible, non-empty text artists of `fig` (titles, tick and axis labels, legends) whose boxes
+    overlap once drawn; empty when every label can be read."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    boxes = [
+        (text.get_text(), text.get_window_extent(renderer))
+        for text in fig.findobj(Text)
+        if text.get_visible() and text.get_text().strip() and text.figure is not None
+    ]
+    return [
+        (a, b)
+        for i, (a, box) in enumerate(boxes)
+        for b, other in boxes[i + 1 :]
+        if box.x0 < other.x1 - 0.5 and other.x0 < box.x1 - 0.5 and box.y0 < other.y1 - 0.5 and other.y0 < box.y1 - 0.5
+    ]
+
+
+def timeline_figure(run: Mapping[str, Any], label: str) -> Figure:
     """Top: each request's compute works (prefill blue, decode green) and transfers; bottom: KV bytes held."""
     events = run["events"]
     requests = list(run["outcomes"]["requests"])
@@ -106,12 +140,14 @@ def _timeline(run: Mapping[str, Any], label: str, path: Path) -> Path:
     bottom.step(times, [e["host_retained_bytes"] for e in events], where="post", label="host retained")
     device_budget = run["declaration"]["system"]["kv_cache"]["device_kv_bytes"]
     bottom.axhline(device_budget, color="#9ca3af", ls="--", lw=0.8, label="device budget")
-    bottom.set_ylabel("KV bytes", fontsize=8)
-    bottom.set_xlabel("virtual time (us)", fontsize=8)
+    bottom.set_ylabel("KV held", fontsize=8)
+    bottom.set_xlabel("virtual time", fontsize=8)
     bottom.legend(fontsize=7, loc="upper right")
     bottom.tick_params(labelsize=7)
+    bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: metric_text("bytes_host_to_device", v)))
+    bottom.xaxis.set_major_formatter(FuncFormatter(lambda v, _: metric_text("end_us", v)))
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
 def _save(fig, path: Path) -> Path:
