@@ -72,23 +72,33 @@ def arms_figure(summary: Mapping[str, Any], captions: list[str]) -> Figure:
         ax.barh(positions, values, color="#6366f1")
         ax.set_title(title, fontsize=9)
         ax.set_yticks(positions, captions, fontsize=7)
-        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.xaxis.set_major_locator(MaxNLocator(3))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _, key=key: metric_text(key, v)))
         ax.tick_params(axis="x", labelsize=7)
     axes.flat[0].invert_yaxis()  # shared: the first arm on top, as in the table
     fig.suptitle(f"{summary['lab']}: arms compared", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(w_pad=3)
     return fig
 
 
 def overlapping_labels(fig: Figure) -> list[tuple[str, str]]:
-    """Pairs of visible, non-empty text artists of `fig` (titles, tick and axis labels, legends) whose boxes
-    overlap once drawn; empty when every label can be read."""
+    """Pairs of drawn, non-empty text artists of `fig` (titles, tick and axis labels, legends) whose boxes
+    overlap; empty when every label can be read. A tick outside its axis's view is not drawn, so not judged."""
     renderer = fig.canvas.get_renderer()
     fig.draw(renderer)
+    drawn_ticks, all_ticks = [], set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            slack = 1e-9 * max(abs(low), abs(high), 1)
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                all_ticks |= {id(tick.label1), id(tick.label2)}
+                if low - slack <= tick.get_loc() <= high + slack:
+                    drawn_ticks += [tick.label1, tick.label2]
+    texts = [t for t in fig.findobj(Text) if id(t) not in all_ticks] + drawn_ticks
     boxes = [
         (text.get_text(), text.get_window_extent(renderer))
-        for text in fig.findobj(Text)
+        for text in texts
         if text.get_visible() and text.get_text().strip() and text.figure is not None
     ]
     return [
