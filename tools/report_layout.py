@@ -62,7 +62,10 @@ def _digest(text: str) -> str:
 
 def probed_copy(page: str) -> str:
     """The page with the probe script appended and admitted by its Content-Security-Policy."""
-    probed = re.sub(r"(script-src )", lambda m: m.group(1) + _digest(PROBE) + " ", page, count=1)
+    if "script-src " in page:
+        probed = re.sub(r"(script-src )", lambda m: m.group(1) + _digest(PROBE) + " ", page, count=1)
+    else:  # a page without script of its own (a kvsim run's)
+        probed = page.replace("default-src 'none';", f"default-src 'none'; script-src {_digest(PROBE)};", 1)
     return probed.replace("</body>", f"<script>{PROBE}</script></body>", 1)
 
 

@@ -293,11 +293,25 @@ def describe(lab: ExperimentDesign) -> str:
 
 def _report(command: str, argv: list[str]) -> int:
     parser = ArgumentParser(
-        prog=f"jgpt {command}", description="Write one self-contained HTML page explaining an experiment record."
+        prog=f"jgpt {command}",
+        description="Write one self-contained HTML page explaining an experiment record: a lab's record.json "
+        "(opening with the answer to the lab's question) or a kvsim record from `jgpt kvsim run --out` "
+        "(a page for one run). Either must replay byte for byte first.",
     )
-    parser.add_argument("record", type=Path, metavar="RECORD.json", help="record.json written by `jgpt lab run`")
+    parser.add_argument(
+        "record",
+        type=Path,
+        metavar="RECORD.json",
+        help="record.json written by `jgpt lab run`, or a whole kvsim record written by `jgpt kvsim run --out`",
+    )
     parser.add_argument("--out", required=True, type=Path, metavar="REPORT.html", help="the HTML file to write")
     args = parser.parse_args(argv)
+    from experiments.run_report import is_kvsim_record, write_run_report
+    from jgpt.foundation.json_input import read_json
+
+    if is_kvsim_record(read_json(args.record, "RECORD")):
+        print(write_run_report(args.record, output_file(args.out, "--out", [args.record])))
+        return 0
     # The record and the JSON files beside it are what the report reads.
     output_file(args.out, "--out", [args.record, *args.record.parent.glob("*.json")])
     from experiments.html_report import write_report
