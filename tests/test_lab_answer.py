@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -21,7 +22,7 @@ from experiments.lab_answer import computed_answer
 from experiments.report_figures import arms_figure, overlapping_labels
 from experiments.report_tables import arms_table, html_table
 from jgpt.foundation.errors import ApiError
-from jgpt.foundation.units import byte_rate, flop_count, flop_rate, percent
+from jgpt.foundation.units import byte_rate, duration_us, flop_count, flop_rate, percent
 
 CATALOG = default_catalog()
 
@@ -213,3 +214,24 @@ def test_a_bandwidth_read_back_from_its_text_is_within_half_a_percent(bytes_per_
     number, unit = byte_rate(bytes_per_us).split()
     scale = {"B/s": 1, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12, "PB/s": 1e15, "EB/s": 1e18}[unit]
     assert float(number) * scale == pytest.approx(bytes_per_us * 1e6, rel=0.005)
+
+
+def test_report_writes_a_page_for_a_plain_kvsim_record_and_refuses_one_that_does_not_replay(tmp_path, capsys):
+    from jgpt.cli.main import main as jgpt
+
+    example = Path(__file__).parent / "data" / "kvsim_worked_example.json"
+    record = tmp_path / "record.json"
+    assert jgpt(["kvsim", "run", str(example), "--out", str(record)]) == 0
+    page = tmp_path / "run.html"
+    assert jgpt(["report", str(record), "--out", str(page)]) == 0
+    text = page.read_text()
+    document = json.loads(record.read_text())
+    totals = document["outcomes"]["totals"]
+    assert f'<td title="{totals["end_us"]}">' in text and "<script" not in text
+    assert f"TTFT p50 {duration_us(totals['latency_us']['ttft']['p50'])}" in text
+    assert all(f'<td class=l title="&quot;{r}&quot;">{r}</td>' in text for r in document["outcomes"]["requests"])
+    document["outcomes"]["totals"]["end_us"] += 1
+    record.write_text(json.dumps(document))
+    capsys.readouterr()
+    assert jgpt(["report", str(record), "--out", str(tmp_path / "edited.html")]) == 2
+    assert "does not replay" in capsys.readouterr().err and not (tmp_path / "edited.html").exists()
