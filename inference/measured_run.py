@@ -25,7 +25,7 @@ from inference.recorded_computations import FORMAT as COMPUTATIONS_FORMAT
 from inference.recorded_computations import VERSION as COMPUTATIONS_VERSION
 from inference.recorded_computations import request_document
 from inference.response import InferenceResponse, RunOutcome, TokenSelection
-from jgpt.foundation.units import byte_size
+from jgpt.foundation.units import byte_size, percent
 from jgpt.foundation.validation import Boolean, Const, Integer, Integers, ListOf, MapOf, Nullable, Object, String
 from jgpt.tokenizers.tokenizer import Tokenizer
 from kvsim import (
@@ -197,14 +197,14 @@ def summary(document: Mapping[str, Any]) -> str:
     lines = [
         f"served {totals['arrived']} requests: {totals['completed']} completed, {totals['stopped']} stopped, "
         f"{totals['cancelled']} cancelled, {totals['rejected']} rejected in {totals['end_us'] / 1e6:.3f} s "
-        f"({selected / max(totals['end_us'], 1) * 1e6:.1f} tokens/s, compute busy {totals['compute_busy_fraction']})",
+        f"({selected / max(totals['end_us'], 1) * 1e6:.1f} tokens/s, compute busy {percent(totals['compute_busy_fraction'])})",
     ]
     for name, values in totals["latency_us"].items():
         figures = "  ".join(f"{p} {ms(values[p])}" for p in ("p50", "p90", "p99"))
         lines.append(f"  {name:<9} ms  {figures}  (n={values['count']})")
     lines += [
         f"  reuse: device hits {totals['hits_device']}, host hits {totals['hits_host']} of {totals['lookups']} lookups; "
-        f"token hit rate {totals['token_hit_rate']}",
+        f"token hit rate {percent(totals['token_hit_rate'])}",
         f"  moved: {byte_size(totals['bytes_device_to_host'])} to host ({totals['offloads']} offloads), "
         f"{byte_size(totals['bytes_host_to_device'])} to device ({totals['reloads']} reloads), {totals['drops']} drops",
         f"  compiled {engine['compiled_programs']} programs in {engine['compile_wall_us'] / 1e6:.2f} s before the clock "

@@ -22,6 +22,7 @@ from typing import cast
 
 import numpy as np
 
+from jgpt.foundation.units import duration_us, percent
 from kvsim import engine
 from kvsim.cache_run import CacheRun, record_outcomes, simulate
 from kvsim.calibration import merge_service
@@ -239,13 +240,14 @@ def comparison_table(rows: list[Comparison]) -> str:
             verdict = "exact" if row.measured == row.predicted else "DIFFERS"
         else:
             verdict = "-" if row.error is None else f"{100 * row.error:+.1f}%"
-        lines.append(f"  {row.field:<18}{_show(row.measured):>12}{_show(row.predicted):>12}{verdict:>10}")
+        lines.append(
+            f"  {row.field:<18}{_show(row.field, row.measured):>12}{_show(row.field, row.predicted):>12}{verdict:>10}"
+        )
     return "\n".join(lines)
 
 
-def _show(value) -> str:
+def _show(field: str, value) -> str:
+    """A figure in its unit: hit rates in percent, latencies and busy time in us/ms/s (--json keeps them exact)."""
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if value < 10 else f"{value:.0f}"  # rates, or microseconds (TPOT)
-    return str(value)
+    return percent(value) if "hit_rate" in field else duration_us(value)

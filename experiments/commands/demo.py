@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from jgpt.foundation.units import duration_us, percent
+
 DEFAULT_LAB = "prefix-reuse-multi-turn"
 
 
@@ -53,8 +55,8 @@ def main(command: str, argv: list[str]) -> int:
     for arm in record["arms"]:
         totals = arm["outcomes"]
         print(
-            f"  {arm['label']:40} ttft p50 {totals['latency_us']['ttft']['p50']} us, "
-            f"token hit rate {totals['token_hit_rate']}, compute busy {totals['compute_busy_us']} us"
+            f"  {arm['label']:40} ttft p50 {duration_us(totals['latency_us']['ttft']['p50'])}, "
+            f"token hit rate {percent(totals['token_hit_rate'])}, compute busy {duration_us(totals['compute_busy_us'])}"
         )
     print(f"\nrecord (replays byte for byte): {run.directory / 'record.json'}")
     print(f"report: {(run.directory / 'report.html').resolve()}")
