@@ -13,7 +13,6 @@ import base64
 import hashlib
 import html
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from experiments.report_tables import html_table
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.identity import read_bytes, write_atomically
 from jgpt.foundation.units import byte_size, count, duration_us, flop_count, percent
-from kvsim.cache_run import first_difference, read_record, record_json, rerun
+from kvsim import read_record, record_json, rerun
 
 # Drawn one row per request: past this many the timeline would be taller than a browser draws a picture.
 TIMELINE_REQUEST_LIMIT = 200
@@ -61,7 +60,9 @@ def write_run_report(record_path: Path, out: Path) -> Path:
     recorded = read_record(data)
     replayed = record_json(rerun(recorded))
     if replayed != data:
-        raise ApiError("RECORD", f"does not replay byte for byte: {first_difference(recorded, json.loads(replayed))}")
+        raise ApiError(
+            "RECORD", "does not replay byte for byte (`jgpt kvsim replay RECORD` names the first difference)"
+        )
     write_atomically(Path(out), _page(recorded).encode())
     return Path(out)
 
