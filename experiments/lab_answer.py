@@ -319,7 +319,7 @@ def _saturation(answer: dict, arms: list, rows: list) -> dict[str, Any]:
     series = [row[metric] for row in rows]
     changes = [(b - a) / a if a else None for a, b in zip(series, series[1:])]
     knee = len(series) - 1
-    while knee > 0 and changes[knee - 1] is not None and abs(changes[knee - 1]) <= tolerance:
+    while knee > 0 and (change := changes[knee - 1]) is not None and abs(change) <= tolerance:
         knee -= 1
     show = lambda v: control_text(sweep, v)  # noqa: E731
     steps = ", ".join("-" if c is None else f"{100 * c:+.1f}%" for c in changes)

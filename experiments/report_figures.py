@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
@@ -84,7 +85,7 @@ def arms_figure(summary: Mapping[str, Any], captions: list[str]) -> Figure:
 def overlapping_labels(fig: Figure) -> list[tuple[str, str]]:
     """Pairs of drawn, non-empty text artists of `fig` (titles, tick and axis labels, legends) whose boxes
     overlap; empty when every label can be read. A tick outside its axis's view is not drawn, so not judged."""
-    renderer = fig.canvas.get_renderer()
+    renderer = cast(FigureCanvasAgg, fig.canvas).get_renderer()  # every figure here is drawn by Agg
     fig.draw(renderer)
     drawn_ticks, all_ticks = [], set()
     for ax in fig.axes:
