@@ -20,6 +20,7 @@ import numpy as np
 
 from jgpt.foundation import validation
 from jgpt.foundation.errors import ApiError
+from jgpt.foundation.units import duration_us
 from kvsim.compute_service import (
     AFTER_OTHER_US,
     CALIBRATED,
@@ -427,12 +428,12 @@ def merge_service(system: dict, fragment: dict) -> dict:
 
 def fit_table(fits: list[KindFit], notes: list[str]) -> str:
     lines = [
-        f"  {'work':<9}{'count':>7}{'mean wall us':>14}{'mean err us':>13}{'mean rel':>10}{'p90 rel':>10}  terms",
+        f"  {'work':<9}{'count':>7}{'mean wall':>14}{'mean error':>13}{'mean rel':>10}{'p90 rel':>10}  terms",
     ]
     for f in fits:
-        terms = "  ".join(f"{name}={value:g}" for name, value in f.terms.items())
+        terms = "  ".join(_term(name, value) for name, value in f.terms.items())
         lines.append(
-            f"  {f.kind:<9}{f.count:>7}{f.mean_wall_us:>14.1f}{f.mean_error_us:>13.1f}"
+            f"  {f.kind:<9}{f.count:>7}{duration_us(f.mean_wall_us):>14}{duration_us(f.mean_error_us):>13}"
             f"{100 * f.mean_relative_error:>9.1f}%{100 * f.p90_relative_error:>9.1f}%  {terms}"
         )
     lines.append("  spread, measured / fitted per work (p5 p25 p50 p75 p95 of the quantiles a spread draws from):")
@@ -444,3 +445,11 @@ def fit_table(fits: list[KindFit], notes: list[str]) -> str:
         shapes = "  ".join(f"{shape}: {100 * mean:+.1f}% (n={count})" for shape, (count, mean) in f.residuals.items())
         lines.append(f"  {f.kind:<9}{shapes}")
     return "\n".join(lines + [f"  note: {note}" for note in notes])
+
+
+def _term(name: str, value: float) -> str:
+    """A fitted term as printed: a time (`fixed_us`) in us/ms/s (`fixed=12.3 ms`), a cost per unit (`per_byte_us`)
+    as it is; the fragment (--json) keeps every term's name and exact value."""
+    if name.endswith("_us") and "per_" not in name:
+        return f"{name.removesuffix('_us')}={duration_us(value)}"
+    return f"{name}={value:g}"
