@@ -235,3 +235,15 @@ def test_report_writes_a_page_for_a_plain_kvsim_record_and_refuses_one_that_does
     capsys.readouterr()
     assert jgpt(["report", str(record), "--out", str(tmp_path / "edited.html")]) == 2
     assert "does not replay" in capsys.readouterr().err and not (tmp_path / "edited.html").exists()
+
+
+def test_the_timeline_labels_do_not_overlap(tmp_path):
+    from experiments.report_figures import timeline_figure
+    from jgpt.cli.main import main as jgpt
+
+    record = tmp_path / "record.json"
+    assert (
+        jgpt(["kvsim", "run", str(Path(__file__).parent / "data" / "kvsim_worked_example.json"), "--out", str(record)])
+        == 0
+    )
+    assert overlapping_labels(timeline_figure(json.loads(record.read_text()), "kvsim worked example")) == []
