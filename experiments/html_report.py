@@ -281,7 +281,8 @@ const WORK = [['FLOP', 1], ['kFLOP', 1e3], ['MFLOP', 1e6], ['GFLOP', 1e9], ['TFL
 // A recorded value in the unit its field's name gives; the exact value goes into the cell's title.
 const human = (key, v) => typeof v !== 'number' ? fmt(v) : key.endsWith('_us') ? scaled(v, TIME, 1000)
   : key.endsWith('bytes') ? scaled(v, SIZE, 1024) : key.endsWith('flops') ? scaled(v, WORK, 1000) : fmt(v);
-const cellOf = (key, v, props) => el('td', Object.assign({title: v === null || v === undefined ? '' : String(v)}, props || {}), human(key, v));
+const cellOf = (key, v, className) =>
+  el('td', Object.assign(className ? {class: className} : {}, {title: typeof v === 'number' ? String(v) : null}), human(key, v));
 const heading = c => c.replaceAll('_', ' ');
 let state = D.initial;
 
@@ -463,7 +464,7 @@ function renderEvents(r) {
   show('events-panel',
     el('p', {}, 'kvsim events of ' + r.request_id + ' in arm ', picker, ' (virtual microseconds; causes name the events that made each happen)'),
     el('div', {class: 'scroll events'}, table({id: 'events'}, cols.map(c => el('th', {}, heading(c))), events.map(e =>
-      el('tr', {}, cols.map(c => Array.isArray(e[c]) ? el('td', {}, e[c].join(' ')) : cellOf(c, e[c], {class: c === 'kind' || c === 'detail' ? 'l' : null})))))));
+      el('tr', {}, cols.map(c => Array.isArray(e[c]) ? el('td', {}, e[c].join(' ')) : cellOf(c, e[c], c === 'kind' || c === 'detail' ? 'l' : null)))))));
 }
 function renderMap() {
   const byId = Object.fromEntries(D.map.nodes.map(n => [n.id, n]));

@@ -56,7 +56,7 @@ def is_kvsim_record(document: Any) -> bool:
 
 def write_run_report(record_path: Path, out: Path) -> Path:
     """Check the record replays byte for byte, then write its page to `out` (atomically)."""
-    data = read_bytes(record_path, "RECORD")
+    data = read_bytes(record_path, "record")
     recorded = read_record(data)
     replayed = record_json(rerun(recorded))
     if replayed != data:

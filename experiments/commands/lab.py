@@ -309,7 +309,7 @@ def _report(command: str, argv: list[str]) -> int:
     from experiments.run_report import is_kvsim_record, write_run_report
     from jgpt.foundation.json_input import read_json
 
-    if is_kvsim_record(read_json(args.record, "RECORD")):
+    if is_kvsim_record(read_json(args.record, "record")):
         print(write_run_report(args.record, output_file(args.out, "--out", [args.record])))
         return 0
     # The record and the JSON files beside it are what the report reads.
