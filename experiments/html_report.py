@@ -36,7 +36,7 @@ from experiments.inspection import Inspectable
 from experiments.record_files import named_paths, verified_file
 from experiments.record_summary import summary
 from experiments.report_figures import draw_plots, simulated_arms
-from experiments.report_tables import answer_section, arms_table, html_table
+from experiments.report_tables import answer_section, arms_table, html_table, same_in_every_arm
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.identity import write_atomically
 from jgpt.foundation.json_input import parse_json
@@ -202,9 +202,10 @@ def _page(record: dict[str, Any], data: dict[str, Any], images: dict[str, bytes]
     )
     nav = "".join(f'<a href="#{key}-section">{html.escape(title)}</a>' for key, title in SECTIONS)
     payload = json.dumps(data, separators=(",", ":")).translate(_SCRIPT_SAFE)
+    arms = arms_table(record, data["summary"])
     bodies = {
         "answer": answer_section(record, data["summary"]),
-        "arms": f'<div id="arms-table" class="scroll">{html_table(arms_table(record, data["summary"]))}</div>'
+        "arms": f'<div id="arms-table" class="scroll">{html_table(arms)}</div>{same_in_every_arm(arms)}'
         + _image(images["arms.png"], "arms compared"),
         "tokens": '<div id="state"></div><div id="tokens-panel"></div>',
         "kvsim": '<div id="events-panel"></div>' + timelines,
@@ -249,7 +250,7 @@ main{padding:4px 24px} section{background:#fff;border:1px solid #e5e7eb;border-r
 h2{font-size:16px;margin:4px 0 8px} img{max-width:100%} .answer{font-size:15px;background:#ecfdf5;border-left:4px solid #059669;padding:6px 10px}
 .note{font-size:12px;color:#6b7280}
 table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #e5e7eb;padding:2px 6px;text-align:right;white-space:nowrap}
-th{white-space:normal} td.l{white-space:normal;overflow-wrap:anywhere}
+th{white-space:normal} td.l{white-space:normal;overflow-wrap:anywhere} #arms-table td.l{min-width:12em}
 th{background:#f3f4f6} td.l,th.l{text-align:left}
 .tok{display:inline-block;font:12px monospace;padding:1px 3px;margin:1px;border:1px solid #d1d5db;border-radius:3px;cursor:pointer;white-space:pre}
 .tok.control{background:#fde68a} .tok.reply{background:#e0e7ff} .tok.output{background:#bbf7d0} .tok.sel{outline:2px solid #dc2626}

@@ -16,9 +16,12 @@ from experiments.lab_answer import arm_captions
 
 def arms_table(record: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
     """summary.json's rows as a table of cells: each arm by its swept controls in their units (its label on
-    hover), each figure in its unit with the exact value beside it."""
+    hover), each figure in its unit with the exact value beside it. A figure equal in every arm of several
+    is not a column: it is listed once under `same` (so the table fits a laptop's width)."""
     rows = figures["arms"]
     keys = [k for k in METRICS if any(k in row for row in rows)]
+    same = [k for k in keys if len(rows) > 1 and len({json.dumps(row.get(k)) for row in rows}) == 1]
+    keys = [k for k in keys if k not in same]
     sourced = any("source" in row for row in rows)
     captions = arm_captions(record)
     return {
@@ -31,7 +34,20 @@ def arms_table(record: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any
             ]
             for caption, row in zip(captions, rows)
         ],
+        "same": [[cell(metric_caption(k), k), cell(metric_text(k, rows[0].get(k)), rows[0].get(k))] for k in same],
     }
+
+
+def same_in_every_arm(table: dict[str, Any]) -> str:
+    """The figures equal in every arm, as one escaped line with their exact values as titles."""
+    if not table["same"]:
+        return ""
+    figures = ", ".join(
+        f'{html.escape(name["text"])} <span title="{html.escape(json.dumps(value["exact"]))}">'
+        f"{html.escape(value['text'])}</span>"
+        for name, value in table["same"]
+    )
+    return f'<p class="note" id="same-in-every-arm">The same in every arm: {figures}.</p>'
 
 
 def html_table(table: dict[str, Any], table_id: str = "") -> str:

@@ -20,7 +20,7 @@ from experiments.experiment_design import ExperimentDesign, default_catalog
 from experiments.generation_defaults import generation_defaults
 from experiments.lab_answer import computed_answer
 from experiments.report_figures import arms_figure, overlapping_labels
-from experiments.report_tables import arms_table, html_table
+from experiments.report_tables import arms_table, html_table, same_in_every_arm
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.units import byte_rate, duration_us, flop_count, flop_rate, percent
 
@@ -165,14 +165,20 @@ def test_a_planned_lab_may_name_its_missing_controls():
 
 
 def test_the_arms_table_is_in_human_units_with_exact_titles_and_escaped():
-    record = record_of("host-tier-vs-recompute", [{"ttft_p50_us": 895.5, "bytes_host_to_device": 2146304}] * 6)
+    rows = [{"ttft_p50_us": 895.5 + i, "bytes_host_to_device": 2146304 * i, "completed": 18} for i in range(6)]
+    record = record_of("host-tier-vs-recompute", rows)
     record["arms"][0]["label"] = '<script>"x"</script>'
     table = arms_table(record, {"arms": record["rows"]})
-    assert table["columns"][:3] == ["arm", "TTFT p50", "host->device"]
+    assert table["columns"] == ["arm", "TTFT p50", "host->device"]  # completed is the same in every arm
+    assert table["same"] == [[{"text": "completed", "exact": "completed"}, {"text": "18", "exact": 18}]]
     assert table["rows"][5][0]["text"] == "host kv budget 16.0 MiB, link bandwidth 3.00 GB/s"
-    assert table["rows"][0][1:] == [{"text": "896 us", "exact": 895.5}, {"text": "2.05 MiB", "exact": 2146304}]
+    assert table["rows"][0][1:] == [{"text": "896 us", "exact": 895.5}, {"text": "0 B", "exact": 0}]
+    assert table["rows"][1][2] == {"text": "2.05 MiB", "exact": 2146304}
     markup = html_table(table)
     assert '<td title="895.5">896 us</td>' in markup and "<script>" not in markup
+    assert same_in_every_arm(table) == (
+        '<p class="note" id="same-in-every-arm">The same in every arm: completed <span title="18">18</span>.</p>'
+    )
 
 
 @pytest.mark.parametrize("arms", [2, 6, 17])

@@ -5,11 +5,12 @@
 The page is loaded from a temporary copy that carries one more script, a probe admitted by the copy's
 Content-Security-Policy (by its SHA-256, like the page's own): after the page has drawn itself it measures
 `document.documentElement.scrollWidth` and every element whose box reaches past the window's right edge,
-and writes what it found into the DOM, which `--dump-dom` prints. The page itself is not changed. With
+and every scrolling box whose content is wider than the box, and writes what it found into the DOM, which `--dump-dom` prints. The page itself is not changed. With
 `--screenshot` the unchanged page's first screen (width x height) is saved as a PNG.
 
-Prints one line, `PAGE at 1280 px: scrollWidth 1264 <= 1280: no horizontal overflow`, or the overflow and the
-elements that cause it; the exit status is 0 when the page fits and 1 when it does not. Needs Debian's
+Prints one line, `PAGE at 1280 px: scrollWidth 1280 <= 1280, 0 boxes scroll sideways: no horizontal overflow`,
+or the overflow and the elements that cause it (an element past the window's edge, or a box whose content is
+wider than the box, such as a table in a scrolling box); the exit status is 0 when the page fits and 1 when it does not. Needs Debian's
 chromium (`/usr/bin/chromium`); the test suite does not (what Python can check, it checks in tests).
 """
 
@@ -48,9 +49,13 @@ PROBE = (
     "  if (box.right > width + 0.5 && !(node.parentElement && node.parentElement.getBoundingClientRect().right > width + 0.5))"
     "   wide.push({tag: node.tagName.toLowerCase(), id: node.id, class: String(node.className), right: Math.round(box.right)});"
     " }"
+    " const sideways = [...document.body.querySelectorAll('*')].filter(node =>"
+    "  ['auto', 'scroll'].includes(getComputedStyle(node).overflowX) && node.scrollWidth > node.clientWidth + 1)"
+    "  .map(node => ({tag: node.tagName.toLowerCase(), id: node.id, class: String(node.className),"
+    "   scrollWidth: node.scrollWidth, clientWidth: node.clientWidth}));"
     " const out = document.createElement('pre'); out.id = '" + PROBE_ID + "';"
     " out.textContent = JSON.stringify({innerWidth: width, scrollWidth: root.scrollWidth, clientWidth: root.clientWidth,"
-    " wide: wide.slice(0, 20)});"
+    " wide: wide.slice(0, 20), sideways: sideways.slice(0, 20)});"
     " document.body.append(out);"
     "});"
 )
@@ -97,16 +102,20 @@ def measure(page: Path, width: int, height: int, screenshot: Path | None) -> dic
 
 
 def verdict(page: Path, width: int, measured: dict) -> tuple[bool, str]:
-    fits = measured["scrollWidth"] <= width and not measured["wide"]
-    line = f"{page} at {width} px: scrollWidth {measured['scrollWidth']} {'<=' if fits else '>'} {width}: "
+    """Whether the page fits `width`: nothing reaches past the window's edge and no box has to scroll sideways
+    (a table wider than its box); one line saying so or naming what does not fit."""
+    fits = measured["scrollWidth"] <= width and not measured["wide"] and not measured["sideways"]
+    line = f"{page} at {width} px: scrollWidth {measured['scrollWidth']} {'<=' if measured['scrollWidth'] <= width else '>'} "
+    line += f"{width}, {len(measured['sideways'])} boxes scroll sideways: "
     if fits:
         return True, line + "no horizontal overflow"
-    culprits = "; ".join(
-        f"<{w['tag']}{' id=' + w['id'] if w['id'] else ''}{' class=' + w['class'] if w['class'] else ''}> "
-        f"reaches {w['right']} px"
-        for w in measured["wide"]
-    )
-    return False, line + "horizontal overflow: " + culprits
+    culprits = [f"{_name(w)} reaches {w['right']} px" for w in measured["wide"]]
+    culprits += [f"{_name(w)} holds {w['scrollWidth']} px in {w['clientWidth']}" for w in measured["sideways"]]
+    return False, line + "horizontal overflow: " + "; ".join(culprits)
+
+
+def _name(element: dict) -> str:
+    return f"<{element['tag']}{' id=' + element['id'] if element['id'] else ''}{' class=' + element['class'] if element['class'] else ''}>"
 
 
 def main(argv: list[str] | None = None) -> int:
