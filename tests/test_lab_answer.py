@@ -241,6 +241,11 @@ def test_report_writes_a_page_for_a_plain_kvsim_record_and_refuses_one_that_does
     capsys.readouterr()
     assert jgpt(["report", str(record), "--out", str(tmp_path / "edited.html")]) == 2
     assert "does not replay" in capsys.readouterr().err and not (tmp_path / "edited.html").exists()
+    streamed = tmp_path / "record.jsonl"
+    assert jgpt(["kvsim", "run", str(example), "--out", str(streamed)]) == 0
+    capsys.readouterr()
+    assert jgpt(["report", str(streamed), "--out", str(tmp_path / "streamed.html")]) == 2
+    assert "is a streamed kvsim record; the report reads a whole one" in capsys.readouterr().err
 
 
 def test_the_timeline_labels_do_not_overlap(tmp_path):

@@ -307,8 +307,15 @@ def _report(command: str, argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path, metavar="REPORT.html", help="the HTML file to write")
     args = parser.parse_args(argv)
     from experiments.run_report import is_kvsim_record, write_run_report
+    from jgpt.foundation.errors import ApiError
     from jgpt.foundation.json_input import read_json
 
+    if args.record.suffix == ".jsonl":
+        raise ApiError(
+            "record",
+            f"{args.record} is a streamed kvsim record; the report reads a whole one "
+            "(`jgpt kvsim run INPUT.json --out RECORD.json`)",
+        )
     if is_kvsim_record(read_json(args.record, "record")):
         print(write_run_report(args.record, output_file(args.out, "--out", [args.record])))
         return 0
