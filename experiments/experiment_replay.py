@@ -44,6 +44,10 @@ from jgpt.foundation.validation import is_integer
 from jgpt.model.architecture import architecture_from_json
 from jgpt.model.walkthrough import walkthrough
 
+# What experiment_execution writes at the top of every record ("calibration" too, when its lab calibrates): a field
+# outside these is derived from nothing, so replay could not vouch for it.
+_RECORD_FIELDS = {"format", "version", "id", "lab", "bindings", "provenance", "recordings", "arms"}
+
 
 def replay(record_path: Path) -> dict[str, Any]:
     """Check a record against its own files and simulate every arm again; ApiError on the first difference."""
@@ -52,6 +56,8 @@ def replay(record_path: Path) -> dict[str, Any]:
     record = parse_json(data, "record", source=str(record_path))
     if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("version") != VERSION:
         raise ApiError("record.format", f"not a {FORMAT} version {VERSION} record")
+    if unknown := set(record) - _RECORD_FIELDS - {"calibration"}:
+        raise ApiError("record", f"has fields no lab run writes: {sorted(unknown)}")
     lab = ExperimentDesign.from_json(record.get("lab"), "record.lab")
     workload = lab.workload or generation_defaults().workload
     recordings, arms = _list(record, "recordings"), _list(record, "arms")

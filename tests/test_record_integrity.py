@@ -41,6 +41,15 @@ def test_record_integrity_an_edited_id_is_refused(lab_run, tmp_path):
     assert_refused(["lab", "replay", path], inputs=[path], watch=[path.parent], field="record.id")
 
 
+@pytest.mark.parametrize("field", ["", "note"])
+def test_record_integrity_a_field_no_run_writes_is_refused(lab_run, tmp_path, field):
+    """Found by the fuzz test below: a top-level `"": null` replayed, though nothing derives it."""
+    path = _edited(lab_run, tmp_path, lambda d, r: r.update({field: None}))
+    with pytest.raises(ApiError) as error:
+        replay(path)
+    assert error.value.field == "record" and repr(field) in error.value.reason
+
+
 def test_record_integrity_an_edited_model_binding_is_refused(lab_run, tmp_path):
     def claim_another_model(directory, record):
         record["bindings"]["models"][0]["checkpoint_sha256"] = "f" * 64
