@@ -1,14 +1,23 @@
-"""Recorded computation documents from analytic GPT counts (no model code, only arithmetic).
+"""Recorded computation documents from analytic counts (no model code, only arithmetic).
 
-Until `inference` records real counts, synthetic workloads, trace imports and the
-benchmark need costs. These are the dense and attention matmul FLOPs of the GPT
-baseline (two per multiply-add) and the logical bytes a step reads or writes:
+Synthetic workloads, trace imports and the benchmark need costs before a model is recorded. These
+are the counts `jgpt record` writes for the same architecture (inference/costs.py; a test holds
+them equal), for the GPT and Llama families: grouped key/value heads, a head width of its own, a
+gated (SwiGLU) feed-forward, rotary or learned positions, and where the biases are. With
+q = heads * head_dim query channels, k = kv_heads * head_dim key (and value) channels, and g = 3
+feed-forward matrices when gated (else 2):
 
-    per prompt position p:  layers * (8 w^2 + 4 w f + 4 w (p + 1)) FLOPs, and
-                            kv_bytes_per_position bytes (its K and V are written)
-    prefill fixed:          2 w V FLOPs (one row of logits), weight_bytes (weights read once)
-    decode at position p:   the position FLOPs + 2 w V, and weight_bytes + (p + 1) kv bytes
-    kv_bytes_per_position = 2 * layers * w * precision_bytes
+    dense FLOPs of one position:  layers * (2 w (2 q + 2 k) + 2 g w f) + 2 w V   (logits at every position,
+                                  as jgpt's forward pass computes them)
+    attention FLOPs per key:      layers * 4 q   (scores and the weighted values; position p sees p + 1 keys)
+    FLOPs of position p:          dense + attention * (p + 1)
+    kv_bytes_per_position:        2 * layers * k * precision_bytes
+    bytes of position p:          its embedding rows and float32 logits, and (p + 1) positions of K and V
+    fixed bytes of a work:        every weight but the embedding tables, read once
+
+A prefill has no fixed FLOPs; a decode step at position p is one position's FLOPs and bytes plus the
+fixed bytes. Projection matrices and KV are held at the model's precision (precision_bytes); the
+embedding tables, norms, biases and logits stay float32 (inference/precision.py says why).
 """
 
 from __future__ import annotations
@@ -20,35 +29,137 @@ from jgpt.tokenizers.framing import ROLE_IDS, TURN_END_ID  # pure Python: no num
 from kvsim.recorded import RecordedComputations, RecordedRequest, StreamedComputations
 
 PRECISIONS = {1: "int8", 2: "bfloat16", 4: "float32"}
+FLOAT32_BYTES = 4  # an embedding table's, norm's, bias's and logit's element at every precision
+POSITIONS = ("learned", "rotary")
+# Which weights carry a bias: GPT-2 every projection, norm and the logits; Qwen2 the query, key and value
+# projections; Llama none.
+BIASES = ("every", "query_key_value", "none")
 
 
 @dataclass(frozen=True)
 class AnalyticModel:
+    """An architecture's sizes and conventions; the defaults are GPT-2's (one head: a GPT's counts do not
+    depend on how its width is split into heads)."""
+
     layers: int
     width: int
     ffn: int
     vocabulary: int
-    precision_bytes: int
+    precision_bytes: int  # of a projection matrix element and of a KV element
     context: int = 4096
+    heads: int = 1
+    kv_heads: int | None = None  # None: one per query head
+    head_dim: int | None = None  # None: width / heads
+    gated: bool = False  # SwiGLU: a gate matrix beside the up projection
+    positions: str = "learned"  # learned positions are a table read a row per position; rotary ones are weightless
+    biases: str = "every"
+    tied_embeddings: bool = False  # the published head is the token table (jgpt's import holds a copy)
 
     @property
-    def kv_bytes_per_position(self) -> int:
-        return 2 * self.layers * self.width * self.precision_bytes
+    def head_width(self) -> int:
+        return self.width // self.heads if self.head_dim is None else self.head_dim
+
+    @property
+    def query_width(self) -> int:
+        return self.heads * self.head_width
+
+    @property
+    def kv_width(self) -> int:
+        """Channels of one position's keys (and of its values) in one layer."""
+        return (self.heads if self.kv_heads is None else self.kv_heads) * self.head_width
+
+    def tensors(self) -> tuple[tuple[str, int, str], ...]:
+        """Every weight tensor jgpt holds: its name (jgpt.model.weights'), elements, and kind: a "matrix"
+        (at the precision, read whole by every work), a "vector" (float32, read whole) or a "table" (float32,
+        read a row per position)."""
+        L, w, f, q, k, V = self.layers, self.width, self.ffn, self.query_width, self.kv_width, self.vocabulary
+        tensors = [
+            ("token_embedding", V * w, "table"),
+            ("query", L * w * q, "matrix"),
+            ("key", L * w * k, "matrix"),
+            ("value", L * w * k, "matrix"),
+            ("attention_output", L * q * w, "matrix"),
+            ("ff_up", L * w * f, "matrix"),
+            ("ff_down", L * f * w, "matrix"),
+            ("lm_head", w * V, "matrix"),
+            ("norm_scales", (2 * L + 1) * w, "vector"),
+        ]
+        if self.positions == "learned":
+            tensors.append(("position_embedding", self.context * w, "table"))
+        if self.gated:
+            tensors.append(("ff_gate", L * w * f, "matrix"))
+        if self.biases != "none":
+            tensors += [("query_bias", L * q, "vector"), ("key_bias", L * k, "vector"), ("value_bias", L * k, "vector")]
+        if self.biases == "every":
+            tensors += [
+                ("attention_output_bias", L * w, "vector"),
+                ("ff_up_bias", L * f, "vector"),
+                ("ff_down_bias", L * w, "vector"),
+                ("norm_biases", (2 * L + 1) * w, "vector"),
+                ("lm_bias", V, "vector"),
+            ]
+        return tuple(tensors)
+
+    def _element_bytes(self, kind: str) -> int:
+        return self.precision_bytes if kind == "matrix" else FLOAT32_BYTES
+
+    @property
+    def parameters(self) -> int:
+        """The published model's parameters: a tied head is its token table, counted once."""
+        return sum(n for name, n, _ in self.tensors() if not (self.tied_embeddings and name == "lm_head"))
 
     @property
     def weight_bytes(self) -> int:
-        w, f, v = self.width, self.ffn, self.vocabulary
-        block = 4 * w * w + 4 * w + 2 * w * f + f + w + 4 * w  # attention, feed-forward, two norms
-        parameters = v * w + self.context * w + self.layers * block + 2 * w + w * v + v
-        return parameters * self.precision_bytes
-
-    def position_flops(self, p: int) -> int:
-        w = self.width
-        return self.layers * (8 * w * w + 4 * w * self.ffn + 4 * w * (p + 1))
+        """The bytes of every weight jgpt holds serving the model (a tied head copied, as its import does)."""
+        return sum(n * self._element_bytes(kind) for _, n, kind in self.tensors())
 
     @property
-    def logits_flops(self) -> int:
-        return 2 * self.width * self.vocabulary
+    def fixed_memory_bytes(self) -> int:
+        """What every work reads once: every weight but the embedding tables."""
+        return sum(n * self._element_bytes(kind) for _, n, kind in self.tensors() if kind != "table")
+
+    @property
+    def row_bytes_per_position(self) -> int:
+        """A position's embedding rows read and its float32 logits written."""
+        tables = sum(kind == "table" for _, _, kind in self.tensors())
+        return (tables * self.width + self.vocabulary) * FLOAT32_BYTES
+
+    @property
+    def kv_bytes_per_position(self) -> int:
+        return 2 * self.layers * self.kv_width * self.precision_bytes
+
+    @property
+    def dense_flops_per_position(self) -> int:
+        """Every projection of one position, its logits included."""
+        w, q, k = self.width, self.query_width, self.kv_width
+        feed_forward = (3 if self.gated else 2) * 2 * w * self.ffn
+        return self.layers * (2 * w * (2 * q + 2 * k) + feed_forward) + 2 * w * self.vocabulary
+
+    @property
+    def attention_flops_per_key(self) -> int:
+        """The scores and the weighted values of one query position against one key, over all layers."""
+        return self.layers * 2 * 2 * self.query_width
+
+    def position_flops(self, p: int) -> int:
+        return self.dense_flops_per_position + self.attention_flops_per_key * (p + 1)
+
+    def position_bytes(self, p: int) -> int:
+        """Its rows and logits, the K and V of the p positions before it read and its own written."""
+        return self.row_bytes_per_position + self.kv_bytes_per_position * (p + 1)
+
+    def prefill(self, n: int) -> tuple[int, int]:
+        """The FLOPs and bytes of a prefill of positions 0 .. n - 1, nothing reused."""
+        keys = n * (n + 1) // 2
+        return (
+            self.dense_flops_per_position * n + self.attention_flops_per_key * keys,
+            self.fixed_memory_bytes + self.row_bytes_per_position * n + self.kv_bytes_per_position * keys,
+        )
+
+    def decode_flops(self, p: int) -> int:
+        return self.position_flops(p)
+
+    def decode_bytes(self, p: int) -> int:
+        return self.fixed_memory_bytes + self.position_bytes(p)
 
     def architecture(self) -> dict:
         return {
@@ -57,37 +168,32 @@ class AnalyticModel:
             "ffn": self.ffn,
             "context": self.context,
             "layers": self.layers,
+            "heads": self.heads,
+            "kv_heads": self.kv_width // self.head_width,
+            "head_dim": self.head_width,
+            "gated_feed_forward": self.gated,
+            "position": self.positions,
+            "biases": self.biases,
+            "tied_embeddings": self.tied_embeddings,
             "precision": PRECISIONS.get(self.precision_bytes, f"{8 * self.precision_bytes}-bit"),
         }
 
 
-class _CumulativeFlops:
-    """cum[i] = sum of position_flops(p) for p < i, in closed form (no table per request)."""
+class _Cumulative:
+    """cum[i] = the sum over positions p < i of `per_position + per_key * (p + 1)`, in closed form (no table
+    per request): what a prefix of a prompt costs, in FLOPs or in bytes."""
 
-    def __init__(self, model: AnalyticModel):
-        w = model.width
-        self.layers, self.linear, self.quadratic = model.layers, 8 * w * w + 4 * w * model.ffn, 4 * w
+    def __init__(self, per_position: int, per_key: int):
+        self.per_position, self.per_key = per_position, per_key
 
     def __getitem__(self, i: int) -> int:
-        return self.layers * (self.linear * i + self.quadratic * i * (i + 1) // 2)
+        return self.per_position * i + self.per_key * i * (i + 1) // 2
 
     def increments(self, n: int) -> list[int]:
-        """position_flops(p) for p < n: linear in p, so a range (summed per position, these were a sixth of a
+        """Each position's cost for p < n: linear in p, so a range (summed per position, these were a sixth of a
         streamed run's time)."""
-        step = self.layers * self.quadratic
-        first = self.layers * self.linear + step
-        return list(range(first, first + n * step, step))
-
-
-class _CumulativeBytes:
-    def __init__(self, per_position: int):
-        self.per_position = per_position
-
-    def __getitem__(self, i: int) -> int:
-        return self.per_position * i
-
-    def increments(self, n: int) -> list[int]:
-        return [self.per_position] * n
+        first = self.per_position + self.per_key
+        return list(range(first, first + n * self.per_key, self.per_key))
 
 
 @dataclass(frozen=True)
@@ -113,14 +219,15 @@ def framing_ids() -> dict[str, int]:
 def _requests(model: AnalyticModel) -> Callable[[Conversation], RecordedRequest]:
     """Makes the model's requests; what they share is worked out once (a streamed run makes each request three
     times). A decode step's FLOPs and bytes are linear in its position, so each request's are a range."""
-    cum_flops, cum_bytes = _CumulativeFlops(model), _CumulativeBytes(model.kv_bytes_per_position)
-    weights, kv_bytes, logits = model.weight_bytes, model.kv_bytes_per_position, model.logits_flops
-    flops_step = model.position_flops(1) - model.position_flops(0)
+    per_key, kv_bytes = model.attention_flops_per_key, model.kv_bytes_per_position
+    cum_flops = _Cumulative(model.dense_flops_per_position, per_key)
+    cum_bytes = _Cumulative(model.row_bytes_per_position, kv_bytes)
+    fixed_bytes = model.fixed_memory_bytes
 
     def request(item: Conversation) -> RecordedRequest:
         n, output, complete = len(item.prompt_ids), item.output_ids, item.complete
         steps = len(output) - 1  # at positions n .. n + steps - 1
-        first_flops, first_bytes = model.position_flops(n) + logits, weights + (n + 1) * kv_bytes
+        first_flops, first_bytes = model.decode_flops(n), model.decode_bytes(n)
         return RecordedRequest(
             request_id=item.request_id,
             arrival_us=item.arrival_us,
@@ -134,12 +241,12 @@ def _requests(model: AnalyticModel) -> Callable[[Conversation], RecordedRequest]
                 "stop_reason": "turn_end" if complete else "max_new_tokens",
                 "complete": complete,
             },
-            fixed_matmul_flops=logits,
-            fixed_memory_bytes=weights,
+            fixed_matmul_flops=0,
+            fixed_memory_bytes=fixed_bytes,
             cum_flops=cum_flops,
             cum_bytes=cum_bytes,
             decode_positions=tuple(range(n, n + steps)),
-            decode_flops=tuple(range(first_flops, first_flops + steps * flops_step, flops_step)),
+            decode_flops=tuple(range(first_flops, first_flops + steps * per_key, per_key)),
             decode_bytes=tuple(range(first_bytes, first_bytes + steps * kv_bytes, kv_bytes)),
         )
 

@@ -1,7 +1,7 @@
 """The recorded computation documents `kvsim import-trace` and `kvsim synthesize` write: analytic counts.
 
-The analytic model's sizes are bounded as `import-hf` bounds a config's, and so are the counts it gives
-one request (`bounded_model`). A document is written only once kvsim's own reader has accepted it
+The analytic model's sizes are bounded as `import-hf` bounds a config's (kvsim.model_config reads one), and
+so are the counts it gives one request (`bounded_model`). A document is written only once kvsim's own reader has accepted it
 (`document_bytes`); a refusal of a document converted from a trace names the trace line and column the
 refused value came from (`trace_field`).
 """
@@ -23,27 +23,23 @@ from kvsim.recorded import RecordedComputations, document_json, parse_document
 # products are bounded too (`bounded_model`).
 DIMENSION_LIMIT = 1 << 20
 PRECISION_BYTES_LIMIT = 8  # float64
-MODEL_SIZES = ("layers", "width", "ffn", "vocabulary", "precision_bytes", "context")  # AnalyticModel's fields
+# The sizes of a GPT-2-shaped model the options give (AnalyticModel's fields), and their defaults.
+MODEL_SIZES = {"layers": 4, "width": 128, "ffn": 512, "vocabulary": 260, "precision_bytes": 4, "context": 4096}
 _REQUEST_MEMBER = re.compile(r"^computations\.requests\[(\d+)\]\.([a-z_]+)")
 
 Naming = Callable[[ApiError], ApiError | None]  # a refusal of the document, named where its value came from
 
 
-def bounded_model(sizes: dict[str, int]) -> AnalyticModel:
-    """The analytic model of `sizes` (MODEL_SIZES, as the options name them); refused when a count it gives
-    one request is past what kvsim reads."""
-    model = AnalyticModel(**sizes)
-    # The largest counts: a whole context's prefill FLOPs (more than any one position's or decode step's; a
-    # position's grow by the same step each) and a decode step's bytes at the last position (every weight and
-    # the whole context's KV).
-    context, first = model.context, model.position_flops(0)
-    flops = first * context + (model.position_flops(1) - first) * context * (context - 1) // 2 + model.logits_flops
-    memory = model.weight_bytes + model.context * model.kv_bytes_per_position
+def bounded_model(model: AnalyticModel, described: str) -> AnalyticModel:
+    """`model`, refused when a count it gives one request is past what kvsim reads (`described` says where
+    its sizes came from)."""
+    # The largest counts: a whole context's prefill (more FLOPs than any shorter one or any decode step, and
+    # more bytes: every weight, and every position's rows and K and V).
+    flops, memory = model.prefill(model.context)
     if max(flops, memory) > LIMIT:
-        options = " ".join(f"--{name.replace('_', '-')} {sizes[name]}" for name in MODEL_SIZES)
         raise ApiError(
             "analytic model",
-            f"{options} give a request {flops} FLOPs and {memory} bytes, past the 2^53 kvsim reads; choose "
+            f"{described} give a request {flops} FLOPs and {memory} bytes, past the 2^53 kvsim reads; choose "
             "smaller sizes",
         )
     return model

@@ -40,6 +40,7 @@ from kvsim.cache_run import (
 from kvsim.cache_run_plots import TIMELINE_LIMIT
 from kvsim.compute_service import SPREAD_REPEATS
 from kvsim.inputs import compose_input, load_input
+from kvsim.model_config import read_model_config
 from kvsim.perfetto import trace_chunks
 from kvsim.record_lines import StreamedRun, is_streamed, pulled, streamed_view, whole_view, write_lines
 from kvsim.record_view import check_viewable
@@ -249,27 +250,44 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("analytic model (counts only, no weights)")
-    limit = f"at most {DIMENSION_LIMIT:,}"
-    group.add_argument("--layers", type=int, default=4, metavar="N", help=f"transformer blocks ({limit})")
-    group.add_argument("--width", type=int, default=128, metavar="N", help=f"channels of the residual stream ({limit})")
-    group.add_argument(
-        "--ffn", type=int, default=512, metavar="N", help=f"hidden units of each feed-forward block ({limit})"
+    group = parser.add_argument_group(
+        "analytic model (counts only, no weights): --model-config, or the sizes of a GPT-2-shaped model"
     )
-    group.add_argument("--vocabulary", type=int, default=260, metavar="N", help=f"token ids the model knows ({limit})")
+    group.add_argument(
+        "--model-config",
+        type=Path,
+        metavar="PATH",
+        help="the architecture to count: a jgpt artifact directory, a jgpt architecture JSON, or a Hugging Face "
+        "config.json (or its directory) of a gpt2, llama, mistral or qwen2 model (docs/kvsim.md, analytic counts)",
+    )
+    limit = f"at most {DIMENSION_LIMIT:,}"
+    sized = lambda name, help: f"{help} (default {MODEL_SIZES[name]}; {limit})"
+    # No argparse default: a size given beside --model-config is refused rather than ignored (`_model`).
+    quiet = argparse.SUPPRESS
+    group.add_argument("--layers", type=int, default=quiet, metavar="N", help=sized("layers", "transformer blocks"))
+    group.add_argument(
+        "--width", type=int, default=quiet, metavar="N", help=sized("width", "channels of the residual stream")
+    )
+    group.add_argument(
+        "--ffn", type=int, default=quiet, metavar="N", help=sized("ffn", "hidden units of each feed-forward block")
+    )
+    group.add_argument(
+        "--vocabulary", type=int, default=quiet, metavar="N", help=sized("vocabulary", "token ids the model knows")
+    )
     group.add_argument(
         "--precision-bytes",
         type=int,
-        default=4,
+        default=quiet,
         metavar="N",
-        help=f"bytes per KV element (at most {PRECISION_BYTES_LIMIT})",
+        help=f"bytes per KV and weight-matrix element (default {MODEL_SIZES['precision_bytes']}; at most "
+        f"{PRECISION_BYTES_LIMIT})",
     )
     group.add_argument(
         "--context",
         type=int,
-        default=4096,
+        default=quiet,
         metavar="N",
-        help=f"positions a request may use, prompt plus output ({limit})",
+        help=sized("context", "positions a request may use, prompt plus output"),
     )
 
 
@@ -377,9 +395,9 @@ def _perfetto(args: argparse.Namespace) -> int:
 
 
 def _import_trace(args: argparse.Namespace) -> int:
-    if args.block_tokens > args.context:
-        raise ApiError("--block-tokens", f"must be in [1, --context {args.context}], got {args.block_tokens}")
     model = _model(args)
+    if args.block_tokens > model.context:
+        raise ApiError("--block-tokens", f"must be in [1, the context {model.context}], got {args.block_tokens}")
     output_file(args.out, "--out", [args.trace])
     text = read_bytes(args.trace, "TRACE").decode("utf-8", errors="replace")
     trace = traces.read_trace(args.format, text, args.block_tokens, model.context)
@@ -403,7 +421,20 @@ def _synthesize(args: argparse.Namespace) -> int:
 
 
 def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
-    return bounded_model({name: getattr(args, name) for name in MODEL_SIZES})
+    """The analytic model --model-config reads, or the one the size options (or their defaults) give."""
+    given = [name for name in MODEL_SIZES if hasattr(args, name)]
+    if args.model_config is not None:
+        if given:
+            raise ApiError(_flag(given[0]), "is read from --model-config; give one or the other")
+        return bounded_model(read_model_config(args.model_config), f"--model-config {args.model_config}")
+    sizes = {name: getattr(args, name, default) for name, default in MODEL_SIZES.items()}
+    return bounded_model(
+        analytic.AnalyticModel(**sizes), " ".join(f"{_flag(name)} {value}" for name, value in sizes.items())
+    )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _write_computations(out: Path, computations: RecordedComputations, field: str, named: Naming | None = None) -> int:
