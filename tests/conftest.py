@@ -158,6 +158,10 @@ SLOW = {
         "test_hostile_measured_runs_and_fragments_are_accepted_or_refused_cleanly",  # 30
         "test_predict_reports_the_median_over_seeds_and_writes_one_seeds_run",  # 6
     ),
+    "test_kvsim_analytic.py": (
+        "test_analytic_counts_equal_what_jgpt_record_counts",  # 140 (records with a compiled model, four times)
+        "test_the_recorders_costs_are_the_analytic_models_at_every_position",  # 15
+    ),
     "test_kvsim_model.py": (
         "test_continuous_batching_reads_weights_once_per_step",  # 3
     ),

@@ -4,6 +4,7 @@ artifact, architecture JSON or Hugging Face config.json, and the worked numbers 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jgpt.foundation import units
 from jgpt.foundation.errors import ApiError
 from kvsim.analytic import AnalyticModel, Conversation, analytic_computations
 from kvsim.model_config import hf_model, jgpt_model, read_model_config
@@ -253,17 +255,25 @@ def worked_numbers(model: AnalyticModel) -> dict[str, int]:
     }
 
 
+def human(row: str, value: int) -> str:
+    """How the doc writes `value` for reading: jgpt.foundation.units', FLOPs as a count of FLOP."""
+    return units.byte_size(value) if "bytes" in row else units.count(value) + ("FLOP" if "FLOPs" in row else "")
+
+
 def doc_table() -> dict[str, dict[str, int]]:
-    """docs/kvsim.md's worked-numbers table: each model's column, by row name (exact integers)."""
+    """docs/kvsim.md's worked-numbers table, each model's column by row name; each cell is the exact integer
+    and, in parentheses, the same for reading."""
     text = (ROOT / "docs" / "kvsim.md").read_text()
-    section = text.split("<!-- worked analytic numbers -->")[1]
-    lines = [line for line in section.splitlines() if line.startswith("|")]
+    section = text.split("<!-- worked analytic numbers -->\n")[1]
+    lines = list(itertools.takewhile(lambda line: line.startswith("|"), section.splitlines()))
     models = [cell.strip() for cell in lines[0].strip("|").split("|")[1:]]
     table: dict[str, dict[str, int]] = {m: {} for m in models}
     for line in lines[2:]:
         row, *cells = [cell.strip() for cell in line.strip("|").split("|")]
-        for m, cell in zip(models, cells):
-            table[m][row] = int(re.sub(r"[,\s]|\(.*\)", "", cell))
+        for m, cell in zip(models, cells, strict=True):
+            exact, reading = re.fullmatch(r"([\d,]+) \((.+)\)", cell).groups()
+            table[m][row] = int(exact.replace(",", ""))
+            assert reading == human(row, table[m][row]), (m, row, cell)
     return table
 
 

@@ -162,7 +162,7 @@ def test_analytic_documents_round_trip_through_json():
     request = document["requests"][0]
     w, layers = 32, 3
     assert request["prefill_costs"]["position_matmul_flops"][:2] == [
-        layers * (8 * w * w + 4 * w * 64 + 4 * w * p) for p in (1, 2)
+        layers * (8 * w * w + 4 * w * 64 + 4 * w * p) + 2 * w * 300 for p in (1, 2)  # logits at every position
     ]
 
 

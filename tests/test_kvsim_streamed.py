@@ -230,22 +230,29 @@ def test_rows_whose_strings_hold_the_row_separator_are_encoded_row_by_row():
 
 
 def test_analytic_counts_are_the_per_position_formulas():
+    """A GPT-2 shape in bfloat16: matrices and KV at 2 bytes, embedding rows, norms, biases and logits at 4."""
     model = AnalyticModel(layers=3, width=24, ffn=40, vocabulary=300, precision_bytes=2)
     item = ITEMS[7]
     request = analytic_computations(model, [item], "formulas").requests[0]
-    n, w, layers = len(item.prompt_ids), 24, 3
-    position_flops = [layers * (8 * w * w + 4 * w * 40 + 4 * w * (p + 1)) for p in range(n + len(item.output_ids))]
+    n, w, f, V, layers = len(item.prompt_ids), 24, 40, 300, 3
+    position_flops = [
+        layers * (8 * w * w + 4 * w * f + 4 * w * (p + 1)) + 2 * w * V for p in range(n + len(item.output_ids))
+    ]
+    kv = 2 * layers * w * 2
+    position_bytes = [(2 * w + V) * 4 + kv * (p + 1) for p in range(n + len(item.output_ids))]
+    fixed = 2 * (layers * (4 * w * w + 2 * w * f) + w * V) + 4 * (layers * (9 * w + f) + 2 * w + V)
     document = request_json(request)
-    assert document["prefill_costs"]["position_matmul_flops"] == position_flops[:n]
-    assert document["prefill_costs"]["position_memory_bytes"] == [2 * layers * w * 2] * n
+    assert document["prefill_costs"] == {
+        "fixed_matmul_flops": 0,
+        "fixed_memory_bytes": fixed,
+        "position_matmul_flops": position_flops[:n],
+        "position_memory_bytes": position_bytes[:n],
+    }
     steps = range(n, n + len(item.output_ids) - 1)
     assert [s["position"] for s in document["decode_steps"]] == list(steps)
-    assert [s["matmul_flops"] for s in document["decode_steps"]] == [position_flops[p] + 2 * w * 300 for p in steps]
-    weights = model.weight_bytes
-    assert [s["logical_memory_bytes"] for s in document["decode_steps"]] == [
-        weights + (p + 1) * 2 * layers * w * 2 for p in steps
-    ]
-    assert request.prefill_cost(5) == (2 * w * 300 + sum(position_flops[5:n]), weights + (n - 5) * 2 * layers * w * 2)
+    assert [s["matmul_flops"] for s in document["decode_steps"]] == [position_flops[p] for p in steps]
+    assert [s["logical_memory_bytes"] for s in document["decode_steps"]] == [fixed + position_bytes[p] for p in steps]
+    assert request.prefill_cost(5) == (sum(position_flops[5:n]), fixed + sum(position_bytes[5:n]))
 
 
 @pytest.mark.parametrize("enabled", [True, False])
