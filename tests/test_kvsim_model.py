@@ -161,8 +161,9 @@ def test_analytic_documents_round_trip_through_json():
             assert a.prefill_cost(reused) == b.prefill_cost(reused)
     request = document["requests"][0]
     w, layers = 32, 3
+    logits = 2 * w * 300  # at every position
     assert request["prefill_costs"]["position_matmul_flops"][:2] == [
-        layers * (8 * w * w + 4 * w * 64 + 4 * w * p) + 2 * w * 300 for p in (1, 2)  # logits at every position
+        layers * (8 * w * w + 4 * w * 64 + 4 * w * p) + logits for p in (1, 2)
     ]
 
 
