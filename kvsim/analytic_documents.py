@@ -30,6 +30,18 @@ _REQUEST_MEMBER = re.compile(r"^computations\.requests\[(\d+)\]\.([a-z_]+)")
 Naming = Callable[[ApiError], ApiError | None]  # a refusal of the document, named where its value came from
 
 
+def sized_model(sizes: dict[str, int]) -> AnalyticModel:
+    """The GPT-2-shaped model of the size options (MODEL_SIZES' names)."""
+    return AnalyticModel(
+        layers=sizes["layers"],
+        width=sizes["width"],
+        ffn=sizes["ffn"],
+        vocabulary=sizes["vocabulary"],
+        precision_bytes=sizes["precision_bytes"],
+        context=sizes["context"],
+    )
+
+
 def bounded_model(model: AnalyticModel, described: str) -> AnalyticModel:
     """`model`, refused when a count it gives one request is past what kvsim reads (`described` says where
     its sizes came from)."""

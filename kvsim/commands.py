@@ -25,6 +25,7 @@ from kvsim.analytic_documents import (
     Naming,
     bounded_model,
     document_bytes,
+    sized_model,
     trace_field,
 )
 from kvsim.cache_run import (
@@ -428,9 +429,7 @@ def _model(args: argparse.Namespace) -> analytic.AnalyticModel:
             raise ApiError(_flag(given[0]), "is read from --model-config; give one or the other")
         return bounded_model(read_model_config(args.model_config), f"--model-config {args.model_config}")
     sizes = {name: getattr(args, name, default) for name, default in MODEL_SIZES.items()}
-    return bounded_model(
-        analytic.AnalyticModel(**sizes), " ".join(f"{_flag(name)} {value}" for name, value in sizes.items())
-    )
+    return bounded_model(sized_model(sizes), " ".join(f"{_flag(name)} {value}" for name, value in sizes.items()))
 
 
 def _flag(name: str) -> str:

@@ -92,18 +92,23 @@ def jgpt_model(architecture: Mapping[str, Any], field: Field) -> AnalyticModel:
         raise ApiError(field(unknown[0]), f"is not a field of a {position}-position jgpt architecture")
     for name, choices in conventions.items():
         _choice(architecture, name, field, choices, choices[0])
-    sizes = {name: _size(architecture, name, field) for name in _JGPT_SIZES}
-    kv_heads = _size(architecture, "kv_heads", field, sizes["heads"])
-    _heads(sizes["width"], sizes["heads"], kv_heads, None, field, ("heads", "kv_heads"))
+    vocabulary, width, ffn, context, layers, heads = (_size(architecture, name, field) for name in _JGPT_SIZES)
+    kv_heads = _size(architecture, "kv_heads", field, heads)
+    _heads(width, heads, kv_heads, None, field, ("heads", "kv_heads"))
     if architecture.get("sliding_window") is not None:
         raise ApiError(field("sliding_window"), "kvsim's analytic model counts full causal attention; null only")
     attention_bias = _choice(architecture, "attention_bias", field, (False, True), False)
     precision = _choice(architecture, "precision", field, tuple(JGPT_PRECISIONS), "float32")
     return AnalyticModel(
-        **sizes,
+        layers=layers,
+        width=width,
+        ffn=ffn,
+        vocabulary=vocabulary,
         precision_bytes=JGPT_PRECISIONS[precision],
+        context=context,
+        heads=heads,
         kv_heads=kv_heads,
-        head_dim=sizes["width"] // sizes["heads"],
+        head_dim=width // heads,
         gated=position == "rope",
         positions="learned" if position == "learned" else "rotary",
         biases="every" if position == "learned" else "query_key_value" if attention_bias else "none",
