@@ -51,8 +51,8 @@ def bounded_model(model: AnalyticModel, described: str) -> AnalyticModel:
     if max(flops, memory) > LIMIT:
         raise ApiError(
             "analytic model",
-            f"{described} give a request {flops} FLOPs and {memory} bytes, past the 2^53 kvsim reads; choose "
-            "smaller sizes",
+            f"{described}: a request of the whole context counts {flops} FLOPs and {memory} bytes, past the 2^53 "
+            "kvsim reads; choose smaller sizes",
         )
     return model
 

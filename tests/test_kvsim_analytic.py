@@ -294,3 +294,52 @@ def test_the_worked_numbers_follow_the_docs_formulas():
         f"FLOPs of a decode step at position {p}": 2 * matrices + L * 4 * q * (p + 1),
         f"bytes of a decode step at position {p}": 2 * matrices + 4 * vectors + 4 * (w + V) + 2 * L * k * 2 * (p + 1),
     }
+
+
+# -- --model-config on the commands -----------------------------------------------------------------------
+
+
+def _kvsim(argv: list) -> int:
+    from jgpt.cli.main import main as jgpt
+
+    return jgpt(["kvsim", *map(str, argv)])
+
+
+def test_synthesize_and_import_trace_count_the_model_config_names(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_8B))
+    model = hf_model(LLAMA_3_8B, str)
+    trace = ROOT / "tests" / "data" / "kvsim_mooncake_sample.jsonl"
+    for argv in (["synthesize", "--requests", 6], ["import-trace", trace, "--format", "mooncake", "--block-tokens", 4]):
+        out = tmp_path / "doc.json"
+        assert _kvsim([*argv, "--model-config", tmp_path, "--out", out]) == 0
+        document = json.loads(out.read_text())
+        assert document["kv_bytes_per_position"] == model.kv_bytes_per_position == 131072
+        assert document["model"]["architecture"] == model.architecture()
+        request = document["requests"][0]
+        assert request["prefill_costs"]["fixed_memory_bytes"] == model.fixed_memory_bytes
+        assert request["prefill_costs"]["position_matmul_flops"][:3] == [model.position_flops(p) for p in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("extra", "config", "field"),
+    [
+        (["--layers", "2"], LLAMA_3_8B, "--layers"),  # a size beside --model-config: refused, not ignored
+        ([], {**LLAMA_3_8B, "num_key_value_heads": 3}, "config.json:num_key_value_heads"),
+        ([], {**LLAMA_3_8B, "max_position_embeddings": 2**20, "num_hidden_layers": 2**10}, "analytic model"),
+    ],
+)
+def test_a_model_config_the_commands_cannot_use_is_refused_naming_why(tmp_path, capsys, extra, config, field):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["synthesize", "--requests", 2, "--model-config", tmp_path / "config.json", *extra, "--out", tmp_path / "d"]
+    assert _kvsim(argv) != 0
+    error = capsys.readouterr().err
+    assert f"error: {field}: " in error, error
+    assert not (tmp_path / "d").exists()
+
+
+def test_block_tokens_are_bounded_by_the_model_configs_context(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({**GPT2_SMALL, "n_positions": 8}))
+    trace = ROOT / "tests" / "data" / "kvsim_mooncake_sample.jsonl"
+    argv = ["import-trace", trace, "--format", "mooncake", "--model-config", tmp_path, "--out", tmp_path / "d.json"]
+    assert _kvsim(argv) != 0
+    assert "error: --block-tokens: must be in [1, the context 8], got 512" in capsys.readouterr().err
