@@ -9,10 +9,11 @@ feed-forward matrices when gated (else 2):
 
     dense FLOPs of one position:  layers * (2 w (2 q + 2 k) + 2 g w f) + 2 w V   (logits at every position,
                                   as jgpt's forward pass computes them)
-    attention FLOPs per key:      layers * 4 q   (scores and the weighted values; position p sees p + 1 keys)
-    FLOPs of position p:          dense + attention * (p + 1)
+    attention FLOPs per key:      layers * 4 q   (scores and the weighted values)
+    keys position p sees:         keys(p) = p + 1, or min(p + 1, W) under a sliding window of W positions
+    FLOPs of position p:          dense + attention * keys(p)
     kv_bytes_per_position:        2 * layers * k * precision_bytes
-    bytes of position p:          its embedding rows and float32 logits, and (p + 1) positions of K and V
+    bytes of position p:          its embedding rows and float32 logits, and keys(p) positions of K and V
     fixed bytes of a work:        every weight but the embedding tables, read once
 
 A prefill has no fixed FLOPs; a decode step at position p is one position's FLOPs and bytes plus the
@@ -54,6 +55,25 @@ class AnalyticModel:
     positions: str = "learned"  # learned positions are a table read a row per position; rotary ones are weightless
     biases: str = "every"
     tied_embeddings: bool = False  # the published head is the token table (jgpt's import holds a copy)
+    sliding_window: int | None = None  # a query sees the keys of its last `sliding_window` positions only
+
+    @property
+    def attention_window(self) -> int | None:
+        """The sliding window where it bounds anything (not when it holds the whole context)."""
+        window = self.sliding_window
+        return window if window is not None and window < self.context else None
+
+    def keys(self, p: int) -> int:
+        """The keys position p attends to: itself and those before it, within the window."""
+        window = self.attention_window
+        return p + 1 if window is None else min(p + 1, window)
+
+    def keys_before(self, n: int) -> int:
+        """keys(p) summed over positions p < n, in closed form."""
+        window = self.attention_window
+        if window is None or n <= window:
+            return n * (n + 1) // 2
+        return window * (window + 1) // 2 + (n - window) * window
 
     @property
     def head_width(self) -> int:
@@ -141,15 +161,15 @@ class AnalyticModel:
         return self.layers * 2 * 2 * self.query_width
 
     def position_flops(self, p: int) -> int:
-        return self.dense_flops_per_position + self.attention_flops_per_key * (p + 1)
+        return self.dense_flops_per_position + self.attention_flops_per_key * self.keys(p)
 
     def position_bytes(self, p: int) -> int:
-        """Its rows and logits, the K and V of the p positions before it read and its own written."""
-        return self.row_bytes_per_position + self.kv_bytes_per_position * (p + 1)
+        """Its rows and logits, the K and V of the positions before it that it sees read, and its own written."""
+        return self.row_bytes_per_position + self.kv_bytes_per_position * self.keys(p)
 
     def prefill(self, n: int) -> tuple[int, int]:
         """The FLOPs and bytes of a prefill of positions 0 .. n - 1, nothing reused."""
-        keys = n * (n + 1) // 2
+        keys = self.keys_before(n)
         return (
             self.dense_flops_per_position * n + self.attention_flops_per_key * keys,
             self.fixed_memory_bytes + self.row_bytes_per_position * n + self.kv_bytes_per_position * keys,
@@ -175,25 +195,34 @@ class AnalyticModel:
             "position": self.positions,
             "biases": self.biases,
             "tied_embeddings": self.tied_embeddings,
+            "sliding_window": self.sliding_window,
             "precision": PRECISIONS.get(self.precision_bytes, f"{8 * self.precision_bytes}-bit"),
         }
 
 
 class _Cumulative:
-    """cum[i] = the sum over positions p < i of `per_position + per_key * (p + 1)`, in closed form (no table
+    """cum[i] = the sum over positions p < i of `per_position + per_key * keys(p)`, in closed form (no table
     per request): what a prefix of a prompt costs, in FLOPs or in bytes."""
 
-    def __init__(self, per_position: int, per_key: int):
-        self.per_position, self.per_key = per_position, per_key
+    def __init__(self, model: AnalyticModel, per_position: int, per_key: int):
+        self.model, self.per_position, self.per_key = model, per_position, per_key
 
     def __getitem__(self, i: int) -> int:
-        return self.per_position * i + self.per_key * i * (i + 1) // 2
+        return self.per_position * i + self.per_key * self.model.keys_before(i)
 
     def increments(self, n: int) -> list[int]:
-        """Each position's cost for p < n: linear in p, so a range (summed per position, these were a sixth of a
-        streamed run's time)."""
-        first = self.per_position + self.per_key
-        return list(range(first, first + n * self.per_key, self.per_key))
+        """Each position's cost for p < n (summed per position, these were a sixth of a streamed run's time)."""
+        return list(_linear_counts(self.model, 0, n, self.per_position, self.per_key))
+
+
+def _linear_counts(model: AnalyticModel, first: int, n: int, fixed: int, per_key: int) -> tuple[int, ...]:
+    """`fixed + per_key * keys(p)` for positions first .. first + n - 1: a range while the keys grow with p,
+    then constant once the window is full."""
+    window = model.attention_window
+    growing = n if window is None else max(0, min(n, window - first))
+    start = fixed + per_key * (first + 1)
+    flat = () if window is None else (fixed + per_key * window,) * (n - growing)
+    return tuple(range(start, start + growing * per_key, per_key)) + flat
 
 
 @dataclass(frozen=True)
@@ -218,16 +247,15 @@ def framing_ids() -> dict[str, int]:
 
 def _requests(model: AnalyticModel) -> Callable[[Conversation], RecordedRequest]:
     """Makes the model's requests; what they share is worked out once (a streamed run makes each request three
-    times). A decode step's FLOPs and bytes are linear in its position, so each request's are a range."""
+    times). A decode step's FLOPs and bytes are linear in its position until a sliding window fills, so each
+    request's are a range (and then a constant)."""
     per_key, kv_bytes = model.attention_flops_per_key, model.kv_bytes_per_position
-    cum_flops = _Cumulative(model.dense_flops_per_position, per_key)
-    cum_bytes = _Cumulative(model.row_bytes_per_position, kv_bytes)
-    fixed_bytes = model.fixed_memory_bytes
+    dense, rows, fixed_bytes = model.dense_flops_per_position, model.row_bytes_per_position, model.fixed_memory_bytes
+    cum_flops, cum_bytes = _Cumulative(model, dense, per_key), _Cumulative(model, rows, kv_bytes)
 
     def request(item: Conversation) -> RecordedRequest:
         n, output, complete = len(item.prompt_ids), item.output_ids, item.complete
         steps = len(output) - 1  # at positions n .. n + steps - 1
-        first_flops, first_bytes = model.decode_flops(n), model.decode_bytes(n)
         return RecordedRequest(
             request_id=item.request_id,
             arrival_us=item.arrival_us,
@@ -246,8 +274,8 @@ def _requests(model: AnalyticModel) -> Callable[[Conversation], RecordedRequest]
             cum_flops=cum_flops,
             cum_bytes=cum_bytes,
             decode_positions=tuple(range(n, n + steps)),
-            decode_flops=tuple(range(first_flops, first_flops + steps * per_key, per_key)),
-            decode_bytes=tuple(range(first_bytes, first_bytes + steps * kv_bytes, kv_bytes)),
+            decode_flops=_linear_counts(model, n, steps, dense, per_key),
+            decode_bytes=_linear_counts(model, n, steps, fixed_bytes + rows, kv_bytes),
         )
 
     return request

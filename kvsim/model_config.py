@@ -4,7 +4,7 @@
 architecture JSON (the fields of jgpt.model.architecture's `to_json`, read here because kvsim imports no
 model code), or a Hugging Face `config.json` (or its directory) of the gpt2, llama, mistral or qwen2
 model types. Every size is an integer from 1 to DIMENSION_LIMIT, as `import-hf` reads a config; what
-the analytic model cannot count (a sliding attention window, biases where jgpt has none) is refused
+the analytic model cannot count (Qwen2's layered sliding window, biases where jgpt has none) is refused
 naming the field, never guessed.
 """
 
@@ -95,8 +95,6 @@ def jgpt_model(architecture: Mapping[str, Any], field: Field) -> AnalyticModel:
     vocabulary, width, ffn, context, layers, heads = (_size(architecture, name, field) for name in _JGPT_SIZES)
     kv_heads = _size(architecture, "kv_heads", field, heads)
     _heads(width, heads, kv_heads, None, field, ("heads", "kv_heads"))
-    if architecture.get("sliding_window") is not None:
-        raise ApiError(field("sliding_window"), "kvsim's analytic model counts full causal attention; null only")
     attention_bias = _choice(architecture, "attention_bias", field, (False, True), False)
     precision = _choice(architecture, "precision", field, tuple(JGPT_PRECISIONS), "float32")
     return AnalyticModel(
@@ -112,7 +110,13 @@ def jgpt_model(architecture: Mapping[str, Any], field: Field) -> AnalyticModel:
         gated=position == "rope",
         positions="learned" if position == "learned" else "rotary",
         biases="every" if position == "learned" else "query_key_value" if attention_bias else "none",
+        sliding_window=_window(architecture, field),
     )
+
+
+def _window(document: Mapping[str, Any], field: Field) -> int | None:
+    """A sliding window: null (none) or a size."""
+    return None if document.get("sliding_window") is None else _size(document, "sliding_window", field)
 
 
 def hf_model(config: Mapping[str, Any], field: Field) -> AnalyticModel:
@@ -143,15 +147,15 @@ def _llama_family(config: Mapping[str, Any], model_type: str, precision_bytes: i
     _choice(config, "hidden_act", field, ("silu",), "silu")
     if model_type == "qwen2":  # biases on the query, key and value projections, always
         biases = "query_key_value"
+        # Its window covers only the layers past max_window_layers; off (as in every released Qwen2), transformers
+        # ignores sliding_window.
         if _choice(config, "use_sliding_window", field, (False, True), False):
-            raise ApiError(field("use_sliding_window"), "kvsim's analytic model counts full causal attention")
+            raise ApiError(field("use_sliding_window"), "true is not counted: a window over some layers only")
     else:
         biases = "none"
         for name in ("attention_bias", "mlp_bias"):
             if _choice(config, name, field, (False, True), False):
                 raise ApiError(field(name), "true is not counted: jgpt's Llama family has no such biases")
-        if config.get("sliding_window") is not None:
-            raise ApiError(field("sliding_window"), "kvsim's analytic model counts full causal attention; null only")
     width, heads = _size(config, "hidden_size", field), _size(config, "num_attention_heads", field)
     kv_heads = heads if config.get("num_key_value_heads") is None else _size(config, "num_key_value_heads", field)
     head_dim = None if config.get("head_dim") is None else _size(config, "head_dim", field)
@@ -170,4 +174,5 @@ def _llama_family(config: Mapping[str, Any], model_type: str, precision_bytes: i
         positions="rotary",
         biases=biases,
         tied_embeddings=_choice(config, "tie_word_embeddings", field, (True, False), False),
+        sliding_window=_window(config, field) if model_type == "mistral" else None,  # transformers' llama has none
     )

@@ -192,7 +192,7 @@ def test_an_artifact_a_manifest_an_architecture_and_a_config_directory_are_read(
         ({**LLAMA_3_8B, "torch_dtype": "int4"}, "config.json:torch_dtype"),
         ({**LLAMA_3_8B, "model_type": "gemma"}, "config.json:model_type"),
         ({**LLAMA_3_8B, "attention_bias": True}, "config.json:attention_bias"),
-        ({**MISTRAL, "sliding_window": 4096}, "config.json:sliding_window"),
+        ({**MISTRAL, "sliding_window": 0}, "config.json:sliding_window"),
         ({**QWEN2, "use_sliding_window": True}, "config.json:use_sliding_window"),
         ({**GPT2_SMALL, "n_head": 7}, "config.json:n_head"),
         ({k: v for k, v in GPT2_SMALL.items() if k != "n_layer"}, "config.json:n_layer"),
@@ -214,7 +214,8 @@ def test_a_config_the_model_cannot_count_is_refused_naming_its_field(tmp_path, c
         ({**GPT, "heads": 5}, "a.json:heads"),
         ({**GPT, "precision": "float16"}, "a.json:precision"),
         ({**GPT, "position": "alibi"}, "a.json:position"),
-        ({**GROUPED_LLAMA, "sliding_window": 16}, "a.json:sliding_window"),
+        ({**GROUPED_LLAMA, "sliding_window": -1}, "a.json:sliding_window"),
+        ({**GPT, "sliding_window": 16}, "a.json:sliding_window"),  # a GPT has no window
     ],
 )
 def test_a_jgpt_architecture_is_checked_as_jgpt_checks_it(tmp_path, architecture, field):
@@ -235,6 +236,41 @@ def test_any_value_of_any_field_gives_a_model_or_an_error_naming_a_field(name, v
         assert error.field.startswith("config.json:"), error
     else:
         assert model.kv_bytes_per_position > 0 and model.parameters > 0
+
+
+@given(
+    window=st.integers(1, 40),
+    context=st.integers(1, 48),
+    prompt=st.integers(1, 30),
+    output=st.integers(1, 12),
+    reused=st.integers(0, 29),
+)
+def test_a_sliding_window_bounds_the_keys_each_position_counts(window, context, prompt, output, reused):
+    """Every prefill position, prefix and decode step against the sum of min(p + 1, W) keys, position by position
+    (a window that holds the whole context bounds nothing)."""
+    model = jgpt_model({**GROUPED_LLAMA, "context": context, "sliding_window": window}, str)
+    seen = [p + 1 if window >= context else min(p + 1, window) for p in range(prompt + output)]
+    flops = [model.dense_flops_per_position + model.attention_flops_per_key * keys for keys in seen]
+    memory = [model.row_bytes_per_position + model.kv_bytes_per_position * keys for keys in seen]
+    item = Conversation("r", 0, tuple(range(prompt)), tuple(range(output)), output, False)
+    (request,) = analytic_computations(model, [item], "window").requests
+    document = request_json(request)
+    assert document["prefill_costs"]["position_matmul_flops"] == flops[:prompt]
+    assert document["prefill_costs"]["position_memory_bytes"] == memory[:prompt]
+    steps = document["decode_steps"]
+    assert [s["matmul_flops"] for s in steps] == flops[prompt : prompt + output - 1]
+    assert [s["logical_memory_bytes"] for s in steps] == [model.fixed_memory_bytes + m for m in memory[prompt:-1]]
+    r = min(reused, prompt)
+    assert request.prefill_cost(r) == (sum(flops[r:prompt]), model.fixed_memory_bytes + sum(memory[r:prompt]))
+    assert model.prefill(prompt) == request.prefill_cost(0)
+
+
+def test_mistrals_window_is_read_and_llamas_has_none():
+    windowed = hf_model({**MISTRAL, "sliding_window": 4096, "max_position_embeddings": 32768}, str)
+    assert windowed.attention_window == 4096
+    assert windowed.decode_flops(10_000) == windowed.decode_flops(4095) > windowed.decode_flops(4094)
+    assert hf_model(MISTRAL, str).attention_window is None
+    assert hf_model({**LLAMA_3_8B, "sliding_window": 16}, str).attention_window is None  # transformers' llama: none
 
 
 # -- the worked numbers docs/kvsim.md gives ----------------------------------------------------------------
