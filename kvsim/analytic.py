@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from jgpt.foundation.errors import ApiError
 from jgpt.tokenizers.framing import ROLE_IDS, TURN_END_ID  # pure Python: no numpy, no HF tokenizers
 from kvsim.recorded import RecordedComputations, RecordedRequest, StreamedComputations
 
@@ -56,6 +57,12 @@ class AnalyticModel:
     biases: str = "every"
     tied_embeddings: bool = False  # the published head is the token table (jgpt's import holds a copy)
     sliding_window: int | None = None  # a query sees the keys of its last `sliding_window` positions only
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ApiError("positions", f"{self.positions!r} is not one of {', '.join(POSITIONS)}")
+        if self.biases not in BIASES:
+            raise ApiError("biases", f"{self.biases!r} is not one of {', '.join(BIASES)}")
 
     @property
     def attention_window(self) -> int | None:

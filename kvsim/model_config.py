@@ -30,7 +30,8 @@ _GPT = {"normalization": ("layernorm",), "activation": ("gelu", "gelu_tanh")}
 _LLAMA = {"normalization": ("rmsnorm",), "activation": ("swiglu",)}
 _JGPT_SIZES = ("vocabulary", "width", "ffn", "context", "layers", "heads")
 # Fields that do not change a count: read (checked by the model when it loads), not used.
-_JGPT_UNCOUNTED = ("epsilon", "rope_theta", "rope_scaling")
+_JGPT_UNCOUNTED = ("epsilon",)
+_ROPE_ONLY = ("kv_heads", "attention_bias", "sliding_window", "rope_theta", "rope_scaling")
 
 Field = Callable[[str], str]  # a member's name as an error names it
 
@@ -86,14 +87,14 @@ def jgpt_model(architecture: Mapping[str, Any], field: Field) -> AnalyticModel:
     conventions = _GPT if position == "learned" else _LLAMA
     known = {*_JGPT_SIZES, *_JGPT_UNCOUNTED, "position", "precision", *conventions}
     if position == "rope":
-        known |= {"kv_heads", "attention_bias", "sliding_window"}
+        known |= set(_ROPE_ONLY)
     unknown = sorted(set(architecture) - known)
     if unknown:
         raise ApiError(field(unknown[0]), f"is not a field of a {position}-position jgpt architecture")
     for name, choices in conventions.items():
         _choice(architecture, name, field, choices, choices[0])
     vocabulary, width, ffn, context, layers, heads = (_size(architecture, name, field) for name in _JGPT_SIZES)
-    kv_heads = _size(architecture, "kv_heads", field, heads)
+    kv_heads = heads if architecture.get("kv_heads") is None else _size(architecture, "kv_heads", field)
     _heads(width, heads, kv_heads, None, field, ("heads", "kv_heads"))
     attention_bias = _choice(architecture, "attention_bias", field, (False, True), False)
     precision = _choice(architecture, "precision", field, tuple(JGPT_PRECISIONS), "float32")

@@ -216,9 +216,11 @@ def test_a_config_the_model_cannot_count_is_refused_naming_its_field(tmp_path, c
         ({**GPT, "position": "alibi"}, "a.json:position"),
         ({**GROUPED_LLAMA, "sliding_window": -1}, "a.json:sliding_window"),
         ({**GPT, "sliding_window": 16}, "a.json:sliding_window"),  # a GPT has no window
+        ({**GPT, "rope_theta": 10000.0}, "a.json:rope_theta"),
     ],
 )
 def test_a_jgpt_architecture_is_checked_as_jgpt_checks_it(tmp_path, architecture, field):
+    """As jgpt.model.architecture's readers refuse it, or where the analytic model cannot count it."""
     (tmp_path / "a.json").write_text(json.dumps(architecture))
     with pytest.raises(ApiError) as refused:
         read_model_config(tmp_path / "a.json")
@@ -263,6 +265,14 @@ def test_a_sliding_window_bounds_the_keys_each_position_counts(window, context, 
     r = min(reused, prompt)
     assert request.prefill_cost(r) == (sum(flops[r:prompt]), model.fixed_memory_bytes + sum(memory[r:prompt]))
     assert model.prefill(prompt) == request.prefill_cost(0)
+
+
+def test_a_llama_without_kv_heads_has_one_per_head_and_a_model_names_its_conventions():
+    assert jgpt_model({**GROUPED_LLAMA, "kv_heads": None}, str).kv_width == GROUPED_LLAMA["width"]
+    for conventions, field in (({"biases": "some"}, "biases"), ({"positions": "alibi"}, "positions")):
+        with pytest.raises(ApiError) as refused:
+            AnalyticModel(layers=1, width=8, ffn=8, vocabulary=8, precision_bytes=4, **conventions)
+        assert refused.value.field == field
 
 
 def test_mistrals_window_is_read_and_llamas_has_none():
