@@ -61,8 +61,8 @@ def recorded(architecture: dict, precision: str, directory: Path) -> tuple[dict,
     a = architecture_from_json({**architecture, "precision": precision})
     weights, provenance = initialize(a, seed=3)
     save_artifact(directory, a, weights, provenance, Tokenizer.bytes_only())
-    execution, tokenizer = _load(str(directory))
-    return record(execution, read_workload(WORKLOAD, tokenizer), tokenizer=tokenizer), directory
+    loaded = _load(str(directory))
+    return record(loaded.execution, read_workload(WORKLOAD, loaded.tokenizer), tokenizer=loaded.tokenizer), directory
 
 
 def analytic_document(model: AnalyticModel, document: dict) -> list[dict]:
@@ -125,7 +125,7 @@ def test_the_recorders_costs_are_the_analytic_models_at_every_position(tmp_path)
         weights, provenance = initialize(a, seed=0)
         save_artifact(tmp_path / str(i), a, weights, provenance)
         for name, precision in (("f32", "float32"), ("bf16", "bfloat16")):  # as `--precision` names them
-            costs = _load(str(tmp_path / str(i)), name)[0].costs
+            costs = _load(str(tmp_path / str(i)), name).execution.costs
             model = jgpt_model({**architecture, "precision": precision}, str)
             for p in (0, 1, 17, 63):
                 assert costs.position_matmul_flops(p) == model.position_flops(p)
