@@ -422,7 +422,7 @@ def _load(model: str | None, precision: str | None = None, kernels: str = "auto"
     tokenizer = artifact.tokenizer()
     execution = ModelExecution.from_artifact(artifact, tokenizer, kernels=Kernels.named(kernels))
     own = execution.architecture.precision
-    execution = at_precision(execution, own if precision is None else PRECISION_NAMES.get(precision, own))
+    execution = at_precision(execution, own if precision is None else PRECISION_NAMES[precision])
     return LoadedModel(execution, tokenizer, artifact.prompt_format)
 
 
