@@ -54,6 +54,7 @@ from jgpt.tokenizers.encoding import (
 )
 from jgpt.tokenizers.framing import Turn, encodable
 from jgpt.tokenizers.hf_vocabulary import hf_pieces
+from jgpt.tokenizers.incremental_decoder import IncrementalDecoder, WindowDecoder
 from jgpt.tokenizers.regex_probe import check_regexes
 from jgpt.tokenizers.tokenizer import Tokenizer
 from jgpt.tokenizers.tokenizer_json import read_limited
@@ -311,6 +312,10 @@ class HFTokenizer(Tokenizer):
             reason, byte = problem
             note = f"{reason} in the token at position {int(np.searchsorted(ends, byte, side='right'))}"
         return Decoded(text, note, data[int(ends[kept - 1]) if kept else 0 :])
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        """`decode` over a bounded window of the ids (jgpt/tokenizers/incremental_decoder.py)."""
+        return WindowDecoder(self.decode, self.table.lengths)
 
 
 _LIBRARY_VERSION = f"tokenizers {tokenizers.__version__}"

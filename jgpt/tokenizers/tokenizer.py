@@ -42,6 +42,7 @@ from jgpt.tokenizers.framing import (
     Turn,
     normalize,
 )
+from jgpt.tokenizers.incremental_decoder import IncrementalDecoder, PieceDecoder
 from jgpt.tokenizers.tokenizer_json import (
     BYTE_LEVEL_ALPHABET,
     BYTE_OF_CHAR,
@@ -251,6 +252,11 @@ class Tokenizer:
                 position = start + int(np.searchsorted(np.cumsum(self.table.lengths[run]), byte, side="right"))
                 notes.append(f"{reason} in the token at position {position}")
         return Decoded("".join(parts), "; ".join(notes) or None, pending)
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        """Decodes ids as they come, each id's text once: the text it has given out after any ids is
+        `decode(ids, final=False).text`, and after `finish` `decode(ids).text`."""
+        return PieceDecoder(self.pieces, CONTROL_MARKERS)
 
 
 # GPT-2's split of text into words, spaces and punctuation before merging; no prefix space,

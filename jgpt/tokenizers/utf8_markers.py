@@ -22,7 +22,7 @@ def utf8_with_markers(data: bytes, hold_pending: bool = False) -> tuple[str, tup
     decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")  # bad byte b -> U+DC00+b
     text = decoder.decode(data, final=not hold_pending)
     pending = decoder.getstate()[0]
-    escaped = len(_ESCAPED_BYTE.findall(text))
+    escaped = len(ESCAPED_BYTE.findall(text))
     if not escaped:
         return text, None, pending
     try:
@@ -32,7 +32,12 @@ def utf8_with_markers(data: bytes, hold_pending: bool = False) -> tuple[str, tup
         kind = "incomplete" if error.reason == "unexpected end of data" else "malformed"
         others = f", {escaped} bad bytes in all" if escaped > len(bad) else ""
         problem = f"{kind} UTF-8 ({error.reason}: {' '.join(f'0x{b:02X}' for b in bad)}{others})", error.start
-    return _ESCAPED_BYTE.sub(lambda match: f"<0x{ord(match[0]) - 0xDC00:02X}>", text), problem, pending
+    return marked(text), problem, pending
 
 
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+def marked(text: str) -> str:
+    """Text decoded with surrogateescape, each escaped byte written as <0xNN>."""
+    return ESCAPED_BYTE.sub(lambda match: f"<0x{ord(match[0]) - 0xDC00:02X}>", text)
+
+
+ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # a byte surrogateescape could not decode
