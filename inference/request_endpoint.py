@@ -286,14 +286,16 @@ def refusal(problem: ApiError) -> dict[str, Any]:
 
 class PublishedText:
     """A request's text as its ids are published: each id's new text, an unfinished UTF-8 character and any tail
-    that may begin a stop string held back until decided. The ids behind a piece of text come with it."""
+    that may begin a stop string held back until decided. The ids behind a piece of text come with it. Each id is
+    decoded once (the tokenizer's incremental decoder); a stop string is looked for in the text not given out yet
+    and the tail of the text given out that could begin one."""
 
     def __init__(self, tokenizer: Tokenizer, turn_end_id: int, stop: tuple[str, ...]):
-        self.tokenizer, self.turn_end_id, self.stop = tokenizer, turn_end_id, stop
+        self.decoder, self.turn_end_id, self.stop = tokenizer.incremental_decoder(), turn_end_id, stop
         self.longest = max(map(len, stop), default=0)
-        self.ids: list[int] = []
         self.unsent: list[int] = []
-        self.sent = 0  # characters of the text already given out
+        self.held = ""  # text decoded, not given out yet
+        self.tail = ""  # the last characters given out, fewer than the longest stop string's
         self.stopped = False  # a stop string matched: the text is whole
 
     def add(self, token_id: int) -> tuple[str, list[int]]:
@@ -306,33 +308,35 @@ class PublishedText:
         kept = [] if self.stopped else [t for t in token_ids if t != self.turn_end_id]
         if not kept:
             return "", []
-        self.ids += kept
         self.unsent += kept
+        self.held += self.decoder.add(kept)
         return self.release(final=False)
 
     def release(self, final: bool) -> tuple[str, list[int]]:
         """What can be given out now; with final, everything left (the request has ended)."""
         if self.stopped:
             return "", []
-        text = self.tokenizer.decode(self.ids, final=final).text
+        if final:
+            self.held += self.decoder.finish()
+        text, start = self.tail + self.held, len(self.tail)
         end = len(text)
         if self.stop:
-            start = max(0, self.sent - self.longest + 1)
-            found = [at for s in self.stop if (at := text.find(s, start)) >= 0]
+            found = [at for s in self.stop if (at := text.find(s)) >= 0]
             if found:
                 end, self.stopped = min(found), True
             elif not final:
                 end -= self.held_back(text)
-        piece = text[self.sent : max(end, self.sent)]
-        self.sent = max(end, self.sent)
+        end = max(end, start)
+        piece, self.held = text[start:end], text[end:]
+        self.tail = text[max(0, end - self.longest + 1) : end] if self.longest > 1 else ""
         if not piece and not final and not self.stopped:
             return "", []
         ids, self.unsent = self.unsent, []
         return piece, ids
 
     def held_back(self, text: str) -> int:
-        """The length of the longest tail of `text` that begins some stop string."""
-        for length in range(min(self.longest - 1, len(text) - self.sent), 0, -1):
+        """The length of the longest tail of `text`, past the text given out, that begins some stop string."""
+        for length in range(min(self.longest - 1, len(self.held)), 0, -1):
             tail = text[-length:]
             if any(s.startswith(tail) for s in self.stop):
                 return length

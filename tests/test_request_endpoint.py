@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inference.live_traffic import ARRIVE, Accepted, Closed, Ended, EngineBridge, Failed, Gauges, LiveTraffic, Selected
 from inference.policy import GREEDY, SAMPLE
@@ -135,6 +137,42 @@ def test_the_published_text_holds_back_a_split_character_and_a_possible_stop_str
     plain = PublishedText(TOKENIZER, TURN_END_ID, ())
     assert [plain.add(t) for t in (104, TURN_END_ID)] == [("h", [104]), ("", [])]
     assert plain.release(final=True) == ("", [])
+
+
+def whole_decode_pieces(groups: list[list[int]], stop: tuple[str, ...]) -> list[tuple[str, list[int]]]:
+    """The reference: after each group the whole text decoded again (final=False), cut at the first stop string,
+    less the longest tail past the text given out that may begin one; at the end the whole text (final)."""
+    longest, ids, unsent, sent, stopped, pieces = max(map(len, stop), default=0), [], [], 0, False, []
+    for final, group in [*((False, g) for g in groups), (True, [])]:
+        kept = [] if stopped else [t for t in group if t != TURN_END_ID]
+        ids, unsent = ids + kept, unsent + kept
+        if stopped or (not kept and not final):
+            pieces.append(("", []))
+            continue
+        text = TOKENIZER.decode(ids, final=final).text
+        found = [at for s in stop if (at := text.find(s, max(0, sent - longest + 1))) >= 0]
+        end = min(found) if found else len(text)
+        stopped = bool(found)
+        if not found and not final:
+            end -= next((n for n in range(min(longest - 1, len(text) - sent), 0, -1)
+                         if any(s.startswith(text[-n:]) for s in stop)), 0)  # fmt: skip
+        piece, sent = text[sent : max(end, sent)], max(end, sent)
+        released = bool(piece) or final or stopped
+        pieces.append((piece, unsent) if released else ("", []))
+        unsent = [] if released else unsent
+    return pieces
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    groups=st.lists(st.lists(st.sampled_from([*b"abc", 0xC3, 0xA9, 0xE2, 0x82, 0xFF, TURN_END_ID, 257]), max_size=3)),
+    stop=st.lists(st.text("abcé\ufffd", min_size=1, max_size=3), max_size=3).map(tuple),
+)
+def test_the_published_text_is_the_whole_decode_cut_at_a_stop_string_as_ids_come(groups, stop):
+    """Decoding each id once gives out, id group by id group, what decoding the whole text again would."""
+    text = PublishedText(TOKENIZER, TURN_END_ID, stop)
+    pieces = [text.extend(group) for group in groups] + [text.release(final=True)]
+    assert pieces == whole_decode_pieces(groups, stop)
 
 
 def test_finish_reason_and_usage_read_the_engines_outcome():
