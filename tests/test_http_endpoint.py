@@ -210,9 +210,10 @@ def test_bad_requests_get_400_naming_the_field_never_a_traceback(server, client)
         assert (refused.status_code, refused.json()["error"]["param"]) == (status, "body")
 
 
-async def _stream(client, body: dict, started: asyncio.Event | None = None, leave: asyncio.Event | None = None):
+async def _stream(client, body: dict, started: asyncio.Event | None = None, leave: asyncio.Future | None = None):
     """Stream a completion: (status, ids, finish reason, response id). `started` is set at the first chunk;
-    given `leave`, the client goes away (closes its connection) once it is set, after its first chunk."""
+    given `leave`, the client awaits it after its first chunk and, if it says True, goes away (closes its
+    connection)."""
     ids, finish, response_id = [], None, None
     async with client.stream("POST", "/v1/completions", json=body | {"stream": True}) as response:
         if response.status_code != 200:
@@ -227,17 +228,10 @@ async def _stream(client, body: dict, started: asyncio.Event | None = None, leav
             finish = chunk["choices"][0]["finish_reason"] or finish
             if started is not None:
                 started.set()
-            if leave is not None:
-                await leave.wait()
+            if leave is not None and await leave:
                 return "left", ids, None, response_id
+            leave = None
     return 200, ids, finish, response_id
-
-
-def _wait_for(condition, what: str, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def test_a_client_that_leaves_mid_stream_cancels_its_request_and_its_slot_goes_to_the_next(server, expected):
@@ -247,15 +241,24 @@ def test_a_client_that_leaves_mid_stream_cancels_its_request_and_its_slot_goes_t
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
             body = lambda n: {"prompt": list(long_prompts[n]), "max_tokens": LONG, "temperature": 0}  # noqa: E731
-            started, leave = [asyncio.Event() for _ in range(MAX_ACTIVE)], asyncio.Event()
-            # As many as the slots, then one more: it waits until the first client leaves.
-            leaving = asyncio.ensure_future(_stream(http, body(0), started[0], leave))
-            running = [asyncio.ensure_future(_stream(http, body(n), started[n])) for n in range(1, MAX_ACTIVE)]
-            await asyncio.gather(*(event.wait() for event in started))
-            waiting = asyncio.ensure_future(_stream(http, body(MAX_ACTIVE)))
-            await asyncio.to_thread(_wait_for, lambda: server.metrics()["jgpt_requests_waiting"] == 1, "a waiter")
-            leave.set()
-            return await leaving, await waiting, await asyncio.gather(*running)
+            # One more than the slots, sent together: one waits, and sends nothing, until a slot is freed. The
+            # first to start leaves as soon as the slots are full, long before any of them runs to its budget.
+            clients = range(MAX_ACTIVE + 1)
+            started = [asyncio.Event() for _ in clients]
+            leave = [asyncio.get_running_loop().create_future() for _ in clients]
+            streams = [asyncio.ensure_future(_stream(http, body(n), started[n], leave[n])) for n in clients]
+            starts = {asyncio.ensure_future(started[n].wait()): n for n in clients}
+            order, waiting = [], set(starts)
+            while len(order) < MAX_ACTIVE:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                order += [starts[task] for task in done]
+            for n in clients:
+                leave[n].set_result(n == order[0])
+            for task in waiting:
+                task.cancel()
+            (waiter,) = set(clients) - set(order)
+            results = await asyncio.gather(*streams)
+            return results[order[0]], results[waiter], [results[n] for n in order[1:]]
 
     (left, _, _, left_id), (status, ids, finish, waited_id), others = asyncio.run(scenario())
     assert left == "left" and status == 200 and finish == "length" and len(ids) == LONG
