@@ -83,8 +83,15 @@ def arrival_times(count: int, rate: float | None, seed: int = 0) -> list[float]:
 # -- the two ways in ------------------------------------------------------------------------------------------
 
 
-def over_http(model, engine, system_config, requests: list[dict], times: list[float]) -> list[dict]:
-    """Serve with the HTTP server in this process; the clients run in a child process."""
+def thread_cpu_s(thread: threading.Thread | None) -> float:
+    """The CPU time a running thread has used, in seconds."""
+    assert thread is not None and thread.ident is not None, "a started thread"
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def over_http(model, engine, system_config, requests: list[dict], times: list[float]) -> tuple[list[dict], dict]:
+    """Serve with the HTTP server in this process; the clients run in a child process. Also the CPU seconds the
+    server's event loop and the engine's thread used while the clients ran."""
     from inference.http_endpoint import HttpServer, RequestEndpoint, bind
 
     kv = system_config.kv_cache
@@ -95,24 +102,32 @@ def over_http(model, engine, system_config, requests: list[dict], times: list[fl
     thread.start()
     try:
         address = addresses.get(timeout=120)
+        threads = {"loop": thread, "engine": endpoint.bridge.thread}
+        before = {name: thread_cpu_s(t) for name, t in threads.items()}
         child = subprocess.run(
             [sys.executable, __file__, "--client", address], input=json.dumps({"bodies": requests, "times": times}),
             capture_output=True, text=True, check=True,
         )  # fmt: skip
+        cpu = {name: thread_cpu_s(t) - before[name] for name, t in threads.items()}
     finally:
         server.stop()
         thread.join()
-    return json.loads(child.stdout)
+    return json.loads(child.stdout), cpu
 
 
-def in_process(model, engine, requests: list[dict], times: list[float]) -> list[dict]:
-    """Submit the same requests to the engine's bridge directly, at the same times."""
+def in_process(model, engine, requests: list[dict], times: list[float]) -> tuple[list[dict], dict]:
+    """Submit the same requests to the engine's bridge directly, at the same times (the loop on this thread).
+    Also the CPU seconds the loop and the engine's thread used meanwhile."""
     from inference.live_traffic import Ended, EngineBridge, Selected
     from inference.request_endpoint import CHAT, COMPLETION, read_request
+
+    cpu: dict[str, float] = {}
 
     async def scenario() -> list[dict]:
         bridge = EngineBridge()
         bridge.start(engine.serve)
+        threads = {"loop": threading.current_thread(), "engine": bridge.thread}
+        before = {name: thread_cpu_s(t) for name, t in threads.items()}
         start = time.perf_counter()
 
         async def one(number: int) -> dict:
@@ -129,10 +144,11 @@ def in_process(model, engine, requests: list[dict], times: list[float]) -> list[
             return {"status": 200, "sent": sent - start, "stamps": [s - start for s in stamps], "end": ended - start}
 
         results = await asyncio.gather(*(one(n) for n in range(len(requests))))
+        cpu.update({name: thread_cpu_s(t) - before[name] for name, t in threads.items()})
         await bridge.stop()
         return list(results)
 
-    return asyncio.run(scenario())
+    return asyncio.run(scenario()), cpu
 
 
 def client(address: str) -> None:
@@ -171,8 +187,9 @@ def client(address: str) -> None:
 # -- figures ----------------------------------------------------------------------------------------------------
 
 
-def figures(results: list[dict]) -> dict:
-    """Throughput and latency percentiles of one run, measured at the client."""
+def figures(results: list[dict], cpu: dict[str, float]) -> dict:
+    """Throughput and latency percentiles of one run, measured at the client; the CPU the event loop and the
+    engine's thread used per streamed id."""
     served = [r for r in results if r["status"] == 200 and r["stamps"]]
     ttft = [(r["stamps"][0] - r["sent"]) * 1e3 for r in served]
     tpot = [(r["stamps"][-1] - r["stamps"][0]) * 1e3 / (len(r["stamps"]) - 1) for r in served if len(r["stamps"]) > 1]
@@ -184,6 +201,8 @@ def figures(results: list[dict]) -> dict:
         "tokens_per_s": round(tokens / span, 1), "requests_per_s": round(len(served) / span, 2),
         **{f"{name}_p{p}_ms": _percentile(values, p) for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e))
            for p in (50, 90)},
+        "loop_cpu_per_id_us": round(cpu["loop"] * 1e6 / tokens, 1),
+        "engine_cpu_per_id_us": round(cpu["engine"] * 1e6 / tokens, 1),
     }  # fmt: skip
 
 
@@ -206,25 +225,29 @@ def _percentile(values: list[float], p: int) -> float | None:
 
 
 def cost(rows: dict[str, dict]) -> dict:
-    """The HTTP layer's cost: throughput as a ratio, TTFT p50 as a difference."""
+    """The HTTP layer's cost: throughput as a ratio, TTFT p50 and the loop's CPU per id as differences."""
     http, local = rows["HTTP"], rows["in-process"]
     ttft = None if None in (http["ttft_p50_ms"], local["ttft_p50_ms"]) else http["ttft_p50_ms"] - local["ttft_p50_ms"]
     return {"throughput_x": round(http["tokens_per_s"] / local["tokens_per_s"], 3),
-            "ttft_p50_added_ms": None if ttft is None else round(ttft, 2)}  # fmt: skip
+            "ttft_p50_added_ms": None if ttft is None else round(ttft, 2),
+            "loop_cpu_per_id_added_us": round(http["loop_cpu_per_id_us"] - local["loop_cpu_per_id_us"], 1)}  # fmt: skip
 
 
 def table(label: str, rows: dict[str, dict]) -> str:
-    head = f"{label}\n  {'':<11}{'tok/s':>8}{'req/s':>7}  " + "  ".join(
-        f"{n} p50/p90 ms".rjust(19) for n in ("TTFT", "TPOT", "E2E")
+    head = (
+        f"{label}\n  {'':<11}{'tok/s':>8}{'req/s':>7}  "
+        + "  ".join(f"{n} p50/p90 ms".rjust(19) for n in ("TTFT", "TPOT", "E2E"))
+        + f"{'loop/engine CPU us/id':>23}"
     )
     lines = [head]
     for mode in ("in-process", "HTTP"):
         f = rows[mode]
         pairs = "  ".join(f"{_ms(f[f'{n}_p50_ms'])}/{_ms(f[f'{n}_p90_ms'])}".rjust(19) for n in ("ttft", "tpot", "e2e"))
-        lines.append(f"  {mode:<11}{f['tokens_per_s']:>8}{f['requests_per_s']:>7}  {pairs}")
-    added = rows["HTTP cost"]["ttft_p50_added_ms"]
+        cpu = f"{f['loop_cpu_per_id_us']:.0f}/{f['engine_cpu_per_id_us']:.0f}"
+        lines.append(f"  {mode:<11}{f['tokens_per_s']:>8}{f['requests_per_s']:>7}  {pairs}{cpu:>23}")
+    added, paid = rows["HTTP cost"]["ttft_p50_added_ms"], rows["HTTP cost"]["loop_cpu_per_id_added_us"]
     lines.append(f"  HTTP/in-process throughput {rows['HTTP cost']['throughput_x']:.3f}; TTFT p50 "
-                 f"{'-' if added is None else f'{added:+.2f} ms'}")  # fmt: skip
+                 f"{'-' if added is None else f'{added:+.2f} ms'}; loop CPU per id {paid:+.0f} us")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -259,8 +282,8 @@ def main() -> None:
         times = arrival_times(len(requests), rate)
         runs: dict[str, list[dict]] = {"in-process": [], "HTTP": []}
         for _ in range(args.repeats):  # alternating, so the machine's drift falls on both
-            runs["in-process"].append(figures(in_process(model, engine.live(), requests, times)))
-            runs["HTTP"].append(figures(over_http(model, engine.live(), config, requests, times)))
+            runs["in-process"].append(figures(*in_process(model, engine.live(), requests, times)))
+            runs["HTTP"].append(figures(*over_http(model, engine.live(), config, requests, times)))
         rows = {mode: medians(figured) for mode, figured in runs.items()}
         rows["HTTP cost"] = cost(rows)
         label = f"{'saturated' if rate is None else f'{rate:g} req/s'}, {len(requests)} requests"

@@ -195,12 +195,14 @@ class EngineBridge(Generic[Result]):
         self.closed = False
         self.failure: str | None = None
         self.switch_interval = sys.getswitchinterval()  # the interpreter's, put back when the engine stops
+        self.thread: threading.Thread | None = None  # the engine's, once started
 
     def start(self, serve: Callable[[LiveTraffic], Result]) -> None:
         self.loop = asyncio.get_running_loop()
         self.switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        threading.Thread(target=self.run, args=(serve,), name="inference-engine", daemon=True).start()
+        self.thread = threading.Thread(target=self.run, args=(serve,), name="inference-engine", daemon=True)
+        self.thread.start()
 
     def run(self, serve: Callable[[LiveTraffic], Result]) -> None:
         try:
