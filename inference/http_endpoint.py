@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from inference.live_traffic import Accepted, Closed, Ended, EngineBridge, Failed, LiveTraffic, Selected
+from inference.live_traffic import Accepted, Closed, Ended, EngineBridge, Failed, LiveTraffic, Publications, Selected
 from inference.request_endpoint import (
     CHAT,
     COMPLETION,
@@ -202,34 +202,49 @@ class RequestEndpoint(Generic[Result]):
                 return None, publication.reason, ids, False
         raise AssertionError("publications end with Ended or Failed")
 
-    async def chunks(self, call: EndpointRequest, publications) -> AsyncIterator[bytes]:
-        """The streamed response's events, those a publication makes written at once (a chat's opening role
-        chunk with its first text); leaving early (the client went away) cancels the request."""
+    async def chunks(self, call: EndpointRequest, publications: Publications) -> AsyncIterator[bytes]:
+        """The streamed response's events: one chunk per group of ids published since the last write (one id
+        each while the loop keeps up), written at once with the events the group ends with (a chat's opening
+        role chunk goes with its first text); leaving early (the client went away) cancels the request."""
         model, request_id = self.model, call.request.request_id
         published = PublishedText(model.tokenizer, model.turn_end_id, call.stop)
         events = [event(chunk(call, model, request_id, None, []))] if call.kind == CHAT else []
         ended = False
         try:
-            async for publication in publications:
-                if isinstance(publication, Selected):
-                    stopped = published.stopped
-                    piece, ids = published.add(publication.token_id)
+            while group := await publications.group():
+                selected = [p.token_id for p in group if isinstance(p, Selected)]
+                if selected:
+                    piece, ids = self.text_of(published, selected, request_id)
                     if piece or ids:
                         events.append(event(chunk(call, model, request_id, piece, ids)))
-                    if published.stopped and not stopped:
-                        self.bridge.cancel(request_id)
-                elif isinstance(publication, Ended):
+                last = group[-1]
+                if isinstance(last, Ended):
                     ended = True
-                    events += self.last_events(call, published, publication.outcome)
-                elif isinstance(publication, Failed):
+                    events += self.last_events(call, published, last.outcome)
+                elif isinstance(last, Failed):
                     ended = True
-                    events += [event(error(publication.reason, None, "server_error")), DONE]
+                    events += [event(error(last.reason, None, "server_error")), DONE]
                 if events:
                     yield b"".join(events)
                     events = []
         finally:
             if not ended:
                 self.client_gone(call)
+
+    def text_of(self, published: PublishedText, selected: list[int], request_id: str) -> tuple[str, list[int]]:
+        """The text and ids a group of selected ids releases: decoded together, or with stop strings one at a
+        time, so the request is cancelled at the id that completes one (the ids after it are not given out)."""
+        if not published.stop:
+            return published.extend(selected)
+        pieces, given = [], []
+        for token_id in selected:
+            stopped = published.stopped
+            piece, ids = published.add(token_id)
+            pieces.append(piece)
+            given += ids
+            if published.stopped and not stopped:
+                self.bridge.cancel(request_id)
+        return "".join(pieces), given
 
     def last_events(self, call: EndpointRequest, published: PublishedText, outcome: dict) -> list[bytes]:
         """A stream's end: the text still held back, the finish reason, the usage if asked, then [DONE]."""

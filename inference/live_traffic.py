@@ -157,12 +157,30 @@ class LiveTraffic:
 
 
 class Publications:
-    """What the engine publishes for one request, in order, as an async iterator ending after `Ended` or `Failed`."""
+    """What the engine publishes for one request, in order, ending after `Ended` or `Failed`: an async iterator of
+    publications, or with `group` everything published for it since the last look. A stream that writes a group
+    at a time writes once per look however far the engine got meanwhile (a deque and one waiter: the loop's
+    cost per publication is what a stream's throughput pays)."""
 
     def __init__(self, request_id: str):
         self.request_id = request_id
-        self.queue: asyncio.Queue[Publication] = asyncio.Queue()
-        self.over = False
+        self.ready: deque[Publication] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.over = False  # the last publication has been taken
+
+    def put(self, publication: Publication) -> None:
+        """On the loop: one more publication (the bridge's)."""
+        self.ready.append(publication)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def arrival(self) -> None:
+        while not self.ready:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
 
     def __aiter__(self) -> AsyncIterator[Publication]:
         return self
@@ -170,9 +188,19 @@ class Publications:
     async def __anext__(self) -> Publication:
         if self.over:
             raise StopAsyncIteration
-        publication = await self.queue.get()
+        await self.arrival()
+        publication = self.ready.popleft()
         self.over = isinstance(publication, (Ended, Failed))
         return publication
+
+    async def group(self) -> list[Publication]:
+        """Every publication not taken yet, once there is one; [] once the last has been taken."""
+        if self.over:
+            return []
+        await self.arrival()
+        taken, self.ready = list(self.ready), deque()
+        self.over = isinstance(taken[-1], (Ended, Failed))
+        return taken
 
 
 class Closed(Exception):
@@ -252,14 +280,14 @@ class EngineBridge(Generic[Result]):
             reader = self.readers.get(request_id)
             if reader is None:
                 continue
-            reader.queue.put_nowait(publication)
+            reader.put(publication)
             if isinstance(publication, Ended):
                 del self.readers[request_id]
 
     def fail(self, reason: str) -> None:
         self.failure = reason
         for reader in self.readers.values():
-            reader.queue.put_nowait(Failed(reason))
+            reader.put(Failed(reason))
         self.readers.clear()
         if self.on_failure is not None:
             self.on_failure()

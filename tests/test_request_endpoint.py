@@ -262,6 +262,22 @@ def test_the_bridge_carries_requests_to_the_engine_thread_and_its_publications_b
     asyncio.run(scenario())
 
 
+def test_a_reader_that_looks_late_takes_everything_published_meanwhile_as_one_group():
+    """A stream writes a group at a time: behind the engine, it writes once for all the ids it missed."""
+
+    async def scenario():
+        bridge: EngineBridge[list] = EngineBridge()
+        bridge.start(_scripted_engine)
+        reader = bridge.submit(read(COMPLETION, {"prompt": [5, 6, 7]}).request)
+        assert await anext(reader) == Accepted()
+        await asyncio.sleep(0.2)  # the engine selects an id per 5 ms: all three and the end are published
+        assert await reader.group() == [Selected(5), Selected(6), Selected(7), Ended({"status": "completed"})]
+        assert await reader.group() == [] and [p async for p in reader] == []
+        await bridge.stop()
+
+    asyncio.run(scenario())
+
+
 def test_an_engine_that_fails_ends_every_reader_and_refuses_what_comes_after():
     def failing(traffic: LiveTraffic):
         traffic.start(0)
