@@ -97,7 +97,7 @@ def thread_cpu_s(thread: threading.Thread | None) -> float:
 
 def over_http(model, engine, system_config, requests: list[dict], times: list[float]) -> tuple[list[dict], dict]:
     """Serve with the HTTP server in this process; the clients run in a child process. Also the CPU seconds the
-    server's event loop and the engine's thread used while the clients ran."""
+    server's event loop and the engine's thread used while the clients ran, and the clients' own."""
     from inference.http_endpoint import HttpServer, RequestEndpoint, bind
 
     kv = system_config.kv_cache
@@ -118,7 +118,8 @@ def over_http(model, engine, system_config, requests: list[dict], times: list[fl
     finally:
         server.stop()
         thread.join()
-    return json.loads(child.stdout), cpu
+    served = json.loads(child.stdout)
+    return served["results"], cpu | {"client": served["cpu_s"]}
 
 
 def in_process(model, engine, requests: list[dict], times: list[float]) -> tuple[list[dict], dict]:
@@ -187,15 +188,17 @@ def client(address: str) -> None:
         start = time.perf_counter()
         return list(await asyncio.gather(*(one(n, start) for n in range(len(requests)))))
 
-    print(json.dumps(asyncio.run(scenario())))
+    started = time.process_time()
+    results = asyncio.run(scenario())
+    print(json.dumps({"results": results, "cpu_s": time.process_time() - started}))
 
 
 # -- figures ----------------------------------------------------------------------------------------------------
 
 
 def figures(results: list[dict], cpu: dict[str, float]) -> dict:
-    """Throughput and latency percentiles of one run, measured at the client; the CPU the event loop and the
-    engine's thread used per streamed id."""
+    """Throughput and latency percentiles of one run, measured at the client; the CPU the event loop, the
+    engine's thread and (over HTTP) the client process used per streamed id."""
     served = [r for r in results if r["status"] == 200 and r["stamps"]]
     ttft = [(r["stamps"][0] - r["sent"]) * 1e3 for r in served]
     tpot = [(r["stamps"][-1] - r["stamps"][0]) * 1e3 / (len(r["stamps"]) - 1) for r in served if len(r["stamps"]) > 1]
@@ -209,6 +212,7 @@ def figures(results: list[dict], cpu: dict[str, float]) -> dict:
            for p in (50, 90)},
         "loop_cpu_per_id_us": round(cpu["loop"] * 1e6 / tokens, 1),
         "engine_cpu_per_id_us": round(cpu["engine"] * 1e6 / tokens, 1),
+        "client_cpu_per_id_us": round(cpu["client"] * 1e6 / tokens, 1) if "client" in cpu else None,
     }  # fmt: skip
 
 
@@ -253,7 +257,8 @@ def table(label: str, rows: dict[str, dict]) -> str:
         lines.append(f"  {mode:<11}{f['tokens_per_s']:>8}{f['requests_per_s']:>7}  {pairs}{cpu:>23}")
     added, paid = rows["HTTP cost"]["ttft_p50_added_ms"], rows["HTTP cost"]["loop_cpu_per_id_added_us"]
     lines.append(f"  HTTP/in-process throughput {rows['HTTP cost']['throughput_x']:.3f}; TTFT p50 "
-                 f"{'-' if added is None else f'{added:+.2f} ms'}; loop CPU per id {paid:+.0f} us")  # fmt: skip
+                 f"{'-' if added is None else f'{added:+.2f} ms'}; loop CPU per id {paid:+.0f} us (the clients' "
+                 f"own: {rows['HTTP']['client_cpu_per_id_us']:.0f} us)")  # fmt: skip
     return "\n".join(lines)
 
 
