@@ -112,6 +112,9 @@ SLOW = {
         "test_import_hf_refuses_a_template_that_cannot_frame_a_conversation_writing_nothing",  # 10
         "test_the_sandbox_process_is_reused_and_replaced_after_it_was_ended",  # 9
     ),
+    "test_incremental_decoder.py": (
+        "test_the_text_given_out_is_the_whole_decode_after_every_group_of_ids",  # 5: 300 examples, four tokenizers
+    ),
     "test_import_hardening.py": (
         "test_catalog_any_hostile_catalog_is_listed_or_refused_naming_a_catalog_field",  # 11
         "test_import_hf_any_hostile_config_is_refused_cleanly_or_imports",  # 22
