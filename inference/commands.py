@@ -459,22 +459,20 @@ class _TextStream:
     def __init__(self, tokenizer, turn_end_id: int):
         self.tokenizer, self.turn_end_id = tokenizer, turn_end_id
         self.ids: list[int] = []
-        self.printed = 0
+        self.decoder = tokenizer.incremental_decoder()  # each id's text once, not the whole text again per id
         self.shown = terminal_text if _is_terminal(sys.stdout) else str
 
     def select(self, row: int, token_id: int) -> None:
         if token_id == self.turn_end_id:
             return
         self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, final=False).text
-        sys.stdout.write(self.shown(text[self.printed :]))
+        sys.stdout.write(self.shown(self.decoder.add([token_id])))
         sys.stdout.flush()
-        self.printed = len(text)
 
     def finish(self, response) -> None:
-        decoded = self.tokenizer.decode(self.ids)
+        decoded = self.tokenizer.decode(self.ids)  # for its note on malformed bytes
         outcome = response.outcome
-        print(self.shown(decoded.text[self.printed :]))
+        print(self.shown(self.decoder.finish()))
         note = f"; {decoded.note}" if decoded.note else ""
         print(
             f"[{outcome.stop_reason}: {outcome.selected_tokens} selected, {outcome.published_tokens} published{note}]",
