@@ -14,7 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from jgpt.artifacts.artifact import load_artifact
 from jgpt.artifacts.hf_import import convert
@@ -87,7 +96,57 @@ CONFIGS = {
             tie_word_embeddings=True,
         )
     ),  # embeds the byte tokenizer
+    # A sliding window of 5 over sequences of up to 20 positions, with grouped heads.
+    "mistral-window-gqa": lambda: MistralForCausalLM(
+        MistralConfig(
+            vocab_size=96,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=20,
+            sliding_window=5,
+        )
+    ),
+    # Biases on the query, key and value projections, grouped heads, the head tied to the embedding.
+    "qwen2-bias-gqa-tied": lambda: Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=96,
+            hidden_size=48,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            max_position_embeddings=16,
+            tie_word_embeddings=True,
+        )
+    ),
+    # Llama 3.1's frequency scaling, its three regimes all present: with head_dim 16 and theta 10000 the
+    # wavelengths are 6.3, 19.9, 62.8, .. 19869: 6.3 is below 20 / 2 (kept), 19.9 between 20 / 2 and 20 / 0.5
+    # (interpolated), the rest above (divided by the factor).
+    "llama3-rope-scaling": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=24,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 0.5,
+                "high_freq_factor": 2.0,
+                "original_max_position_embeddings": 20,
+            },
+        )
+    ),
 }
+FAMILIES = {"gpt2": ModelArchitecture, "llama": LlamaArchitecture, "mistral": LlamaArchitecture,
+            "qwen2": LlamaArchitecture, "llama3": LlamaArchitecture}  # fmt: skip
 
 
 def save_perturbed(name: str, directory) -> torch.nn.Module:
@@ -118,7 +177,7 @@ def reference_logits(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:
 def test_logits_match_transformers_up_to_the_full_context(imported):
     name, model, artifact = imported
     architecture = artifact.architecture
-    assert isinstance(architecture, LlamaArchitecture if name.startswith("llama") else ModelArchitecture)
+    assert isinstance(architecture, FAMILIES[name.split("-")[0]])
     ids = np.random.default_rng(0).integers(0, architecture.vocabulary, (3, architecture.context)).astype(np.int32)
     expected = reference_logits(model, ids)
     got = np.asarray(FORWARD(artifact.weights, architecture, jnp.asarray(ids)).logits)
@@ -212,3 +271,64 @@ def test_a_tokenizer_next_to_the_model_becomes_the_artifacts_tokenizer(tmp_path)
     artifact = load_artifact(tmp_path / "artifact")
     assert artifact.tokenizer_sha256 == tokenizer.tokenizer_sha256
     assert (artifact.tokenizer_path).read_bytes() == (tmp_path / "hf" / "tokenizer.json").read_bytes()
+
+
+def jgpt_greedy(artifact, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    """Greedy ids after `prompt` by a prefill and then one cached decode step per token, with each step's logits."""
+    a = artifact.architecture
+    prefill = FORWARD(artifact.weights, a, jnp.asarray([prompt], jnp.int32), cache=KVBuffers.empty(a, 1, a.context))
+    logits, cache, ids = [prefill.logits[0, -1]], prefill.cache, list(prompt)
+    for position in range(len(prompt), len(prompt) + steps - 1):
+        ids.append(int(jnp.argmax(logits[-1])))
+        step = FORWARD(artifact.weights, a, jnp.asarray([[ids[-1]]], jnp.int32),
+                       positions=jnp.asarray([[position]], jnp.int32), cache=cache)  # fmt: skip
+        logits.append(step.logits[0, -1])
+        cache = step.cache
+    ids.append(int(jnp.argmax(logits[-1])))
+    return ids, np.stack(logits)
+
+
+def transformers_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
+    """transformers' own greedy decode: its prefill, then one step per token over its KV cache."""
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        ids = [*prompt, int(out.logits[0, -1].argmax())]
+        for _ in range(steps - 1):
+            out = model(torch.tensor([[ids[-1]]]), cache=out.past_key_values, use_cache=True)
+            ids.append(int(out.logits[0, -1].argmax()))
+    return ids
+
+
+def test_greedy_decode_matches_transformers_step_by_step(imported):
+    """The parity table's row: full forward and one-token cached decode logits against transformers' full forward,
+    and the greedy ids against transformers' own cached greedy decode, over the whole context (past any window)."""
+    name, model, artifact = imported
+    a = artifact.architecture
+    ids = np.random.default_rng(2).integers(0, a.vocabulary, (1, a.context)).astype(np.int32)
+    full = float(np.max(np.abs(np.asarray(FORWARD(artifact.weights, a, jnp.asarray(ids)).logits)
+                               - reference_logits(model, ids))))  # fmt: skip
+    prompt, steps = ids[0, :4].tolist(), a.context - 4
+    greedy, step_logits = jgpt_greedy(artifact, prompt, steps)
+    expected = reference_logits(model, np.asarray([greedy[:-1]]))[0, len(prompt) - 1 :]
+    cached = float(np.max(np.abs(step_logits - expected)))
+    same = greedy == transformers_greedy(model, prompt, steps)
+    print(f"| {name} | {full:.1e} | {cached:.1e} | {same} ({steps} tokens) |")
+    assert full <= TOLERANCE and cached <= TOLERANCE and same
+
+
+def test_unsupported_llama_family_settings_are_refused_naming_them(tmp_path):
+    save_perturbed("llama3-rope-scaling", tmp_path / "llama")
+    save_perturbed("qwen2-bias-gqa-tied", tmp_path / "qwen2")
+    llama = json.loads((tmp_path / "llama" / "config.json").read_text())
+    qwen2 = json.loads((tmp_path / "qwen2" / "config.json").read_text())
+    yarn = {**llama["rope_parameters"], "rope_type": "yarn"}
+    for directory, config, field in [
+        ("llama", {**llama, "rope_parameters": yarn}, "config.json:rope_parameters.rope_type"),
+        ("llama", {**llama, "attention_bias": True}, "config.json:attention_bias"),
+        ("qwen2", {**qwen2, "use_sliding_window": True}, "config.json:use_sliding_window"),
+        ("qwen2", {**qwen2, "model_type": "mistral", "sliding_window": 0}, "config.json:sliding_window"),
+    ]:
+        (tmp_path / directory / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ApiError) as error:
+            convert(tmp_path / directory)
+        assert error.value.field == field

@@ -5,14 +5,17 @@ Writes `config.json`, `generation_config.json`, `model.safetensors` and the toke
 `AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` load
 it with nothing downloaded and no remote code: the GPT baseline as `GPT2LMHeadModel`
 (learned positions, LayerNorm, GELU), the Llama alternative as `LlamaForCausalLM`
-(rotary positions, RMSNorm, SwiGLU, grouped-query attention). Both heads are written
-untied, so `jgpt import-hf` of the export gives back the same `checkpoint_sha256`.
+(rotary positions, RMSNorm, SwiGLU, grouped-query attention, Llama 3.1's scaled rotary
+frequencies), as `MistralForCausalLM` with a sliding window, as `Qwen2ForCausalLM` with
+query/key/value biases. Every head is written untied, so `jgpt import-hf` of the export
+gives back the same `checkpoint_sha256`.
 
 The tokenizer: an imported model's own files are written back as they came. jgpt's
 byte tokenizer.json is written unchanged (its bytes are its identity) with a
-tokenizer_config.json that sets `split_special_tokens`, so transformers encodes typed
-"<|user|>" as its bytes, as jgpt does; EOS is TURN_END. A model without a tokenizer
-exports jgpt's pure-byte one, which is what it reads.
+tokenizer_config.json carrying jgpt's framing as a chat template, so that transformers'
+`apply_chat_template(messages, add_generation_prompt=True)` gives jgpt's ids; EOS and
+padding are TURN_END, and there is no BOS (`SpecialIds.of` says why). A model without a
+tokenizer exports jgpt's pure-byte one, which is what it reads.
 
 The directory is staged next to `out` and renamed into place (jgpt/foundation/output_paths.py): a
 reader never sees half an export, a full disk leaves nothing behind, and a signal cannot
@@ -23,6 +26,7 @@ export writes, and its model.safetensors carries the export's mark in its metada
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -37,10 +41,12 @@ from jgpt.foundation.errors import ApiError
 from jgpt.foundation.identity import write_atomically
 from jgpt.foundation.output_paths import output_directory, recover_replaced, replace_directory, staged
 from jgpt.model.architecture import Architecture, LlamaArchitecture
+from jgpt.tokenizers.framing import ROLES
 from jgpt.tokenizers.hf_tokenizer import COMPANIONS
 from jgpt.tokenizers.tokenizer import Tokenizer
 
 GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
+FAMILY_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 WEIGHTS = "model.safetensors"
 # What an export writes; `--force` replaces a directory holding these and nothing else.
 EXPORT_FILES = frozenset({"config.json", "generation_config.json", WEIGHTS, "tokenizer.json", *COMPANIONS})
@@ -50,7 +56,7 @@ EXPORT_METADATA = {"format": "pt", "jgpt_export": "jgpt-hf-export-v1"}
 _MARK = json.dumps({"__metadata__": dict(sorted(EXPORT_METADATA.items()))}, separators=(",", ":")).encode()[:-1]
 
 
-def gpt2_config(a: Architecture, eos_id: int) -> dict[str, Any]:
+def gpt2_config(a: Architecture, tokens: SpecialIds) -> dict[str, Any]:
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -69,16 +75,34 @@ def gpt2_config(a: Architecture, eos_id: int) -> dict[str, Any]:
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
         "tie_word_embeddings": False,
-        "bos_token_id": eos_id,
-        "eos_token_id": eos_id,
+        **tokens.to_json(),
         "dtype": a.precision,
     }
 
 
-def llama_config(a: LlamaArchitecture, eos_id: int) -> dict[str, Any]:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+def llama_family(a: LlamaArchitecture) -> str:
+    """The transformers class that computes `a`: Qwen2 for query/key/value biases, Mistral for a sliding window,
+    else Llama. Both at once no transformers class computes (Qwen2's window is per layer, and off in every
+    released model), so that is refused."""
+    if a.attention_bias and a.sliding_window is not None:
+        raise ApiError(
+            "sliding_window",
+            f"{a.sliding_window} with attention_bias: no transformers class has both (Qwen2's biases, Mistral's window)",
+        )
+    return "Qwen2ForCausalLM" if a.attention_bias else "MistralForCausalLM" if a.sliding_window else "LlamaForCausalLM"
+
+
+def llama_config(a: LlamaArchitecture, tokens: SpecialIds) -> dict[str, Any]:
+    family = llama_family(a)
+    rope = {"rope_type": "default", "rope_theta": a.rope_theta}
+    if a.rope_scaling is not None:
+        s = a.rope_scaling
+        rope = {"rope_type": "llama3", "rope_theta": a.rope_theta, "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_context}  # fmt: skip
+    config = {
+        "architectures": [family],
+        "model_type": FAMILY_TYPES[family],
         "vocab_size": a.vocabulary,
         "hidden_size": a.width,
         "intermediate_size": a.ffn,
@@ -89,16 +113,21 @@ def llama_config(a: LlamaArchitecture, eos_id: int) -> dict[str, Any]:
         "head_dim": a.head_dim,
         "rms_norm_eps": a.epsilon,
         "rope_theta": a.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta},
+        "rope_parameters": rope,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": False,
-        "bos_token_id": eos_id,
-        "eos_token_id": eos_id,
+        **tokens.to_json(),
         "dtype": a.precision,
     }
+    if family == "MistralForCausalLM":
+        config["sliding_window"] = a.sliding_window
+    if family == "Qwen2ForCausalLM":  # its biases are the class's own, not a setting; no layer slides
+        del config["attention_bias"], config["mlp_bias"]
+        config |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": a.layers}
+    return config
 
 
 def gpt2_tensors(w: dict[str, np.ndarray], a: Architecture) -> dict[str, np.ndarray]:
@@ -157,7 +186,58 @@ def llama_tensors(w: dict[str, np.ndarray], a: LlamaArchitecture) -> dict[str, n
             layer + "post_attention_layernorm.weight": w["ln2_scale"][i],
         }
         tensors |= {f"{layer}{name}.weight": w[ours][i].T for name, ours in linear.items()}
+        if a.attention_bias:
+            tensors |= {f"{layer}self_attn.{name}.bias": w[f"{ours}_bias"][i]
+                        for name, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"))}  # fmt: skip
     return tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    """The token ids config.json and generation_config.json name: BOS (None: the model has none), EOS (where a
+    reply ends and generation stops) and padding (None: none declared)."""
+
+    bos: int | None
+    eos: int
+    pad: int | None
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> SpecialIds:
+        """An imported tokenizer's own (its tokenizer_config.json's bos, eos and pad tokens). jgpt's: no BOS, since
+        jgpt starts a sequence with nothing but its first token (a role marker, or a plain model's first text
+        byte), so a BOS id would make transformers prepend a token the model never saw there; EOS is TURN_END;
+        padding is TURN_END too, the usual choice for a model without a pad token, which batched generation in
+        transformers needs (the attention mask hides it)."""
+        from jgpt.tokenizers.hf_tokenizer import HFTokenizer
+
+        if isinstance(tokenizer, HFTokenizer):
+            return cls(tokenizer.special_id("bos_token"), tokenizer.eos_id, tokenizer.special_id("pad_token"))
+        return cls(None, tokenizer.turn_end_id, tokenizer.turn_end_id)
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"bos_token_id": self.bos, "eos_token_id": self.eos, "pad_token_id": self.pad}
+
+
+def chat_template(tokenizer: Tokenizer) -> str:
+    """jgpt's framing as a Hugging Face chat template: each message `[role marker] content [TURN_END]`, and with
+    add_generation_prompt the assistant's marker, its turn left open. Rendered and tokenized by transformers
+    (`apply_chat_template`), it gives exactly jgpt's ids: the markers are the tokenizer's special tokens, which
+    split the text into the turns' own, each NFC-normalized and encoded as jgpt encodes it."""
+    markers = {role: tokenizer.token(tokenizer.role_id(role)).piece for role in ROLES}
+    turn_end = tokenizer.token(tokenizer.turn_end_id).piece
+    roles = ", ".join(ROLES)
+    return (
+        f"{{%- set markers = {json.dumps(markers)} -%}}"
+        "{%- for message in messages -%}"
+        "{%- if message.role not in markers -%}"
+        f"{{{{- raise_exception('jgpt frames the roles {roles}, not ' + message.role) -}}}}"
+        "{%- elif message.content is not string -%}"
+        "{{- raise_exception('a message content must be text') -}}"
+        "{%- endif -%}"
+        f"{{{{- markers[message.role] + message.content + {json.dumps(turn_end)} -}}}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- markers.assistant -}}{%- endif -%}"
+    )
 
 
 def tokenizer_files(tokenizer: Tokenizer, context: int) -> dict[str, bytes]:
@@ -170,8 +250,12 @@ def tokenizer_files(tokenizer: Tokenizer, context: int) -> dict[str, bytes]:
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": eos,
-        # HF tokenizers would match typed "<|user|>" as the control id; jgpt encodes it as bytes.
-        "split_special_tokens": True,
+        "pad_token": eos,
+        "chat_template": chat_template(tokenizer),
+        # The chat template's markers must be read as the special ids they are, so special tokens are not split:
+        # as in every Hugging Face chat model, typed "<|user|>" is the control id unless the caller splits it
+        # (`tokenizer(text, split_special_tokens=True)`, `apply_chat_template(..., sanitize_control_tokens=True)`).
+        "split_special_tokens": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": context,
     }
@@ -193,13 +277,12 @@ def export_hf(model: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     tokenizer = artifact.tokenizer()
     weights = {name: np.asarray(tensor, dtype=np.float32) for name, tensor in artifact.weights.as_dict().items()}
     llama = isinstance(a, LlamaArchitecture)
+    tokens = SpecialIds.of(tokenizer)
     tensors = (llama_tensors if llama else gpt2_tensors)(weights, a)
-    config = (llama_config if llama else gpt2_config)(a, tokenizer.turn_end_id)
+    config = (llama_config if llama else gpt2_config)(a, tokens)
     files = {
         "config.json": _json(config),
-        "generation_config.json": _json(
-            {"bos_token_id": tokenizer.turn_end_id, "eos_token_id": tokenizer.turn_end_id, "do_sample": False}
-        ),
+        "generation_config.json": _json({**tokens.to_json(), "do_sample": False}),
         **tokenizer_files(tokenizer, a.context),
     }
     with staged(target, "out") as staging:

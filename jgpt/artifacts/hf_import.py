@@ -1,4 +1,4 @@
-"""Import a GPT-2 or Llama model a user already has in Hugging Face format.
+"""Import a GPT-2 or Llama-family (Llama, Mistral, Qwen2) model a user already has in Hugging Face format.
 
 Reads a local directory holding `config.json`, `model.safetensors` (or the shards
 named by `model.safetensors.index.json`) and, if present, `tokenizer.json`, with the
@@ -7,6 +7,11 @@ is downloaded. Hugging Face stores GPT-2
 projections as `[in, out]` (its Conv1D) and Llama projections as `[out, in]`
 (nn.Linear); both become ModelWeights' `[in, out]` with the layer axis stacked.
 A head tied to the embedding is copied; GPT-2's missing lm bias becomes zeros.
+Mistral is Llama with a sliding window (`sliding_window`, null for none) and Qwen2 is
+Llama with biases on the query, key and value projections: both become a LlamaArchitecture
+with those fields. Llama 3.1's `rope_type: "llama3"` frequency scaling is read into its
+`rope_scaling`. What jgpt does not compute is refused naming the config field (another
+`rope_type`, Qwen2's `use_sliding_window: true`, a `head_dim` other than hidden_size/heads).
 
 Everything read is checked before anything model-sized is allocated: every size in
 config.json is a positive integer of at most DIMENSION_LIMIT, the parameters they
@@ -37,7 +42,7 @@ from jgpt.foundation.limits import PARAMETER_LIMIT
 from jgpt.foundation.output_paths import output_directory
 from jgpt.foundation.paths import confined
 from jgpt.foundation.validation import is_integer, is_number
-from jgpt.model.architecture import Architecture, LlamaArchitecture, ModelArchitecture
+from jgpt.model.architecture import Architecture, LlamaArchitecture, ModelArchitecture, RopeScaling
 from jgpt.model.weights import InitializationProvenance, ModelWeights, parameter_count
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -98,17 +103,34 @@ def _gpt2_architecture(config: Mapping[str, Any]) -> ModelArchitecture:
 
 
 def _llama_architecture(config: Mapping[str, Any]) -> LlamaArchitecture:
-    _require_setting(config, "hidden_act", "silu")
     _require_setting(config, "attention_bias", False)
+    return _llama_family(config)
+
+
+def _mistral_architecture(config: Mapping[str, Any]) -> LlamaArchitecture:
+    window = config.get("sliding_window")
+    if window is not None and (not is_integer(window) or not 0 < window <= DIMENSION_LIMIT):
+        raise ApiError(
+            "config.json:sliding_window", f"must be null or an integer from 1 to {DIMENSION_LIMIT}, got {window!r}"
+        )
+    return _llama_family(config, sliding_window=window)
+
+
+def _qwen2_architecture(config: Mapping[str, Any]) -> LlamaArchitecture:
+    # With use_sliding_window false (every released Qwen2) transformers ignores sliding_window and max_window_layers.
+    _require_setting(config, "use_sliding_window", False)
+    return _llama_family(config, attention_bias=True)
+
+
+def _llama_family(
+    config: Mapping[str, Any], *, attention_bias: bool = False, sliding_window: int | None = None
+) -> LlamaArchitecture:
+    _require_setting(config, "hidden_act", "silu")
     _require_setting(config, "mlp_bias", False)
-    rope_field = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
-    rope = config.get(rope_field) or {}
-    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ApiError(f"config.json:{rope_field}", f"only default rotary positions are supported, got {rope}")
     width, heads = _size(config, "hidden_size"), _size(config, "num_attention_heads")
-    if config.get("head_dim", width // heads) != width // heads:
+    if config.get("head_dim", width // heads) not in (width // heads, None):
         raise ApiError("config.json:head_dim", f"must equal hidden_size/num_attention_heads = {width // heads}")
-    theta = _positive(rope, "rope_theta") if "rope_theta" in rope else _positive(config, "rope_theta", 10000.0)
+    theta, rope_scaling = _rotary(config)
     return LlamaArchitecture(
         vocabulary=_size(config, "vocab_size"),
         width=width,
@@ -120,7 +142,33 @@ def _llama_architecture(config: Mapping[str, Any]) -> LlamaArchitecture:
         epsilon=_positive(config, "rms_norm_eps", 1e-6),
         rope_theta=float(theta),
         precision=_precision(config),
+        attention_bias=attention_bias,
+        sliding_window=sliding_window,
+        rope_scaling=rope_scaling,
     )
+
+
+def _rotary(config: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) from `rope_parameters` (transformers 5) or `rope_scaling` with a top-level
+    `rope_theta` (earlier versions): default rotary positions, or Llama 3.1's scaled ones."""
+    field = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    rope = config.get(field) or {}
+    if not isinstance(rope, dict):
+        raise ApiError(f"config.json:{field}", f"must be an object, got {rope!r}")
+    theta = _positive(rope, "rope_theta") if "rope_theta" in rope else _positive(config, "rope_theta", 10000.0)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ApiError(
+            f"config.json:{field}.rope_type",
+            f"{kind!r} is not supported; jgpt reads 'default' and 'llama3' rotary positions",
+        )
+    scope = {f"{field}.{name}": value for name, value in rope.items()}
+    factors = {
+        name: float(_positive(scope, f"{field}.{name}")) for name in ("factor", "low_freq_factor", "high_freq_factor")
+    }
+    return theta, RopeScaling(**factors, original_context=_size(scope, f"{field}.original_max_position_embeddings"))
 
 
 class _Tensors:
@@ -180,7 +228,13 @@ def _llama_weights(a: LlamaArchitecture, t: _Tensors) -> dict[str, np.ndarray]:
     L = a.layers
     linear = lambda name: t.stacked(L, lambda i: f"layers.{i}.{name}.weight", transpose=True)
     embedding = t["embed_tokens.weight"]
-    return {
+    biases = {}
+    if a.attention_bias:
+        biases = {
+            f"{ours}_bias": t.stacked(L, lambda i, name=name: f"layers.{i}.self_attn.{name}.bias")
+            for name, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"))
+        }
+    return biases | {
         "token_embedding": embedding,
         "ln1_scale": t.stacked(L, lambda i: f"layers.{i}.input_layernorm.weight"),
         "query": linear("self_attn.q_proj"),
@@ -232,6 +286,12 @@ def _llama_shapes(a: LlamaArchitecture) -> Iterator[tuple[str, tuple[int, ...]]]
             (f"layers.{i}.mlp.up_proj.weight", (F, C)),
             (f"layers.{i}.mlp.down_proj.weight", (C, F)),
         )
+        if a.attention_bias:
+            yield from (
+                (f"layers.{i}.self_attn.q_proj.bias", (C,)),
+                (f"layers.{i}.self_attn.k_proj.bias", (KV,)),
+                (f"layers.{i}.self_attn.v_proj.bias", (KV,)),
+            )
     yield "norm.weight", (C,)
 
 
@@ -249,8 +309,15 @@ _FAMILIES: dict[
 ] = {
     "GPT2LMHeadModel": (_gpt2_architecture, _gpt2_shapes, _gpt2_weights, "transformer."),
     "LlamaForCausalLM": (_llama_architecture, _llama_shapes, _llama_weights, "model."),
+    "MistralForCausalLM": (_mistral_architecture, _llama_shapes, _llama_weights, "model."),
+    "Qwen2ForCausalLM": (_qwen2_architecture, _llama_shapes, _llama_weights, "model."),
 }
-_MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+_MODEL_TYPES = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
 
 
 def _model_file(directory: Path, name: str, field: str | None = None) -> Path | None:

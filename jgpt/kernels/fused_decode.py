@@ -18,8 +18,10 @@ AVX-512F where the kernel builds, `available()`) hands `blocks_where_admitted` t
 `model.forward`, which runs it on a pass with a cache. It takes the pass where `admits(...)`,
 a rule of shapes and dtypes fixed when the step is traced: one token of one row, float32
 throughout, the GPT baseline (learned positions, LayerNorm, GELU, biases) or Llama (rotary
-positions, RMSNorm, SwiGLU, grouped key/value heads), per-layer output-major weights holding
-at least `SMALLEST_BYTES`. Everywhere else the XLA blocks run, and they stay the reference:
+positions, scaled or not, RMSNorm, SwiGLU, grouped key/value heads, query/key/value biases or
+none), per-layer output-major weights holding at least `SMALLEST_BYTES`. Its attention reads
+every cached position up to the token's: a model whose sliding window hides some is never
+admitted (`takes_model`), and runs XLA's blocks. Everywhere else the XLA blocks run, and they stay the reference:
 the kernel's logits and cache match them within 1e-5 (tests/test_fused_decode.py).
 """
 
@@ -62,10 +64,10 @@ NORMALIZATIONS = {"layernorm": 0, "rmsnorm": 1}
 
 def admits(architecture: Architecture, rows: int, cache_dtype, layers: Sequence[LayerWeights] | None) -> bool:
     """Whether this kernel takes a pass (its static rule, read at trace time): one token of one row (`rows` =
-    B * T) over a float32 cache, a float32 architecture, and per-layer float32 output-major weights of the
+    B * T) over a float32 cache, a float32 architecture without a sliding window, and per-layer float32 output-major weights of the
     architecture's tensors holding at least SMALLEST_BYTES (below that XLA's blocks run faster)."""
     a = architecture
-    if rows != 1 or layers is None or a.precision != "float32" or jnp.dtype(cache_dtype) != F32:
+    if rows != 1 or layers is None or a.precision != "float32" or jnp.dtype(cache_dtype) != F32 or _windowed(a):
         return False
     expected = layer_shapes(a)
     for w in layers:
@@ -79,11 +81,19 @@ def admits(architecture: Architecture, rows: int, cache_dtype, layers: Sequence[
 
 
 def takes_model(architecture: Architecture) -> bool:
-    """Whether `admits` can take any pass of this architecture's output-major weights: float32, and blocks
-    holding at least SMALLEST_BYTES. What a plan is narrowed by when an execution is bound."""
+    """Whether `admits` can take any pass of this architecture's output-major weights: float32, no sliding window
+    that hides a cached position (the kernel attends to all of them), and blocks holding at least SMALLEST_BYTES.
+    What a plan is narrowed by when an execution is bound."""
     a = architecture
+    if _windowed(a):
+        return False
     held = a.layers * sum(math.prod(shape) * 4 for shape in layer_shapes(a).values())
     return a.precision == "float32" and held >= SMALLEST_BYTES
+
+
+def _windowed(architecture: Architecture) -> bool:
+    """Whether a sliding window hides some cached positions from a query (the kernel attends to all of them)."""
+    return isinstance(architecture, LlamaArchitecture) and architecture.attention_window is not None
 
 
 def blocks_where_admitted(
@@ -151,7 +161,7 @@ def blocks(
     tensors = [_held(w[name]) for w in layers for name in present]
     rotation = jnp.zeros((0,), F32)
     if isinstance(a, LlamaArchitecture):  # the alternative whose position is "rope"
-        angles = rotary_angles(position, D, a.rope_theta)
+        angles = rotary_angles(position, D, a)  # scaled where the architecture says
         rotation = jnp.stack([jnp.cos(angles), jnp.sin(angles)])
     results = (jax.ShapeDtypeStruct((1, C), F32), jax.ShapeDtypeStruct(keys.shape, F32),
                jax.ShapeDtypeStruct(values.shape, F32))  # fmt: skip

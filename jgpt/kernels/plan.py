@@ -15,7 +15,8 @@ reference computation of `jgpt.model.operations`.
                                     skipped (in XLA), or those blocks by `blas_attention`
     decode     "xla" | "fused"      a batch-1 decode step's blocks: XLA's, or one `fused_decode` call where its
                                     rule admits the pass (`fused_decode.admits`: one token of one row, float32
-                                    throughout, per-layer output-major weights of at least 1 MiB)
+                                    throughout, no sliding window hiding cached positions, per-layer
+                                    output-major weights of at least 1 MiB)
     one_row    "xla" | "kernel"     one float32 row times an output-major matrix: XLA's dot, or `blas_matvec`
 
 `Kernels.xla()` is the pure-JAX reference. `Kernels.auto()` is what a run on this machine uses by
@@ -23,7 +24,9 @@ default: the decode and one-row kernels on a CPU where each builds and the CPU h
 resolved here, once: where one cannot run, the plan says "xla" for it, and that is what runs); products
 and attention stay XLA's full ones, which the shipped models were trained with. The training plan is
 the run's own recipe (`--products`, `--attention`; both round differently from the reference, so they
-are part of what the run prepares), refused where its kernel cannot run rather than replaced.
+are part of what the run prepares), refused where its kernel cannot run rather than replaced; the
+`causal_blas` kernel attends to every earlier key, so a model with a sliding window is refused it
+(`jgpt.model.operations.attention`, naming the window) while `causal_blocks` masks the window in XLA.
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ class Kernels:
     def for_execution(self, architecture: Architecture, output_major: bool) -> Kernels:
         """This plan as an execution of `architecture` can run it, whose weights are (or are not) held output-major:
         the decode and one-row kernels read output-major matrices only, and the decode kernel float32 blocks of at
-        least `fused_decode.SMALLEST_BYTES`; where they cannot run, the plan says "xla" for them. What is left to
+        least `fused_decode.SMALLEST_BYTES` of a model without a binding sliding window (it attends to every cached
+        position); where they cannot run, the plan says "xla" for them. What is left to
         each pass is its rows and operands (one token of one row; one float32 row, which bfloat16 operands are on
         a CPU: `jgpt.model.operations.dense`)."""
         fused = self.decode == "fused" and output_major and fused_decode.takes_model(architecture)

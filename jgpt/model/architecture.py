@@ -5,11 +5,17 @@ Two declared alternatives share the spec's fields:
 - `ModelArchitecture`, the GPT-2 baseline: learned absolute positions, LayerNorm with
   bias, GELU, a bias on every projection, and an untied `lm_head` with `lm_bias`;
 - `LlamaArchitecture`: rotary positions (RoPE), RMSNorm, SwiGLU, no biases, and
-  optionally fewer key/value heads than query heads (grouped-query attention).
+  optionally fewer key/value heads than query heads (grouped-query attention). Three
+  optional fields cover the Llama-family variants people have: `attention_bias` (biases on
+  the query, key and value projections: Qwen2), `sliding_window` (each query sees the
+  keys of its last `sliding_window` positions only: Mistral) and `rope_scaling` (Llama 3.1's
+  scaled rotary frequencies, a `RopeScaling`).
 
 Both are frozen and hashable, so a forward pass can take one as a static `jax.jit`
 argument, and both round-trip through JSON with the ontology's field names. The
-`position` field tells the alternatives apart when reading JSON back.
+`position` field tells the alternatives apart when reading JSON back. A Llama-family
+field at its default is left out of the JSON, so that an architecture without the
+variants writes (and identifies, and records) exactly what it did before they existed.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from jgpt.foundation.errors import ApiError
-from jgpt.foundation.validation import Number, integer, string
+from jgpt.foundation.validation import Number, boolean, integer, mapping, string
 
 PRECISIONS = ("float32", "bfloat16")
 # The short names `--precision` takes on the command line.
@@ -105,8 +111,47 @@ class ModelArchitecture(_Dimensions):
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's rotary frequency scaling (Hugging Face's `rope_type: "llama3"`).
+
+    A rotary frequency whose wavelength is longer than `original_context / low_freq_factor`
+    is divided by `factor`; one shorter than `original_context / high_freq_factor` is kept;
+    those between are interpolated smoothly (`jgpt.model.operations.rotary_inverse_frequencies`).
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_context: int
+
+    def __post_init__(self) -> None:
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            _POSITIVE.read(getattr(self, name), f"rope_scaling.{name}")
+        integer(self.original_context, "rope_scaling.original_context", minimum=1)
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise ApiError(
+                "rope_scaling.high_freq_factor",
+                f"must exceed low_freq_factor={self.low_freq_factor}, got {self.high_freq_factor}",
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, document: Any) -> RopeScaling:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**mapping(document, "rope_scaling", names))
+
+
+@dataclasses.dataclass(frozen=True)
 class LlamaArchitecture(_Dimensions):
-    """The Llama alternative; `kv_heads` defaults to `heads` (no grouping)."""
+    """The Llama alternative; `kv_heads` defaults to `heads` (no grouping).
+
+    `attention_bias`: the query, key and value projections carry biases (`query_bias`, `key_bias`,
+    `value_bias`; the output projection none). `sliding_window`: None, or W, the number of latest
+    positions a query attends to (its own included: keys at positions p - W + 1 .. p). `rope_scaling`:
+    None, or a `RopeScaling` of the rotary frequencies.
+    """
 
     epsilon: float = 1e-6
     position: str = "rope"
@@ -115,6 +160,9 @@ class LlamaArchitecture(_Dimensions):
     precision: str = "float32"
     kv_heads: int | None = None
     rope_theta: float = 10000.0
+    attention_bias: bool = False
+    sliding_window: int | None = None
+    rope_scaling: RopeScaling | None = None
 
     POSITIONS: ClassVar[tuple[str, ...]] = ("rope",)
     NORMALIZATIONS: ClassVar[tuple[str, ...]] = ("rmsnorm",)
@@ -131,7 +179,31 @@ class LlamaArchitecture(_Dimensions):
         if self.head_dim % 2:
             raise ApiError("heads", f"rotary positions need an even head width, got {self.head_dim}")
         _POSITIVE.read(self.rope_theta, "rope_theta")
+        boolean(self.attention_bias, "attention_bias")
+        if self.sliding_window is not None:
+            integer(self.sliding_window, "sliding_window", minimum=1)
+        if isinstance(self.rope_scaling, Mapping):  # as read from JSON
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_json(self.rope_scaling))
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ApiError("rope_scaling", f"must be null or an object, got {type(self.rope_scaling).__name__}")
 
+    @property
+    def attention_window(self) -> int | None:
+        """The sliding window where it masks anything: None when every query sees every earlier key, as it
+        does when the window holds the whole context."""
+        window = self.sliding_window
+        return window if window is not None and window < self.context else None
+
+    def to_json(self) -> dict[str, Any]:
+        document = super().to_json()
+        for name in _VARIANTS:
+            if document[name] is None or document[name] is False:
+                del document[name]
+        return document
+
+
+# LlamaArchitecture's optional fields, written to JSON only where they differ from their defaults.
+_VARIANTS = ("attention_bias", "sliding_window", "rope_scaling")
 
 Architecture = Union[ModelArchitecture, LlamaArchitecture]
 

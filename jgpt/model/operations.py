@@ -22,6 +22,7 @@ take a `KernelCalls` (default `REFERENCE`, nothing replaced), whose callables a 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -106,13 +107,13 @@ def learned_positions(position_embedding: jax.Array, positions: jax.Array) -> ja
     return jnp.take(position_embedding, positions, axis=0)
 
 
-def rotary_positions(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """PositionEncoding of Llama: rotate channel pairs (i, i + D/2) by position * theta^(-2i/D).
+def rotary_positions(x: jax.Array, positions: jax.Array, architecture: LlamaArchitecture) -> jax.Array:
+    """PositionEncoding of Llama: rotate channel pairs (i, i + D/2) by position * inverse_frequency[i].
 
     x: [B, T, heads, D]; positions: [B, T] absolute. The half-split pairing is the
     convention of Llama checkpoints in Hugging Face format.
     """
-    angles = rotary_angles(positions, x.shape[-1], theta)  # [B, T, D/2]
+    angles = rotary_angles(positions, x.shape[-1], architecture)  # [B, T, D/2]
     cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, :, None, :]
     sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, :, None, :]
     x = x.astype(F32)
@@ -120,10 +121,27 @@ def rotary_positions(x: jax.Array, positions: jax.Array, theta: float) -> jax.Ar
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def rotary_angles(positions: jax.Array, d: int, theta: float) -> jax.Array:
-    """The angles [..., D/2] rotary positions turn channel pair i by at each position: position * theta^(-2i/D)."""
-    inverse_frequency = theta ** -(jnp.arange(0, d, 2, dtype=F32) / d)  # [D/2]
-    return positions.astype(F32)[..., None] * inverse_frequency
+def rotary_angles(positions: jax.Array, d: int, architecture: LlamaArchitecture) -> jax.Array:
+    """The angles [..., D/2] rotary positions turn channel pair i by at each position: position * inverse_frequency[i],
+    the frequencies theta^(-2i/D), scaled where the architecture declares `rope_scaling`."""
+    return positions.astype(F32)[..., None] * rotary_inverse_frequencies(d, architecture)
+
+
+def rotary_inverse_frequencies(d: int, architecture: LlamaArchitecture) -> jax.Array:
+    """[D/2] theta^(-2i/D), or with `rope_scaling` Llama 3.1's scaled ones: a frequency of wavelength above
+    original_context / low_freq_factor divided by factor, one below original_context / high_freq_factor kept, and
+    between them (1 - s) * f / factor + s * f with s = (original_context / wavelength - low) / (high - low)."""
+    inverse_frequency = architecture.rope_theta ** -(jnp.arange(0, d, 2, dtype=F32) / d)  # [D/2]
+    scaling = architecture.rope_scaling
+    if scaling is None:
+        return inverse_frequency
+    wavelength = 2 * math.pi / inverse_frequency
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    smooth = (scaling.original_context / wavelength - low) / (high - low)
+    interpolated = (1 - smooth) * inverse_frequency / scaling.factor + smooth * inverse_frequency
+    long = wavelength > scaling.original_context / low
+    short = wavelength < scaling.original_context / high
+    return jnp.where(long, inverse_frequency / scaling.factor, jnp.where(short, inverse_frequency, interpolated))
 
 
 def normalization(x: jax.Array, scale: jax.Array, bias: jax.Array | None, architecture: Architecture) -> jax.Array:
@@ -172,8 +190,8 @@ def query_key_value(
     k = dense(x, w["key"], w.get("key_bias"), dtype, kernels).reshape(B, T, K, D)
     v = dense(x, w["value"], w.get("value_bias"), dtype, kernels).reshape(B, T, K, D)
     if isinstance(a, LlamaArchitecture):  # the alternative whose position is "rope"
-        q = rotary_positions(q, positions, a.rope_theta)
-        k = rotary_positions(k, positions, a.rope_theta)
+        q = rotary_positions(q, positions, a)
+        k = rotary_positions(k, positions, a)
     head_major = lambda t: t.transpose(0, 2, 1, 3)
     return q, head_major(k), head_major(v)
 
@@ -201,7 +219,8 @@ def attention(
     dtype,
     kernels: KernelCalls = REFERENCE,
 ) -> tuple[jax.Array, jax.Array]:
-    """Causal softmax attention: a query at position p mixes the values of keys at positions <= p.
+    """Causal softmax attention: a query at position p mixes the values of keys at positions <= p (under a
+    sliding window W, of positions p - W + 1 .. p: `visible_keys`).
 
     q: [B, T, H, D]; keys, values: [B, K, S, D] (head-major); query_positions: [B, T];
     key_positions: [B or 1, S]. Keys at later positions (including unwritten cache
@@ -221,9 +240,15 @@ def attention(
     rows = kernels.causal_rows
     if rows is not None and S == T and (kernels.causal_attention is not None or rows < T):
         mixed, weights = _causal_block_attention(
-            operand(q, over), keys, values, query_positions, key_positions, rows, over
+            operand(q, over), keys, values, query_positions, key_positions, rows, over, a
         )
-        if kernels.causal_attention is not None:  # the weights above are for observers only: unobserved, XLA
+        if kernels.causal_attention is not None:
+            if isinstance(a, LlamaArchitecture) and a.attention_window is not None:
+                raise ApiError(
+                    "kernels.causal_attention",
+                    f"attends to every earlier key, and sliding_window={a.sliding_window} hides the older ones: "
+                    "run this model's attention as 'full' or 'causal_blocks'",
+                )  # the weights above are for observers only: unobserved, XLA
             head_minor = lambda t: t.transpose(0, 2, 1, 3)  # drops their computation. [B, K, T, D] -> [B, T, K, D]
             mixed = kernels.causal_attention(operand(q, over), head_minor(keys), head_minor(values), rows)
         out = dense(mixed.reshape(B * T, H * D), w["attention_output"], w.get("attention_output_bias"), dtype, kernels)
@@ -235,7 +260,7 @@ def attention(
     # buffer as stored. (As the second operand it copies every layer's keys to [B, K, D, S] first.)
     scores = jax.lax.dot_general(keys, q, over_heads, precision=precision, preferred_element_type=F32)
     scores = scores.reshape(B, K, S, G, T).transpose(0, 1, 3, 4, 2) / jnp.sqrt(jnp.asarray(D, F32))  # [B, K, G, T, S]
-    visible = key_positions[:, None, :] <= query_positions[:, :, None]  # [B, T, S]
+    visible = visible_keys(query_positions, key_positions, a)  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, jnp.finfo(F32).min)
     weights = jax.nn.softmax(scores, axis=-1)  # [B, K, G, T, S]
     over_slots = (((3,), (2,)), ((0, 1), (0, 1)))
@@ -251,7 +276,16 @@ def attention(
     return out, weights.reshape(B, H, T, S).transpose(0, 2, 1, 3)
 
 
-def _causal_block_attention(q, keys, values, query_positions, key_positions, rows: int, over):
+def visible_keys(query_positions: jax.Array, key_positions: jax.Array, architecture: Architecture) -> jax.Array:
+    """[B, T, S] whether the query at each position sees the key at each: causally, keys at positions <= its own,
+    and under a sliding window W only the latest W of them (positions > its own - W)."""
+    earlier = key_positions[:, None, :]
+    visible = earlier <= query_positions[:, :, None]
+    window = architecture.attention_window if isinstance(architecture, LlamaArchitecture) else None
+    return visible if window is None else visible & (earlier > query_positions[:, :, None] - window)
+
+
+def _causal_block_attention(q, keys, values, query_positions, key_positions, rows: int, over, architecture):
     """`attention`'s scores, softmax and value mix one block of `rows` queries at a time, each over the keys
     up to its block's last token only: (mixed [B, T, K, G, D], weights [B, T, H, S] with zeros past the block).
 
@@ -262,7 +296,7 @@ def _causal_block_attention(q, keys, values, query_positions, key_positions, row
     G = H // K
     precision = _matmul_precision(over)
     q = q.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-    visible = key_positions[:, None, :] <= query_positions[:, :, None]  # [B, T, T]
+    visible = visible_keys(query_positions, key_positions, architecture)  # [B, T, T]
     scale = jnp.sqrt(jnp.asarray(D, F32))
     mixed, weights = [], []
     for start in range(0, T, rows):

@@ -2,7 +2,8 @@
 
 Leaf names are the spec's. Block tensors carry a leading layer axis `[layers, ...]`
 so that the forward pass scans over it. Projections are stored `[in, out]`, so a
-projection is `x @ w`. The Llama alternative has no biases (those fields are None)
+projection is `x @ w`. The Llama alternative has no biases (those fields are None;
+with `attention_bias`, Qwen2's, it has `query_bias`, `key_bias` and `value_bias`)
 and adds `ff_gate`, the gate projection SwiGLU needs; GPT has no `ff_gate` and Llama
 has no `position_embedding` (its positions are rotary).
 
@@ -27,7 +28,7 @@ import numpy as np
 from jgpt.foundation.errors import ApiError
 from jgpt.foundation.validation import integer
 from jgpt.model import pytree as struct
-from jgpt.model.architecture import Architecture
+from jgpt.model.architecture import Architecture, LlamaArchitecture
 
 INITIALIZER = "normal(0.02); residual output projections normal(0.02/sqrt(2*layers)); biases 0; scales 1"
 
@@ -108,6 +109,8 @@ def weight_shapes(architecture: Architecture) -> dict[str, tuple[int, ...]]:
         shapes["position_embedding"] = (a.context, C)
     if a.activation == "swiglu":
         shapes["ff_gate"] = (L, C, F)
+    if isinstance(a, LlamaArchitecture) and a.attention_bias:
+        shapes |= {"query_bias": (L, Q), "key_bias": (L, K), "value_bias": (L, K)}
     if a.has_biases:
         shapes |= {
             "ln1_bias": (L, C),

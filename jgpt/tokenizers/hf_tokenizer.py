@@ -148,6 +148,14 @@ class HFTokenizer(Tokenizer):
         """The EOS id: where a reply ends and generation stops."""
         return self.eos_id
 
+    def special_id(self, name: str) -> int | None:
+        """The id of the token tokenizer_config.json names as `name` ("bos_token", "pad_token"), or None where it
+        names none or one tokenizer.json lacks."""
+        config = _config(dict(self.companions).get(CONFIG), "tokenizer")
+        content = config.get(name)
+        content = content.get("content") if isinstance(content, dict) else content
+        return self._library.token_to_id(content) if isinstance(content, str) else None
+
     def role_id(self, role: str) -> int:
         raise ApiError("role", "a Hugging Face tokenizer has no role ids; its chat template frames roles")
 
