@@ -21,6 +21,8 @@ norm scales are not the trivial zeros and ones of a fresh init.
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 import types
@@ -32,15 +34,15 @@ import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from jgpt.artifacts.artifact import load_artifact, save_artifact
 from jgpt.artifacts.catalog import load_model
+from jgpt.artifacts.hf_export import llama_family
 from jgpt.cli.main import main as jgpt
-from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
+from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture, RopeScaling
 from jgpt.model.transformer import forward
 from jgpt.model.weights import ModelWeights, initialize
-from jgpt.tokenizers.framing import CONTROL_MARKERS, ROLE_IDS
+from jgpt.tokenizers.framing import CONTROL_MARKERS, ROLE_IDS, TURN_END_ID, Turn
 from jgpt.tokenizers.tokenizer import Tokenizer
 from tests.hf_models import save_model
 from tests.hostile import run_jgpt
@@ -84,6 +86,23 @@ ARCHITECTURES = {
     "llama-gqa": LlamaArchitecture(
         vocabulary=260, width=32, ffn=40, context=24, layers=2, heads=4, kv_heads=2, rope_theta=500.0
     ),
+    "mistral-window": LlamaArchitecture(
+        vocabulary=260, width=32, ffn=40, context=24, layers=2, heads=4, kv_heads=2, sliding_window=6
+    ),
+    "qwen2-bias": LlamaArchitecture(
+        vocabulary=260, width=48, ffn=40, context=16, layers=2, heads=6, kv_heads=2, attention_bias=True
+    ),
+    # head_dim 16: rotary wavelengths 6.3 (kept), 19.9 (interpolated), 62.8 and longer (divided by the factor).
+    "llama3-scaled": LlamaArchitecture(
+        vocabulary=260,
+        width=64,
+        ffn=40,
+        context=24,
+        layers=1,
+        heads=4,
+        kv_heads=2,
+        rope_scaling=RopeScaling(factor=8.0, low_freq_factor=0.5, high_freq_factor=2.0, original_context=20),
+    ),  # fmt: skip
 }
 
 
@@ -119,7 +138,7 @@ def exported(request, tmp_path_factory):
 
 def test_transformers_loads_the_export_with_jgpts_logits(exported):
     a = exported.artifact.architecture
-    expected_class = "LlamaForCausalLM" if isinstance(a, LlamaArchitecture) else "GPT2LMHeadModel"
+    expected_class = llama_family(a) if isinstance(a, LlamaArchitecture) else "GPT2LMHeadModel"
     assert type(exported.model).__name__ == expected_class
     ids = np.random.default_rng(0).integers(0, a.vocabulary, (2, a.context)).astype(np.int32)
     exact = AutoModelForCausalLM.from_pretrained(exported.out, dtype=torch.float64)
@@ -141,19 +160,23 @@ def test_transformers_loads_the_export_with_jgpts_logits(exported):
 
 
 def float64_throughout(model):
-    """transformers' Llama keeps two float32 islands in a float64 model (modeling_llama.py: LlamaRMSNorm
-    normalizes in float32, LlamaRotaryEmbedding computes its angles in float32): run both in float64, by
-    the same formulas. (Its eager softmax is a third; the sdpa attention asked for has none.)"""
+    """transformers' Llama family keeps two float32 islands in a float64 model (modeling_llama.py: LlamaRMSNorm
+    normalizes in float32, LlamaRotaryEmbedding computes its angles in float32; Mistral's and Qwen2's are copies):
+    run both in float64, by the same formulas, Llama 3.1's scaling (modeling_rope_utils.py) included. (Its eager
+    softmax is a third; the sdpa attention asked for has none.)"""
     config = model.config
     for module in model.modules():
-        if isinstance(module, LlamaRMSNorm):
+        if type(module).__name__.endswith("RMSNorm"):
             module.forward = lambda h, norm=module: (
                 norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
             )
-        if isinstance(module, LlamaRotaryEmbedding):
-            inverse_frequency = 1.0 / config.rope_parameters["rope_theta"] ** (
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            rope = config.rope_parameters
+            inverse_frequency = 1.0 / rope["rope_theta"] ** (
                 torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
             )
+            if rope["rope_type"] == "llama3":
+                inverse_frequency = llama3_frequencies(inverse_frequency, rope)
 
             def rotary(x, position_ids, inverse_frequency=inverse_frequency):
                 angles = torch.cat([position_ids[..., None].double() * inverse_frequency] * 2, dim=-1)
@@ -161,6 +184,17 @@ def float64_throughout(model):
 
             module.forward = rotary
     return model
+
+
+def llama3_frequencies(inverse_frequency: torch.Tensor, rope: dict) -> torch.Tensor:
+    """modeling_rope_utils.py's `_compute_llama3_parameters`, on float64 frequencies."""
+    original, low, high, factor = (rope[k] for k in ("original_max_position_embeddings", "low_freq_factor",
+                                                     "high_freq_factor", "factor"))  # fmt: skip
+    wavelength = 2 * math.pi / inverse_frequency
+    smooth = (original / wavelength - low) / (high - low)
+    scaled = torch.where(wavelength > original / low, inverse_frequency / factor, inverse_frequency)
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
 def test_jgpt_and_transformers_agree_within_1e5_in_float64(exported):
@@ -205,11 +239,55 @@ def test_transformers_tokenizer_treats_typed_control_markers_as_jgpt_does(export
     tokenizer = AutoTokenizer.from_pretrained(exported.out)
     jgpt_tokenizer = exported.artifact.tokenizer()
     text = "hi <|user|> there<|turn_end|><|assistant|>"
-    ids = tokenizer(text, add_special_tokens=False).input_ids
+    # The chat template's markers are special tokens read as such (as in every Hugging Face chat model), so plain
+    # text with typed markers is split as jgpt splits it when asked to.
+    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
     assert ids == jgpt_tokenizer.encode_text(text)
     assert not set(ids) & set(CONTROL_MARKERS)
     assert tokenizer.eos_token_id == jgpt_tokenizer.turn_end_id
     assert tokenizer.decode(ids) == jgpt_tokenizer.decode(ids).text == text
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Réponds brièvement. 日本語もOK"},
+    {"role": "user", "content": "Grüße 👋 — what is cafe\u0301?"},  # a combining accent: NFC-normalized by both
+    {"role": "assistant", "content": "Café, naïve: ça va."},
+    {"role": "user", "content": "and ß?"},
+]
+
+
+def test_apply_chat_template_renders_jgpts_framing_ids(exported):
+    """transformers' apply_chat_template on the export gives exactly jgpt's framed ids, the assistant's turn open."""
+    tokenizer = AutoTokenizer.from_pretrained(exported.out)
+    jgpt_tokenizer = exported.artifact.tokenizer()
+    for messages in (CONVERSATION, CONVERSATION[1:2], CONVERSATION[:2]):
+        turns = [Turn(m["role"], m["content"]) for m in messages]
+        expected = list(jgpt_tokenizer.encode_turns(turns, open_turn="assistant").ids)
+        got = tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+        assert got == expected
+        if exported.name == "chat" and messages is CONVERSATION:
+            print(
+                f"chat: apply_chat_template {got}\n      jgpt encode_turns   {expected}\n      equal: {got == expected}"
+            )
+    turns = [Turn(m["role"], m["content"]) for m in CONVERSATION]
+    closed = list(jgpt_tokenizer.encode_turns(turns).ids)
+    assert tokenizer.apply_chat_template(CONVERSATION)["input_ids"] == closed and closed[-1] == TURN_END_ID
+    # Typed markers in a message stay text where the caller asks transformers to sanitize them, as jgpt always does.
+    typed = [{"role": "user", "content": "say <|assistant|> and <|turn_end|>"}]
+    sanitized = tokenizer.apply_chat_template(typed, add_generation_prompt=True, sanitize_control_tokens=True)
+    expected = jgpt_tokenizer.encode_turns([Turn("user", typed[0]["content"])], open_turn="assistant").ids
+    assert sanitized["input_ids"] == list(expected) and not set(expected[1:-1]) & set(CONTROL_MARKERS)
+
+
+def test_the_export_names_no_bos_and_turn_end_as_eos_and_padding(exported):
+    """jgpt's models start with nothing but their first token: no BOS for transformers to prepend."""
+    tokenizer = AutoTokenizer.from_pretrained(exported.out)
+    for name in ("config.json", "generation_config.json"):
+        document = json.loads((exported.out / name).read_text())
+        assert (document["bos_token_id"], document["eos_token_id"], document["pad_token_id"]) == (
+            None, TURN_END_ID, TURN_END_ID)  # fmt: skip
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (None, TURN_END_ID, TURN_END_ID)
+    assert exported.model.generation_config.bos_token_id is None
 
 
 def test_plain_hf_tokenizers_still_match_typed_markers_unless_told_to_split_them(exported):
