@@ -9,7 +9,8 @@ EXAMPLES = """\
 example:
   jgpt export-hf chat --out exports/chat
       writes config.json, generation_config.json, model.safetensors, tokenizer.json and
-      tokenizer_config.json; AutoModelForCausalLM.from_pretrained("exports/chat") loads it.
+      tokenizer_config.json; AutoModelForCausalLM.from_pretrained("exports/chat") loads it, and
+      its tokenizer's apply_chat_template(messages, add_generation_prompt=True) gives jgpt's ids.
       `jgpt import-hf exports/chat --out ART` gives back the same checkpoint_sha256.
 """
 
@@ -20,7 +21,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Export a jgpt ModelArtifact as a Hugging Face model directory: GPT2LMHeadModel for the "
-        "GPT baseline, LlamaForCausalLM for the Llama alternative, with its tokenizer.",
+        "GPT baseline, LlamaForCausalLM for the Llama alternative (MistralForCausalLM with a sliding window, "
+        "Qwen2ForCausalLM with query/key/value biases), with its tokenizer and, for jgpt's, a chat template.",
     )
     p.add_argument("model", metavar="ARTIFACT", help="catalog id or artifact directory")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the Hugging Face directory to write")

@@ -1,4 +1,4 @@
-"""`jgpt import-hf`: convert a local Hugging Face GPT-2 or Llama directory into a jgpt artifact."""
+"""`jgpt import-hf`: convert a local Hugging Face GPT-2 or Llama-family directory into a jgpt artifact."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ example:
       if present); downloads nothing, runs no remote code. Sizes and shapes are checked before
       any tensor is loaded. The model keeps its own tokenizer (GPT-2 byte-level or Llama
       byte-fallback BPE) as is; tokenizer_config.json must name its eos_token, the stop id.
+      Llama, Mistral (sliding window) and Qwen2 (query/key/value biases) are read, with
+      Llama 3.1's rope_scaling; what jgpt does not compute is refused naming the setting.
 """
 
 
@@ -20,8 +22,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Convert a GPT2LMHeadModel or LlamaForCausalLM saved with save_pretrained into a "
-        "jgpt ModelArtifact with verified identities.",
+        description="Convert a GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM saved "
+        "with save_pretrained into a jgpt ModelArtifact with verified identities.",
     )
     p.add_argument("directory", type=Path, metavar="DIR", help="holds config.json and model.safetensors")
     p.add_argument("--out", type=Path, required=True, metavar="ARTIFACT_DIR", help="artifact directory to create")
