@@ -7,6 +7,7 @@ trivial zeros and ones of a fresh init. Tolerance: max abs 1e-5 on float32 logit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -183,6 +184,11 @@ def test_logits_match_transformers_up_to_the_full_context(imported):
     got = np.asarray(FORWARD(artifact.weights, architecture, jnp.asarray(ids)).logits)
     assert got.shape == expected.shape
     assert np.max(np.abs(got - expected)) <= TOLERANCE
+    if isinstance(architecture, LlamaArchitecture) and architecture.attention_window is not None:  # what it holds
+        unwindowed = dataclasses.replace(architecture, sliding_window=None)
+        assert (
+            np.max(np.abs(np.asarray(FORWARD(artifact.weights, unwindowed, jnp.asarray(ids)).logits) - expected)) > 1e-2
+        )
     short = ids[:, :5]  # a shorter sequence: the same computation on a prefix
     np.testing.assert_allclose(
         FORWARD(artifact.weights, architecture, jnp.asarray(short)).logits,

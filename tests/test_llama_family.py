@@ -169,3 +169,12 @@ def test_costs_count_the_keys_a_window_leaves():
             windowed.position_memory_bytes(p) for p in range(start, stop)
         )
     assert WorkCosts.of(dataclasses.replace(BASE, sliding_window=24), weights, 4) == full
+
+
+def test_the_walkthrough_states_the_variants_and_is_unchanged_without_them():
+    from jgpt.model.walkthrough import walkthrough
+
+    plain, variants = (json.dumps(walkthrough(a).to_json()) for a in (BASE, VARIANTS))
+    for said in ("query_bias", "value_bias", "the 6 positions before it (sliding window)", "scaled as Llama 3.1's"):
+        assert said in variants and said not in plain
+    assert "each position attends causally to itself and earlier positions" in plain

@@ -228,12 +228,9 @@ def _llama_weights(a: LlamaArchitecture, t: _Tensors) -> dict[str, np.ndarray]:
     L = a.layers
     linear = lambda name: t.stacked(L, lambda i: f"layers.{i}.{name}.weight", transpose=True)
     embedding = t["embed_tokens.weight"]
-    biases = {}
-    if a.attention_bias:
-        biases = {
-            f"{ours}_bias": t.stacked(L, lambda i, name=name: f"layers.{i}.self_attn.{name}.bias")
-            for name, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"))
-        }
+    bias = lambda name: t.stacked(L, lambda i: f"layers.{i}.self_attn.{name}.bias")
+    projections = (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"))
+    biases = {f"{ours}_bias": bias(name) for name, ours in projections} if a.attention_bias else {}
     return biases | {
         "token_embedding": embedding,
         "ln1_scale": t.stacked(L, lambda i: f"layers.{i}.input_layernorm.weight"),

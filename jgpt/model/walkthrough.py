@@ -75,10 +75,26 @@ def walkthrough(architecture: Architecture) -> ArchitectureWalkthrough:
 
 
 def _attention_detail(a: Architecture) -> str:
+    window = a.attention_window if isinstance(a, LlamaArchitecture) else None
+    earlier = "earlier positions" if window is None else f"the {window - 1} positions before it (sliding window)"
     return (
         f"{a.heads} heads of width {a.head_dim}"
         + (f" sharing {a.kv_heads} key/value heads" if a.kv_heads != a.heads else "")
-        + "; each position attends causally to itself and earlier positions; keys and values are kept per layer."
+        + f"; each position attends causally to itself and {earlier}; keys and values are kept per layer."
+    )
+
+
+def _rotary_detail(a: LlamaArchitecture) -> str:
+    scaled = a.rope_scaling
+    frequencies = (
+        ""
+        if scaled is None
+        else f", the frequencies scaled as Llama 3.1's (factor {scaled.factor:g}, low and high frequency factors "
+        f"{scaled.low_freq_factor:g} and {scaled.high_freq_factor:g}, original context {scaled.original_context})"
+    )
+    return (
+        f"Rotates query and key channel pairs by angle position * {a.rope_theta:g}^(-2i/head_dim){frequencies}; "
+        "attention scores then depend on relative position."
     )
 
 
@@ -155,10 +171,12 @@ def _rotary_attention(a: LlamaArchitecture) -> list[ArchitectureStage]:
             "PositionEncoding",
             "rotary positions",
             "block",
-            f"Rotates query and key channel pairs by angle position * {a.rope_theta:g}^(-2i/head_dim); "
-            "attention scores then depend on relative position.",
+            _rotary_detail(a),
             (1,),
-            ("q, k = x @ query, key", "q, k = rotate(q, k; positions)"),
+            (
+                "q, k = x @ query + query_bias, key + key_bias" if a.attention_bias else "q, k = x @ query, key",
+                "q, k = rotate(q, k; positions)",
+            ),  # fmt: skip
             ("Attention",),
             "key",
         ),
@@ -168,7 +186,7 @@ def _rotary_attention(a: LlamaArchitecture) -> list[ArchitectureStage]:
             "block",
             _attention_detail(a),
             (1, 2),
-            ("v = x @ value", *ATTENTION_OPERATIONS),
+            ("v = x @ value + value_bias" if a.attention_bias else "v = x @ value", *ATTENTION_OPERATIONS),
             ("KVState", "PositionEncoding"),
             "attention",
         ),
