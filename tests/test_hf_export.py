@@ -276,7 +276,7 @@ def test_apply_chat_template_renders_jgpts_framing_ids(exported):
     typed = [{"role": "user", "content": "say <|assistant|> and <|turn_end|>"}]
     sanitized = tokenizer.apply_chat_template(typed, add_generation_prompt=True, sanitize_control_tokens=True)
     expected = jgpt_tokenizer.encode_turns([Turn("user", typed[0]["content"])], open_turn="assistant").ids
-    assert sanitized["input_ids"] == list(expected) and not set(expected[1:-1]) & set(CONTROL_MARKERS)
+    assert sanitized["input_ids"] == list(expected) and not set(expected[1:-2]) & set(CONTROL_MARKERS)
 
 
 def test_the_export_names_no_bos_and_turn_end_as_eos_and_padding(exported):

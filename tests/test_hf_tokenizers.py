@@ -35,7 +35,7 @@ BUDGET = 16
 TEXTS = ["some text", "Héllo wörld 👋 naïve", "日本語 and tabs\tand\nnewlines", "  two  spaces ", "x"]
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral", "qwen2"])
 def hf(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     model, tokenizer = save_model(request.param, root / "hf")
@@ -99,7 +99,7 @@ def test_ids_are_the_tokenizers_own_and_spans_come_from_its_offsets(hf, text):
     assert [span.byte_start for span in text_spans[1:]] == [span.byte_end for span in text_spans[:-1]]
     assert [i for span in encoding.spans for i in span.ids] == list(encoding.ids)
     controls = [span.ids[0] for span in encoding.spans if span.kind == "control"]
-    assert controls == ([hf.reference.bos_token_id] if hf.family == "llama" else [])
+    assert controls == ([hf.reference.bos_token_id] if hf.family in ("llama", "mistral") else [])
     assert hf.tokenizer.decode(encoding.ids).text == hf.reference.decode(encoding.ids, skip_special_tokens=False)
 
 
