@@ -106,7 +106,7 @@ ARCHITECTURES = {
 }
 
 
-def perturbed_artifact(name: str, directory):
+def perturbed_artifact(name: str, directory, prompt_format: str | None = None):
     architecture = ARCHITECTURES[name]
     weights, provenance = initialize(architecture, seed=3)
     rng = np.random.default_rng(sum(map(ord, name)))
@@ -122,6 +122,7 @@ def perturbed_artifact(name: str, directory):
         ModelWeights.from_dict({k: jnp.asarray(v) for k, v in tensors.items()}),
         provenance,
         Tokenizer.bytes_only(),
+        prompt_format=prompt_format,
     )
 
 
@@ -233,6 +234,7 @@ def test_import_of_the_export_gives_back_the_same_identities(exported):
     assert back.checkpoint_sha256 == exported.artifact.checkpoint_sha256
     assert back.tokenizer_sha256 == exported.artifact.tokenizer_sha256
     assert back.architecture == exported.artifact.architecture
+    assert back.prompt_format == exported.artifact.prompt_format == "chat"  # by the exported chat template
 
 
 def test_transformers_tokenizer_treats_typed_control_markers_as_jgpt_does(exported):
@@ -288,6 +290,18 @@ def test_the_export_names_no_bos_and_turn_end_as_eos_and_padding(exported):
             None, TURN_END_ID, TURN_END_ID)  # fmt: skip
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (None, TURN_END_ID, TURN_END_ID)
     assert exported.model.generation_config.bos_token_id is None
+
+
+def test_a_plain_text_model_exports_no_chat_template_and_splits_typed_markers(tmp_path):
+    artifact = perturbed_artifact("gpt-gelu-tanh", tmp_path / "artifact", prompt_format="plain")
+    assert jgpt(["export-hf", str(artifact.path), "--out", str(tmp_path / "hf")]) == 0
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert "chat_template" not in config and config["split_special_tokens"] is True
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "hi <|user|> there<|turn_end|>"
+    assert tokenizer(text, add_special_tokens=False).input_ids == list(artifact.tokenizer().encode_text(text))
+    assert jgpt(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")]) == 0
+    assert load_artifact(tmp_path / "back").prompt_format == "plain"
 
 
 def test_plain_hf_tokenizers_still_match_typed_markers_unless_told_to_split_them(exported):

@@ -12,9 +12,12 @@ gives back the same `checkpoint_sha256`.
 
 The tokenizer: an imported model's own files are written back as they came. jgpt's
 byte tokenizer.json is written unchanged (its bytes are its identity) with a
-tokenizer_config.json carrying jgpt's framing as a chat template, so that transformers'
-`apply_chat_template(messages, add_generation_prompt=True)` gives jgpt's ids; EOS and
-padding are TURN_END, and there is no BOS (`SpecialIds.of` says why). A model without a
+tokenizer_config.json carrying, for a chat model (`prompt_format` "chat"), jgpt's framing
+as a chat template, so that transformers' `apply_chat_template(messages,
+add_generation_prompt=True)` gives jgpt's ids (a plain-text model gets none, and its typed
+markers stay bytes); EOS and padding are TURN_END, and there is no BOS (`SpecialIds.of` says
+why). Imported back, the template makes the model a chat model again, the config's absence
+a plain one. A model without a
 tokenizer exports jgpt's pure-byte one, which is what it reads.
 
 The directory is staged next to `out` and renamed into place (jgpt/foundation/output_paths.py): a
@@ -43,6 +46,7 @@ from jgpt.foundation.output_paths import output_directory, recover_replaced, rep
 from jgpt.model.architecture import Architecture, LlamaArchitecture
 from jgpt.tokenizers.framing import ROLES
 from jgpt.tokenizers.hf_tokenizer import COMPANIONS
+from jgpt.tokenizers.prompt_format import CHAT
 from jgpt.tokenizers.tokenizer import Tokenizer
 
 GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
@@ -240,25 +244,28 @@ def chat_template(tokenizer: Tokenizer) -> str:
     )
 
 
-def tokenizer_files(tokenizer: Tokenizer, context: int) -> dict[str, bytes]:
-    """The tokenizer's files for transformers: an imported one's own, or jgpt's with a config declaring it."""
+def tokenizer_files(tokenizer: Tokenizer, context: int, prompt_format: str) -> dict[str, bytes]:
+    """The tokenizer's files for transformers: an imported one's own, or jgpt's with a config declaring it, whose
+    chat template is jgpt's framing where the model is a chat model (`prompt_format` "chat")."""
     from jgpt.tokenizers.hf_tokenizer import HFTokenizer
 
     if isinstance(tokenizer, HFTokenizer):
         return {"tokenizer.json": tokenizer.document, **dict(tokenizer.companions)}
     eos = tokenizer.token(tokenizer.turn_end_id).piece
-    config = {
+    config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": eos,
         "pad_token": eos,
-        "chat_template": chat_template(tokenizer),
-        # The chat template's markers must be read as the special ids they are, so special tokens are not split:
-        # as in every Hugging Face chat model, typed "<|user|>" is the control id unless the caller splits it
-        # (`tokenizer(text, split_special_tokens=True)`, `apply_chat_template(..., sanitize_control_tokens=True)`).
-        "split_special_tokens": False,
+        # A plain-text model frames nothing: typed "<|user|>" is its bytes in transformers too, as in jgpt.
+        "split_special_tokens": True,
         "clean_up_tokenization_spaces": False,
         "model_max_length": context,
     }
+    if prompt_format == CHAT:
+        # The chat template's markers must be read as the special ids they are, so special tokens are not split:
+        # as in every Hugging Face chat model, typed "<|user|>" is the control id unless the caller splits it
+        # (`tokenizer(text, split_special_tokens=True)`, `apply_chat_template(..., sanitize_control_tokens=True)`).
+        config |= {"chat_template": chat_template(tokenizer), "split_special_tokens": False}
     return {"tokenizer.json": tokenizer.document, "tokenizer_config.json": _json(config)}
 
 
@@ -283,7 +290,7 @@ def export_hf(model: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     files = {
         "config.json": _json(config),
         "generation_config.json": _json({**tokens.to_json(), "do_sample": False}),
-        **tokenizer_files(tokenizer, a.context),
+        **tokenizer_files(tokenizer, a.context, artifact.prompt_format),
     }
     with staged(target, "out") as staging:
         write_atomically(staging / WEIGHTS, safetensors_chunks(tensors, EXPORT_METADATA))
