@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GPT = {"vocabulary": 260, "width": 32, "ffn": 64, "context": 64, "layers": 2, "heads": 4, "position": "learned"}
 GROUPED_LLAMA = {"vocabulary": 260, "width": 32, "ffn": 48, "context": 64, "layers": 2, "heads": 4, "kv_heads": 2,
                  "position": "rope"}  # fmt: skip
+# Mistral's window and Qwen2's query/key/value biases, which bound and add to what the recorder counts.
+WINDOWED = {**GROUPED_LLAMA, "sliding_window": 8, "attention_bias": True}
 WORKLOAD = {
     "kind": "requests",
     "requests": [
@@ -100,8 +102,14 @@ def count_table(name: str, document: dict, model: AnalyticModel) -> list[str]:
 
 @pytest.mark.parametrize(
     ("architecture", "precision"),
-    [(GPT, "float32"), (GPT, "bfloat16"), (GROUPED_LLAMA, "float32"), (GROUPED_LLAMA, "bfloat16")],
-    ids=["gpt-f32", "gpt-bf16", "grouped-llama-f32", "grouped-llama-bf16"],
+    [
+        (GPT, "float32"),
+        (GPT, "bfloat16"),
+        (GROUPED_LLAMA, "float32"),
+        (GROUPED_LLAMA, "bfloat16"),
+        (WINDOWED, "bfloat16"),
+    ],
+    ids=["gpt-f32", "gpt-bf16", "grouped-llama-f32", "grouped-llama-bf16", "windowed-biased-llama-bf16"],
 )
 def test_analytic_counts_equal_what_jgpt_record_counts(tmp_path, architecture, precision):
     document, directory = recorded(architecture, precision, tmp_path / "model")
@@ -120,7 +128,7 @@ def test_the_recorders_costs_are_the_analytic_models_at_every_position(tmp_path)
     from jgpt.model.architecture import architecture_from_json
     from jgpt.model.weights import initialize
 
-    for i, architecture in enumerate((GPT, GROUPED_LLAMA, {**GROUPED_LLAMA, "kv_heads": 1})):
+    for i, architecture in enumerate((GPT, GROUPED_LLAMA, {**GROUPED_LLAMA, "kv_heads": 1}, WINDOWED)):
         a = architecture_from_json(architecture)
         weights, provenance = initialize(a, seed=0)
         save_artifact(tmp_path / str(i), a, weights, provenance)
