@@ -188,6 +188,21 @@ def test_tokenizer_files_any_hostile_one_loads_or_is_refused_naming_tokenizer(tm
         assert tokenizer.decode(tokenizer.encode_text("abab cd")).text == "abab cd"
 
 
+@pytest.mark.parametrize("value", [float("nan"), "x"])
+def test_manifest_a_resealed_field_outside_the_format_is_refused(artifact, tmp_path, value):  # noqa: F811
+    """Found by the fuzz test below: a resealed `"": NaN` was refused naming the field `""`."""
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest.pop("manifest_sha256")
+    manifest[""] = value
+    manifest["manifest_sha256"] = hashlib_of(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ApiError) as error:
+        load_artifact(copy)
+    assert error.value.field == "format" and "['']" in error.value.reason
+
+
 @FUZZ
 @given(data=st.data())
 def test_manifest_any_hostile_resealed_manifest_is_refused_naming_a_manifest_field(artifact, tmp_path_factory, data):  # noqa: F811

@@ -272,6 +272,8 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     manifest = read_json(path / MANIFEST, "manifest_sha256", allow_non_finite=True)
     if not isinstance(manifest, dict):
         raise ApiError("manifest_sha256", f"{path / MANIFEST} is not a JSON object")
+    if unknown := set(manifest) - MANIFEST_FIELDS:  # first: a field outside the format is named by the format
+        raise ApiError("format", f"{FORMAT} has no manifest fields {sorted(unknown)}")
     for name, value in manifest.items():
         require_finite(value, name)  # before hashing: the canonical form has no NaN
     claimed = manifest.pop("manifest_sha256", None)
@@ -285,6 +287,13 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     _check_manifest(manifest)
     manifest["manifest_sha256"] = claimed
     return manifest
+
+
+# What save_artifact writes (prompt_format only since it was declared; older manifests lack it).
+MANIFEST_FIELDS = {
+    "format", "architecture", "provenance", "parameters", "checkpoint_sha256", "tokenizer_sha256", "weight_format",
+    "tokenizer_format", "assets", PROMPT_FORMAT, "manifest_sha256",
+}  # fmt: skip
 
 
 def _check_manifest(manifest: Mapping[str, Any]) -> None:
