@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -302,19 +304,47 @@ class ExperimentCatalog:
         raise ApiError("lab", f"no lab {lab_id!r}; labs: {', '.join(d.id for d in self.experiments)}")
 
 
-def read_lab(path: Path) -> ExperimentDesign:
-    """One lab file; errors name the file and the field."""
+def read_lab(path: Path, shown: str | None = None, field: str | None = None) -> ExperimentDesign:
+    """One lab file; errors name the file (`shown`, its name by default) and the field, or, when the file cannot
+    be read as JSON, `field` (the path by default)."""
     path = Path(path)
-    value = read_json(path, str(path))
+    shown = path.name if shown is None else shown
+    value = read_json(path, str(path) if field is None else field)
     try:
         design = ExperimentDesign.from_json(value)
     except ApiError as error:
-        raise ApiError(f"{path.name}: {error.field}", error.reason) from None
+        raise ApiError(f"{shown}: {error.field}", error.reason) from None
     if design.id != path.stem:
-        raise ApiError(f"{path.name}: id", f"a lab file is named after its id; expected {path.stem!r}")
+        raise ApiError(f"{shown}: id", f"a lab file is named after its id; expected {path.stem!r}")
     return design
 
 
-def default_catalog(directory: Path = LABS) -> ExperimentCatalog:
-    """Every lab under `experiments/labs/`, in file-name order."""
-    return ExperimentCatalog(tuple(read_lab(path) for path in sorted(Path(directory).glob("*.json"))))
+def default_catalog(directory: Path = LABS, shown: Callable[[Path], str] = lambda path: path.name) -> ExperimentCatalog:
+    """Every lab under `directory` (`experiments/labs/` by default), in file-name order; errors name each file as
+    `shown` gives it."""
+    return ExperimentCatalog(tuple(read_lab(path, shown(path)) for path in sorted(Path(directory).glob("*.json"))))
+
+
+def is_lab_path(reference: str) -> bool:
+    """Whether a lab reference names a file: it holds a path separator or ends in `.json`. Anything else is a
+    built-in lab id, and an id (lowercase words joined by '-') never does either, so no reference is both."""
+    return "/" in reference or os.sep in reference or reference.endswith(".json")
+
+
+def find_lab(reference: str, catalog: ExperimentCatalog | None = None) -> ExperimentDesign:
+    """The lab a command names: the lab file at a path (`is_lab_path`), or the catalog's lab of that id."""
+    if is_lab_path(reference):
+        if "\x00" in reference:  # open() would raise ValueError, not the OSError read_json names
+            raise ApiError("lab", f"{reference!r} is not a path: it holds a NUL character")
+        return read_lab(Path(reference), reference, "lab")
+    catalog = default_catalog() if catalog is None else catalog
+    try:
+        return catalog.lab(reference)
+    except ApiError as error:
+        if os.path.isfile(reference):  # a lab file without the .json suffix, in the current directory
+            raise ApiError(
+                error.field, f"{error.reason}; to read the file {reference!r}, give its path: ./{reference}"
+            ) from None
+        raise ApiError(
+            error.field, f"{error.reason}; a lab file of your own is given by its path (with a '/' or ending in .json)"
+        ) from None

@@ -20,12 +20,15 @@ record a run writes against its files, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from experiments.arm_pool import ArmPool, SharedInput, SimulatedArm
+from experiments.arm_pool import simulated as simulated_arms
 from experiments.arm_recording import Recording, generation_of, recording_key
 from experiments.controls import CONTROLS, chosen
 from experiments.decoding_arms import decoding_arm
@@ -64,6 +67,7 @@ def run_lab(
     defaults: GenerationDefaults | None = None,
     recordings: dict | None = None,
     kernels: Kernels | None = None,
+    pool: ArmPool | None = None,
 ) -> LabRun:
     """Run every arm of `lab` and write record, computations, cache runs, summary, plots and report under `out`.
 
@@ -71,7 +75,8 @@ def run_lab(
     `kernels` (default `Kernels.auto()`, as `jgpt lab run --kernels auto`); each recording's entry
     in the record names the plan its computations ran with. `recordings` may carry recorded computations
     between calls (keyed by model, generation policy, workload and plan), so labs sharing them record
-    inference once.
+    inference once. `pool` says where the simulated arms run (default: here, one after another); the record's
+    bytes are the same wherever they do.
     """
     kernels = Kernels.auto() if kernels is None else kernels
     lab.refuse_if_planned()
@@ -91,12 +96,20 @@ def run_lab(
         else None
     )
     fragment = None if calibration is None else calibration["fragment"]
-    arm_entries = [
-        _arm_entry(i, label, execution, distinct.index(key), recordings[key], workload, lab, fragment, files, kernels)
-        for i, ((label, execution), key) in enumerate(
-            progress.tracked(list(zip(arms, keys)), "running arms", unit="arm")
-        )
-    ]
+    pool = ArmPool() if pool is None else pool
+    if pool.serial:
+        arm_entries = [
+            _arm_entry(
+                i, label, execution, distinct.index(key), recordings[key], workload, lab, fragment, files, kernels
+            )
+            for i, ((label, execution), key) in enumerate(
+                progress.tracked(list(zip(arms, keys)), "running arms", unit="arm")
+            )
+        ]
+    else:
+        shared = SharedInput(lab, workload, tuple(recordings[key].document for key in distinct), fragment)
+        arm_entries = _arms_in_pool(pool, shared, arms, [distinct.index(key) for key in keys], recordings, keys, files,
+                                    kernels)  # fmt: skip
     first = recordings[distinct[0]].document
     record = {
         "format": FORMAT,
@@ -143,6 +156,45 @@ def _recording_entry(n: int, recording: Recording, files: dict[str, bytes]) -> d
     }
 
 
+def _arms_in_pool(
+    pool: ArmPool,
+    shared: SharedInput,
+    arms: list[tuple[str, ExecutionSpec]],
+    indices: list[int],
+    recordings: dict,
+    keys: list[str],
+    files: dict[str, bytes],
+    kernels: Kernels,
+) -> list[dict[str, Any]]:
+    """Every arm's entry, in arm order: the measured ones (engine, generate) here, one at a time, before the pool
+    starts (their wall times must not share the CPUs with other arms); the simulated ones in `pool`."""
+    entries: dict[int, dict[str, Any]] = {}
+    measured = [
+        i for i, (_, execution) in enumerate(arms) if chosen(execution.assignments, "execution.runner") != "kvsim"
+    ]
+    simulated = [
+        SimulatedArm(i, label, execution, indices[i]) for i, (label, execution) in enumerate(arms) if i not in measured
+    ]
+
+    def finished():
+        for i in measured:
+            label, execution = arms[i]
+            entries[i] = _arm_entry(
+                i, label, execution, indices[i], recordings[keys[i]], shared.workload, shared.lab, shared.fragment,
+                files, kernels,
+            )  # fmt: skip
+            yield i
+        with contextlib.closing(simulated_arms(pool, shared, simulated)) as results:  # closing stops the workers
+            for result in results:
+                entries[result.index] = result.entry
+                files.update(result.files)
+                yield result.index
+
+    for _ in progress.tracked(finished(), f"running arms on {pool.describe()}", total=len(arms), unit="arm"):
+        pass
+    return [entries[i] for i in range(len(arms))]
+
+
 def _arm_entry(
     i: int,
     label: str,
@@ -161,7 +213,7 @@ def _arm_entry(
         return engine_arm(i, label, execution, n, recording, workload, files, kernels)
     if runner == "generate":
         return decoding_arm(i, label, execution, n, recording, workload, files, kernels)
-    return kvsim_arm(i, label, execution, n, recording, workload, lab, fragment, files)
+    return kvsim_arm(i, label, execution, n, recording.document, workload, lab, fragment, files)
 
 
 def _write(out: Path, files: dict[str, bytes], record: dict[str, Any], *, plots: bool, report: bool) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from experiments.arm_recording import Recording, generation_of
+from experiments.arm_recording import generation_of
 from experiments.controls import chosen
 from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
@@ -32,16 +32,16 @@ def kvsim_arm(
     label: str,
     execution: ExecutionSpec,
     n: int,
-    recording: Recording,
+    document: dict,
     workload: LabWorkload,
     lab: ExperimentDesign,
     fragment: dict | None,
     files: dict[str, bytes],
 ) -> dict[str, Any]:
-    """Simulate the arm over its recording (`n`, the recording's index in the record); its outcomes are the
-    cache run's totals."""
+    """Simulate the arm over its recording's computations `document` (`n`, the recording's index in the
+    record); its outcomes are the cache run's totals."""
     try:
-        run = simulate_arm(execution, recording.document, workload, lab, fragment)
+        run = simulate_arm(execution, document, workload, lab, fragment)
     except ApiError as error:
         raise ApiError(f"arm {label!r}: {error.field}", error.reason) from None
     name = f"cache-run-{i}.json"

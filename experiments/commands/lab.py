@@ -1,15 +1,19 @@
-"""`jgpt lab list | show ID | run ID --out DIR` and `jgpt report RECORD --out report.html`."""
+"""`jgpt lab list | show LAB | run LAB --out DIR | sweep LAB --grid ... --out DIR | replay RECORD` and
+`jgpt report RECORD --out report.html`. LAB is a built-in lab id or the path of a lab file."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import textwrap
 from pathlib import Path
 
-from experiments.experiment_design import ExperimentCatalog, ExperimentDesign, default_catalog
+from experiments.arm_pool import RAY_EXTRA, ArmPool
+from experiments.experiment_design import ExperimentCatalog, ExperimentDesign, default_catalog, find_lab
 from jgpt.foundation import progress
 from jgpt.foundation.command_line import ArgumentParser
+from jgpt.foundation.errors import ApiError
 from jgpt.foundation.output_paths import output_directory, output_file
 from jgpt.foundation.units import byte_size, duration_us
 
@@ -22,22 +26,46 @@ def _lab(command: str, argv: list[str]) -> int:
     args = _lab_parser(command).parse_args(argv)
     if args.action == "replay":
         return _replay(args.record, as_json=args.json)
-    catalog = default_catalog()
     if args.action == "list":
-        return _list(catalog, as_json=args.json)
-    lab = catalog.lab(args.id)
+        return _list(_catalog_in(args.dir), as_json=args.json)
+    lab = find_lab(args.lab)
     if args.action == "show":
         print(json.dumps(lab.to_json(), indent=1) if args.json else describe(lab))
         return 0
+    if args.action == "sweep":
+        lab = _swept(lab, args.grid)
     return _run(lab, args)
+
+
+def _catalog_in(directory: Path | None) -> ExperimentCatalog:
+    """The built-in labs, or every lab file in `directory` (errors name each file by its path)."""
+    if directory is None:
+        return default_catalog()
+    if not directory.is_dir():
+        raise ApiError("--dir", f"{directory} is not a directory")
+    catalog = default_catalog(directory, shown=str)
+    if not catalog.experiments:
+        raise ApiError("--dir", f"{directory} holds no lab file (*.json)")
+    return catalog
+
+
+def _swept(lab: ExperimentDesign, grid: list[str]) -> ExperimentDesign:
+    from experiments.lab_grid import gridded, parse_axis
+
+    swept, replaced = gridded(lab, [parse_axis(text) for text in grid])
+    for line in replaced:
+        print(f"--grid replaces {line}", file=sys.stderr)
+    return swept
 
 
 def _lab_parser(command: str) -> argparse.ArgumentParser:
     parser = ArgumentParser(
-        prog=f"jgpt {command}", description="List, explain and run the labs of the experiment catalog."
+        prog=f"jgpt {command}",
+        description="List, explain, run and sweep labs: the built-in catalog's (by id) or lab files of your own\n"
+        "(by path: " + LAB_REFERENCE + ").",
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for add in (_add_list, _add_show, _add_run, _add_replay):  # the order `jgpt lab --help` lists them in
+    for add in (_add_list, _add_show, _add_run, _add_sweep, _add_replay):  # the order `jgpt lab --help` lists them in
         add(actions)
     return parser
 
@@ -45,11 +73,14 @@ def _lab_parser(command: str) -> argparse.ArgumentParser:
 def _add_list(actions) -> None:
     listed = actions.add_parser("list", help="every lab: id, status and question")
     listed.add_argument("--json", action="store_true", help="print every lab's id, status and question as JSON")
+    listed.add_argument(
+        "--dir", type=Path, metavar="DIR", help="list the lab files (*.json) in DIR, each validated, instead"
+    )
 
 
 def _add_show(actions) -> None:
     show = actions.add_parser("show", help="one lab's question, controls, contract and sources")
-    show.add_argument("id", metavar="ID", help="a lab id from `jgpt lab list`")
+    show.add_argument("lab", metavar="LAB", help=LAB_HELP)
     show.add_argument("--json", action="store_true", help="print the lab file's validated JSON")
 
 
@@ -60,7 +91,28 @@ def _add_run(actions) -> None:
         description="Run a lab end to end; print each arm's figures (times and sizes in human\n"
         "units; --json and summary.json keep the exact numbers).",
     )
-    run.add_argument("id", metavar="ID", help="a lab id from `jgpt lab list`")
+    _add_run_options(run)
+
+
+def _add_sweep(actions) -> None:
+    sweep = actions.add_parser(
+        "sweep",
+        help="run a lab over a grid of control values (each --grid one more sweep axis)",
+        description=SWEEP_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_run_options(sweep)
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        required=True,
+        metavar="CONTROL=V1,V2,...",
+        help="one axis: a control of `jgpt lab show` and its values, written as in a lab file",
+    )
+
+
+def _add_run_options(run) -> None:
+    run.add_argument("lab", metavar="LAB", help=LAB_HELP)
     run.add_argument(
         "--out", required=True, type=Path, metavar="DIR", help="directory for record.json, summary.json and plots"
     )
@@ -74,6 +126,19 @@ def _add_run(actions) -> None:
     run.add_argument("--no-report", action="store_true", help="skip writing report.html")
     run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     run.add_argument("--quiet", action="store_true", help="no progress on the terminal")
+    run.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="simulate the kvsim arms in N local worker processes (default 1: one after another, here); "
+        "engine and generate arms are always measured here, one at a time. The record is the same bytes",
+    )
+    run.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="simulate the kvsim arms as tasks on the Ray cluster at ADDRESS, or on a local Ray instance started "
+        "for the run with 'local' (of --workers CPUs if given); needs " + RAY_EXTRA,
+    )
 
 
 def _add_replay(actions) -> None:
@@ -134,6 +199,7 @@ def _list(catalog: ExperimentCatalog, *, as_json: bool) -> int:
 
 def _run(lab: ExperimentDesign, args: argparse.Namespace) -> int:
     lab.refuse_if_planned()
+    pool = ArmPool(args.workers, args.ray)
     output_directory(args.out, "--out")
     with progress.shown(args.quiet):
         with progress.stage("starting jax"):  # the run's first seconds, before it records anything
@@ -143,7 +209,7 @@ def _run(lab: ExperimentDesign, args: argparse.Namespace) -> int:
             from experiments.record_summary import summary
             from jgpt.kernels.plan import Kernels
 
-        outcome = run_lab(lab, args.out, report=not args.no_report, kernels=Kernels.named(args.kernels))
+        outcome = run_lab(lab, args.out, report=not args.no_report, kernels=Kernels.named(args.kernels), pool=pool)
     figures = summary(outcome.record)
     if args.json:
         print(json.dumps(figures, indent=1))
@@ -218,6 +284,21 @@ def _rate(value) -> str:
 def _number(value, form: str, unit: str = "") -> str:
     return "-" if value is None else f"{value:{form}}{unit}"
 
+
+LAB_REFERENCE = "one with a '/' or ending in .json; an id never has either"
+LAB_HELP = f"a lab id from `jgpt lab list`, or the path of a lab file ({LAB_REFERENCE})"
+SWEEP_HELP = """\
+Run a lab over a grid: each --grid CONTROL=V1,V2,... is one more axis of the lab's sweep, and
+the arms are the product of the lab's axes and the grid's. Values are written as in a lab file
+(numbers for numeric controls); one value sets the control in every arm. A grid over a control
+the lab already assigns replaces that assignment (it says which on stderr); the record holds
+the lab as swept and replays like any other.
+
+  jgpt lab sweep host-tier-vs-recompute --out runs/grid \\
+      --grid kv_cache.device_kv_bytes=262144,524288 --workers 2
+
+The kvsim arms run in --workers local processes or on --ray; the record is the same bytes as a
+serial run's."""
 
 REPLAY_PROVES = """\
 Replay proves: every file the record names lies in its directory and has the size and
