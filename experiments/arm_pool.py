@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import signal
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,13 +176,16 @@ def _on_ray(pool: ArmPool, shared: SharedInput, arms: list[SimulatedArm]) -> Ite
         raise ApiError("--ray", f"running arms on Ray needs the ray extra: {RAY_EXTRA}") from None
     local = pool.ray == RAY_LOCAL
     try:
-        ray.init(
-            address=None if local else pool.ray,
-            num_cpus=pool.workers if local else None,
-            include_dashboard=False,
-            logging_level=logging.ERROR,
-            log_to_driver=False,
-        )
+        with warnings.catch_warnings():
+            # JAX warns at every fork; Ray's fork is subprocess's fork-then-exec, whose child runs no JAX code.
+            warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+            ray.init(
+                address=None if local else pool.ray,
+                num_cpus=pool.workers if local else None,
+                include_dashboard=False,
+                logging_level=logging.ERROR,
+                log_to_driver=False,
+            )
     except (ConnectionError, ValueError, RuntimeError) as error:
         raise ApiError("--ray", f"cannot start or reach Ray at {pool.ray!r}: {error}") from None
     pending: list = []

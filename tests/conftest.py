@@ -299,6 +299,7 @@ SLOW_FIXTURES = {  # the seconds its first user waited for it
     "test_engine.py": ("mixed",),  # 34: the engine serving a mixed workload
     "test_experiments_engine.py": ("fidelity", "lab_run"),  # 30: the kvsim-fidelity lab run
     "test_experiments_run.py": ("runs",),  # 33: every runnable lab run
+    "test_experiments_sweep.py": ("serial",),  # a 12-arm lab recorded by a tiny model and run serially
     "test_hostile_kvsim_report.py": ("lab_run",),
     "test_hostile_surfaces.py": ("long_input",),  # 14: a 12000-request kvsim input
     "test_hostile_system.py": ("lab_run",),
