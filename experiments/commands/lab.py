@@ -99,7 +99,6 @@ def _add_sweep(actions) -> None:
         "sweep",
         help="run a lab over a grid of control values (each --grid one more sweep axis)",
         description=SWEEP_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_run_options(sweep)
     sweep.add_argument(
