@@ -180,7 +180,7 @@ def _on_ray(pool: ArmPool, shared: SharedInput, arms: list[SimulatedArm]) -> Ite
             # JAX warns at every fork; Ray's fork is subprocess's fork-then-exec, whose child runs no JAX code.
             warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
             ray.init(
-                address=None if local else pool.ray,
+                address=pool.ray,  # Ray's own "local" starts a new instance, whatever RAY_ADDRESS says
                 num_cpus=pool.workers if local else None,
                 include_dashboard=False,
                 logging_level=logging.ERROR,
