@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import multiprocessing
 import signal
@@ -33,10 +34,11 @@ from experiments.experiment_design import ExperimentDesign
 from experiments.experiment_spec import ExecutionSpec
 from experiments.kvsim_arms import kvsim_arm
 from experiments.lab_workload import LabWorkload
-from jgpt.foundation.errors import ApiError
+from jgpt.foundation.errors import ApiError, raise_if_terminated
 
 RAY_LOCAL = "local"
 RAY_EXTRA = "pip install 'jgpt[ray]' (ray==2.60.0)"
+RAY_WAIT_S = 0.2  # how long a wait for the next finished arm runs before it looks for a Ctrl-C
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +171,21 @@ def _interrupts_ignored_by_children() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def _sigint_handler_kept() -> Iterator[None]:
+    """The command's SIGINT handler put back after the block: Ray's driver installs its own when it connects,
+    and a Ctrl-C would then never reach the command."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
 def _on_ray(pool: ArmPool, shared: SharedInput, arms: list[SimulatedArm]) -> Iterator[ArmResult]:
     try:
         import ray
@@ -176,7 +193,7 @@ def _on_ray(pool: ArmPool, shared: SharedInput, arms: list[SimulatedArm]) -> Ite
         raise ApiError("--ray", f"running arms on Ray needs the ray extra: {RAY_EXTRA}") from None
     local = pool.ray == RAY_LOCAL
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _sigint_handler_kept():
             # JAX warns at every fork; Ray's fork is subprocess's fork-then-exec, whose child runs no JAX code.
             warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
             ray.init(
@@ -192,10 +209,17 @@ def _on_ray(pool: ArmPool, shared: SharedInput, arms: list[SimulatedArm]) -> Ite
     try:
         task = ray.remote(num_cpus=1)(simulate)
         shared_ref = ray.put(shared)
-        pending = [task.remote(shared_ref, arm) for arm in arms]
+        # A few tasks per CPU in flight, not the whole sweep: the cluster's queue stays short, and stopping
+        # (Ctrl-C, a refused arm) cancels a handful of tasks, not thousands one call each.
+        window = max(1, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        waiting = iter(arms)
+        pending = [task.remote(shared_ref, arm) for arm in itertools.islice(waiting, window)]
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0]).checked()
+            done, pending = ray.wait(pending, num_returns=1, timeout=RAY_WAIT_S)
+            raise_if_terminated()  # a Ctrl-C whose KeyboardInterrupt was raised and dropped in a callback of Ray's
+            if done:
+                pending += [task.remote(shared_ref, arm) for arm in itertools.islice(waiting, 1)]
+                yield ray.get(done[0]).checked()
     finally:
         for ref in pending:  # an interruption or a refused arm: the others stop
             ray.cancel(ref, force=True)

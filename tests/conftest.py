@@ -49,6 +49,9 @@ SLOW = {
     "test_experiments_run.py": (
         "test_cli_lists_shows_and_refuses_planned_labs",  # 5
     ),
+    "test_experiments_sweep.py": (
+        "test_engine_arms_are_measured_here_and_calibrated_kvsim_arms_simulated_in_workers",  # the engine serves
+    ),
     "test_fused_decode.py": (
         "test_a_greedy_generation_selects_the_same_ids_with_the_fused_blocks_and_with_xlas",  # 40
         "test_its_rule_admits_one_float32_token_over_output_major_layers_only",  # 4

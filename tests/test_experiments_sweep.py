@@ -24,7 +24,7 @@ from experiments.experiment_replay import replay
 from experiments.lab_grid import GridAxis, gridded, parse_axis
 from jgpt.foundation.errors import ApiError
 
-from conftest import tiny_model
+from conftest import lab_defaults, tiny_model
 from hostile import error_lines, interruptible, run_jgpt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -201,6 +201,19 @@ def test_a_12_arm_sweep_in_two_worker_processes_writes_the_serial_runs_bytes(ser
 
 def test_a_12_arm_sweep_on_a_local_ray_instance_writes_the_serial_runs_bytes(serial):
     _same_run(serial, ArmPool(ray="local", workers=2), "ray")
+
+
+def test_engine_arms_are_measured_here_and_calibrated_kvsim_arms_simulated_in_workers(tmp_path):
+    """kvsim-fidelity: the calibration and the engine arms run in this process, one at a time; the calibrated and
+    roofline arms, which read the fitted service, in two workers. The record replays, arms in the lab's order."""
+    lab = find_lab("kvsim-fidelity")
+    defaults = lab_defaults(tiny_model(tmp_path / "model", seed=2), max_new_tokens=4)
+    run = run_lab(lab, tmp_path / "run", report=False, plots=False, defaults=defaults, pool=ArmPool(workers=2))
+    assert [arm["label"] for arm in run.record["arms"]] == [arm.label for arm in lab.arms()]
+    assert ["measured_run" in arm for arm in run.record["arms"]] == [
+        arm.execution.assignments.get("execution.runner") == "engine" for arm in lab.arms()
+    ]
+    assert replay(run.directory / "record.json") == run.record
 
 
 def test_a_lab_file_from_a_temporary_directory_runs_and_sweeps_from_the_command_line(serial, tmp_path):
