@@ -9,7 +9,9 @@ A grid over a control the lab already assigns replaces that assignment (the sett
 axis over it), so the same question can be asked at other budgets or rates; the run says what
 it replaced, and the record's lab is the lab as swept, so the record replays like any other.
 A control inside one of the lab's joint axes (points assigning several controls together)
-cannot be taken out of its points: such a grid is refused.
+cannot be taken out of its points: such a grid is refused. The lab's `answer` is kept when it
+still fits the swept arms (each selector picking its one arm); otherwise the swept lab has
+none, and the run says so.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def _value(item: str, kind: type) -> Any:
 
 
 def gridded(lab: ExperimentDesign, axes: list[GridAxis]) -> tuple[ExperimentDesign, list[str]]:
-    """The lab swept over `axes` as well as its own, and a line per assignment of the lab's that a grid replaced."""
+    """The lab swept over `axes` as well as its own, and a note per assignment of the lab's that a grid replaced
+    (and if the lab's answer declaration no longer fits its arms, a note that the swept lab has none)."""
     names = [axis.control for axis in axes]
     for name in names:
         if names.count(name) > 1:
@@ -83,8 +86,19 @@ def gridded(lab: ExperimentDesign, axes: list[GridAxis]) -> tuple[ExperimentDesi
     sweep = tuple(a for a in lab.sweep if a.control not in names) + tuple(
         SweepAxis(a.control, a.values) for a in axes if len(a.values) > 1
     )
-    swept = dataclasses.replace(lab, settings=settings, sweep=sweep)
+    document = dataclasses.replace(lab, settings=settings, sweep=sweep).to_json()
+    answer = document.pop("answer", None)
     try:  # the checks that span arms (runners, decoding, the wall clock) as for a lab file
-        return ExperimentDesign.from_json(swept.to_json()), replaced
+        swept = ExperimentDesign.from_json(document)
     except ApiError as error:
         raise ApiError(f"{FIELD}: {error.field}", error.reason) from None
+    notes = [f"--grid replaces {line}" for line in replaced]
+    if answer is None:
+        return swept, notes
+    try:
+        return ExperimentDesign.from_json(document | {"answer": answer}), notes
+    except ApiError as error:  # e.g. a crossover's selectors now pick an arm per grid value, not one
+        return swept, notes + [
+            f"--grid drops the lab's {answer['kind']} answer, which does not fit the swept arms "
+            f"({error.field}: {error.reason}); the record has no answer"
+        ]

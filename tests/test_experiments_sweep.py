@@ -37,6 +37,7 @@ def own_lab(model_path: str | None = None, lab_id: str = "my-host-tier") -> dict
     (for a command, which has no test defaults) the tiny model and a short output budget in its settings."""
     document = json.loads((LABS / "host-tier-vs-recompute.json").read_text())
     document["id"] = lab_id
+    document.pop("answer")  # its crossover picks one arm per bandwidth, and this lab has two (device budgets)
     document["workload"]["conversations"] = document["workload"]["conversations"][:3]
     document["sweep"].append({"control": "kv_cache.device_kv_bytes", "values": [262144, 524288]})
     document["settings"] = [s for s in document["settings"] if s["control"] != "kv_cache.device_kv_bytes"]
@@ -123,7 +124,9 @@ def test_grid_axes_add_to_the_labs_sweep_and_replace_what_it_assigns():
     axis = parse_axis("kv_cache.device_kv_bytes=262144,524288")
     assert axis == GridAxis("kv_cache.device_kv_bytes", (262144, 524288))
     swept, replaced = gridded(lab, [axis, parse_axis("kv_cache.retention_policy=lru")])
-    assert len(swept.arms()) == 12 and replaced == ["kv_cache.device_kv_bytes: the lab's setting 524288"]
+    assert len(swept.arms()) == 12 and swept.answer is None
+    assert replaced[0] == "--grid replaces kv_cache.device_kv_bytes: the lab's setting 524288"
+    assert replaced[1].startswith("--grid drops the lab's crossover answer, which does not fit the swept arms")
     assert all(arm.execution.value("kv_cache.retention_policy") == "lru" for arm in swept.arms())
     assert (
         swept.arms()[0].label
@@ -131,7 +134,8 @@ def test_grid_axes_add_to_the_labs_sweep_and_replace_what_it_assigns():
     )
     again, replaced = gridded(lab, [parse_axis("transfer.link_bytes_per_us=1e2,1000")])
     assert [arm.execution.value("transfer.link_bytes_per_us") for arm in again.arms()][:2] == [100.0, 1000]
-    assert replaced == ["transfer.link_bytes_per_us: the lab's sweep over [30, 300, 3000]"]
+    assert replaced == ["--grid replaces transfer.link_bytes_per_us: the lab's sweep over [30, 300, 3000]"]
+    assert again.answer == lab.answer  # still one arm per bandwidth on each side
 
 
 @pytest.mark.parametrize(

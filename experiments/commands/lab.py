@@ -52,9 +52,9 @@ def _catalog_in(directory: Path | None) -> ExperimentCatalog:
 def _swept(lab: ExperimentDesign, grid: list[str]) -> ExperimentDesign:
     from experiments.lab_grid import gridded, parse_axis
 
-    swept, replaced = gridded(lab, [parse_axis(text) for text in grid])
-    for line in replaced:
-        print(f"--grid replaces {line}", file=sys.stderr)
+    swept, notes = gridded(lab, [parse_axis(text) for text in grid])
+    for note in notes:
+        print(note, file=sys.stderr)
     return swept
 
 
