@@ -265,6 +265,8 @@ def summary_text(figures: dict) -> str:
         ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = [f"{figures['lab']} ({figures['record']}): {figures['question']}"]
+    if "answer" in figures:
+        lines.append(f"  answer: {figures['answer']['text']}")
     lines += [
         "  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
         for row in rows
@@ -338,6 +340,11 @@ def describe(lab: ExperimentDesign) -> str:
     lines = [
         f"{lab.id}: {lab.name}" + ("  [planned]" if lab.planned else ""),
         wrap(lab.question),
+        *(
+            [wrap(f"answer: {lab.answer['kind']} " + json.dumps({k: v for k, v in lab.answer.items() if k != "kind"}))]
+            if lab.answer
+            else []
+        ),
         f"  ontology: {binding.primary}" + (f" (related: {', '.join(binding.related)})" if binding.related else ""),
         "settings:",
         *(f"  {s.control} = {json.dumps(s.value)}" for s in lab.settings.experiments),

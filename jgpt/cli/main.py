@@ -101,7 +101,10 @@ COMMANDS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     ),
     "eval": (_training, "development loss and bits per byte on held-out data; a chat model's exact match per skill"),
     "catalog": (_catalog, "list the model catalog or add a verified artifact to it"),
-    "import-hf": (_import_hf, "convert a local Hugging Face model directory (GPT-2, Llama, Mistral, Qwen2) into an artifact"),
+    "import-hf": (
+        _import_hf,
+        "convert a local Hugging Face model directory (GPT-2, Llama, Mistral, Qwen2) into an artifact",
+    ),
     "export-hf": (_export_hf, "write an artifact as a Hugging Face directory (config.json, safetensors, tokenizer)"),
     "generate": (
         _inference,
