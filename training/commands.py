@@ -16,7 +16,7 @@ from jgpt.model.architecture import PRECISION_NAMES
 
 # Command-line flag -> TrainingConfig field, for the fields a user commonly overrides.
 OVERRIDES = {
-    "data": str, "out": str, "tokenizer": str, "vocab_size": int, "seed": int, "steps": int,
+    "data": str, "init_from": str, "out": str, "tokenizer": str, "vocab_size": int, "seed": int, "steps": int,
     "batch_size": int, "learning_rate": float, "warmup_steps": int, "context": int, "selection": str,
     "log_every": int, "eval_every": int, "checkpoint_every": int, "train_conversations": int,
     "products": str, "attention": str,
@@ -26,11 +26,25 @@ ARCHITECTURE_OVERRIDES = ("layers", "heads", "width", "ffn")
 # "not given" (so a --config file's value stands unless a flag overrides it).
 HELP = {
     "data": ("FILE.txt", "UTF-8 text file to train on (default: the built-in multi-turn conversations)"),
+    "init_from": (
+        "MODEL",
+        "fine-tune: start from this catalog id or artifact directory (e.g. chat, or an `jgpt import-hf` output):"
+        " its weights, tokenizer and architecture (which the architecture flags may not change; --precision may),"
+        " with this run's data and recipe; its provenance names the parent (default: initialized weights)",
+    ),
     "out": ("DIR", "directory for checkpoints, metrics.jsonl, loss.png and model/"),
-    "tokenizer": (None, "bytes: the 260-id byte tokenizer; bpe: merges learned from --data"),
-    "vocab_size": ("N", "vocabulary of a bpe tokenizer"),
+    "tokenizer": (
+        None,
+        "bytes: the 260-id byte tokenizer; bpe: merges learned from --data; parent: the --init-from model's"
+        " (default: bytes, or parent with --init-from)",
+    ),
+    "vocab_size": ("N", "vocabulary of a bpe tokenizer (default: 512, or the parent's with --init-from)"),
     "seed": ("N", "seed of the initialization, the batches and the built-in conversations"),
-    "steps": ("N", "optimizer steps"),
+    "steps": (
+        "N",
+        "optimizer steps; with --resume, more than the run was started for extends it (the learning-rate"
+        " schedule keeps its span and the steps past it hold its final rate)",
+    ),
     "batch_size": ("N", "sequences per step"),
     "learning_rate": ("LR", "peak learning rate of the warm-up + cosine schedule"),
     "warmup_steps": ("N", "linear warm-up steps (default: min({WARMUP_STEPS}, steps // 10))"),
@@ -76,12 +90,22 @@ class _Parser(ArgumentParser):
 
 def _train_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(
-        prog=prog, description="Train a model; writes checkpoints, metrics.jsonl, loss.png and model/ under --out."
+        prog=prog,
+        description="Train a model, from initialized weights or from another model's (--init-from); writes "
+        "checkpoints, metrics.jsonl, loss.png and model/ under --out.",
+        epilog="Fine-tune: jgpt train --init-from chat --data notes.txt --steps 200 --learning-rate 3e-4 --out "
+        "runs/notes.  Continue an interrupted run: jgpt train --out runs/notes --resume (its run.json holds the "
+        "rest).  Extend a run: jgpt train --out runs/notes --resume --steps 400.",
     )
     parser.add_argument(
         "--config", metavar="FILE.json", help="JSON file of TrainingConfig fields (unknown keys are an error)"
     )
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under --out")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run under --out from its latest checkpoint, with the configuration its run.json "
+        "records (a flag or --config field that differs is refused naming it; only --steps may grow)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     _override_arguments(parser)
     parser.add_argument(
@@ -154,10 +178,12 @@ def train_command(prog: str, argv: list[str]) -> int:
 def training_config(args: argparse.Namespace):
     """The TrainingConfig of `jgpt train`: the --config file's fields, overridden by the flags given."""
     from jgpt.foundation.json_input import read_json
-    from training.config import architecture_settings, from_json
+    from training.config import TrainingConfig, architecture_settings, from_json
 
     # The file's own fields, not a completed config: a field it leaves out (the warm-up) follows the flags.
     document = read_json(args.config, "config") if args.config else {}
+    if args.resume:  # the flags and the file restate the recorded run, which fills in every field they leave out
+        document = _recorded_document(args.out or document.get("out") or TrainingConfig.out) | document
     base = from_json(document)
     changes = {name: getattr(args, name) for name in OVERRIDES if getattr(args, name) is not None}
     architecture = {name: getattr(args, name) for name in ARCHITECTURE_OVERRIDES if getattr(args, name) is not None}
@@ -166,6 +192,16 @@ def training_config(args: argparse.Namespace):
     if architecture:
         changes["architecture"] = {**architecture_settings(base.architecture), **architecture}
     return from_json({**document, **changes})
+
+
+def _recorded_document(out: str) -> dict:
+    """The configuration the run under `out` records (its run.json), as a resume starts from; nothing when
+    there is none (the run then says there is nothing to resume)."""
+    from training.resume import resumable_document
+    from training.trainer import RunDirectory, recorded_config
+
+    run = RunDirectory(Path(out))
+    return resumable_document(recorded_config(run, "resume")) if run.config.is_file() else {}
 
 
 def _eval_parser(prog: str) -> argparse.ArgumentParser:

@@ -7,6 +7,16 @@ into a frozen Architecture. `preparation_run_sha256` is the SHA-256 of its
 canonical JSON without the output location, so two runs with the same hash
 prepare the same checkpoint; the architecture is written there as its settings
 (`architecture_settings`), one spelling per architecture.
+
+A fine-tuning run names its parent in `init_from` (a catalog id or an artifact directory,
+`training.parent`): its architecture and tokenizer are the parent's, so a field that would
+change them is refused naming it (only the compute precision is the run's choice), and the
+hash names the parent by its weights and tokenizer identities, not by where it lay.
+
+`schedule_steps` is the span of the learning-rate schedule, `steps` by default; a run
+extended past it (`--resume --steps N`) holds the schedule's final rate after it. The
+fields added since the shipped model was trained (`init_from`, `schedule_steps`) are
+written only when they say something, so every earlier run keeps its hash.
 """
 
 from __future__ import annotations
@@ -22,9 +32,13 @@ from jgpt.foundation.json_input import read_json
 from jgpt.foundation.limits import CONVERSATION_LIMIT, PARAMETER_LIMIT, VOCABULARY_LIMIT, bounded
 from jgpt.foundation.validation import Number, integer, is_integer, number, string
 from jgpt.model.architecture import Architecture, LlamaArchitecture, ModelArchitecture, architecture_from_json
+from training.parent import ParentModel, declared_parent
 
 SELECTIONS = ("best_development_loss", "final")
-TOKENIZERS = ("bytes", "bpe")
+# parent: the tokenizer of the --init-from model, the only one a fine-tuning run takes.
+TOKENIZERS = ("bytes", "bpe", "parent")
+DEFAULT_TOKENIZER = "bytes"
+DEFAULT_VOCAB_SIZE = 512
 # The train step's kernel plan is spelled by these two fields (jgpt.kernels.plan.Kernels holds the same choices;
 # read here without importing jax). Dense products: XLA's dot (the pure-JAX reference) or numpy's OpenBLAS
 # (jgpt.kernels.blas_matmul).
@@ -58,13 +72,18 @@ class TrainingConfig:
     out: str = "runs/default"
     # Data: None trains on the built-in conversations; otherwise a UTF-8 text file.
     data: str | None = None
-    tokenizer: str = "bytes"
-    vocab_size: int = 512
+    # None trains from initialized weights; otherwise the catalog id or artifact directory to start from.
+    init_from: str | None = None
+    # None: "parent" with init_from, else DEFAULT_TOKENIZER; the vocabulary likewise (the parent's or
+    # DEFAULT_VOCAB_SIZE). Both are stored resolved.
+    tokenizer: str | None = None
+    vocab_size: int | None = None
     train_conversations: int = 40000
     development_conversations: int = 500
     development_fraction: float = 0.1
-    # Settings (a mapping without the vocabulary) are read into the Architecture at construction.
-    architecture: Architecture = dataclasses.field(default_factory=default_architecture)  # type: ignore[assignment]
+    # Settings (a mapping without the vocabulary) are read into the Architecture at construction; None is
+    # the parent's with init_from, else default_architecture().
+    architecture: Architecture = None  # type: ignore[assignment]
     # Training window in tokens; at most architecture.context. None means architecture.context.
     context: int | None = None
     seed: int = 0
@@ -73,6 +92,8 @@ class TrainingConfig:
     learning_rate: float = 3e-3
     # None: min(WARMUP_STEPS, steps // 10), so a short run needs no warm-up of its own; the number is stored.
     warmup_steps: int | None = None
+    # Steps the warm-up + cosine schedule spans; None means steps. Later steps hold its final rate.
+    schedule_steps: int | None = None
     final_learning_rate_fraction: float = 0.05
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -89,12 +110,15 @@ class TrainingConfig:
     products: str = "xla"
     # Likewise: causal_blocks sums each softmax over fewer terms, so it rounds differently from full.
     attention: str = "full"
+    # The init_from model as its manifest declares it (read at construction; never written).
+    parent: ParentModel | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.out, str) or not self.out:
             raise ApiError("out", f"must be a directory path (a non-empty string), got {self.out!r}")
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
             raise ApiError("data", f"must be a text file path or null, got {self.data!r}")
+        self._resolve_tokenizer()
         if self.tokenizer == "bpe" and self.data is None:
             raise ApiError("tokenizer", "bpe needs --data: the built-in conversations use byte tokens")
         ints = ("vocab_size", "train_conversations", "development_conversations", "steps", "batch_size",
@@ -106,9 +130,12 @@ class TrainingConfig:
         for name in ("train_conversations", "development_conversations"):
             bounded(getattr(self, name), name, 1, CONVERSATION_LIMIT)
         bounded(self.batch_size, "batch_size", 1, BATCH_LIMIT)
+        if self.schedule_steps is None:
+            object.__setattr__(self, "schedule_steps", self.steps)
+        integer(self.schedule_steps, "schedule_steps", minimum=1)
         if self.warmup_steps is None:
-            object.__setattr__(self, "warmup_steps", default_warmup_steps(self.steps))
-        integer(self.warmup_steps, "warmup_steps", 0, self.steps - 1)
+            object.__setattr__(self, "warmup_steps", default_warmup_steps(self.schedule_steps))
+        integer(self.warmup_steps, "warmup_steps", 0, self.schedule_steps - 1)
         for name in ("learning_rate", "clip_norm"):
             _POSITIVE.read(getattr(self, name), name)
         for name in ("final_learning_rate_fraction", "weight_decay", "beta1", "beta2"):
@@ -141,18 +168,54 @@ class TrainingConfig:
 
     @property
     def vocabulary(self) -> int:
+        assert self.vocab_size is not None, "TrainingConfig.__post_init__ sets vocab_size"
         return BYTE_VOCABULARY if self.tokenizer == "bytes" else self.vocab_size
 
+    def _resolve_tokenizer(self) -> None:
+        """The tokenizer and vocabulary: the parent's with init_from (which reads the parent's manifest),
+        refusing another; otherwise the defaults where none is given."""
+        if self.init_from is None:
+            if self.tokenizer == "parent":
+                raise ApiError("tokenizer", "parent is the tokenizer of --init-from MODEL, and none is given")
+            object.__setattr__(self, "tokenizer", DEFAULT_TOKENIZER if self.tokenizer is None else self.tokenizer)
+            object.__setattr__(self, "vocab_size", DEFAULT_VOCAB_SIZE if self.vocab_size is None else self.vocab_size)
+            return
+        parent = declared_parent(string(self.init_from, "init_from"))
+        object.__setattr__(self, "parent", parent)
+        if self.tokenizer not in (None, "parent"):
+            raise ApiError(
+                "tokenizer",
+                f"a run --init-from {self.init_from} keeps its parent's tokenizer; leave out --tokenizer "
+                f"(given {self.tokenizer!r})",
+            )
+        vocabulary = parent.architecture.vocabulary
+        if self.vocab_size not in (None, vocabulary):
+            raise ApiError(
+                "vocab_size",
+                f"{self.vocab_size} differs from the vocabulary of {self.init_from} ({vocabulary}), which a run "
+                "--init-from keeps; leave out --vocab-size",
+            )
+        object.__setattr__(self, "tokenizer", "parent")
+        object.__setattr__(self, "vocab_size", vocabulary)
+
     def _read_architecture(self) -> Architecture:
-        """The Architecture of the settings given (or the one given), its vocabulary the tokenizer's."""
+        """The Architecture of the settings given (or the one given), its vocabulary the tokenizer's; with
+        init_from, the parent's, of which only the precision may be given otherwise."""
         given = self.architecture
+        if given is None:
+            if self.parent is not None:
+                return self.parent.architecture
+            given = default_architecture()  # type: ignore[assignment]
         settings: object = given.to_json() if isinstance(given, (ModelArchitecture, LlamaArchitecture)) else given
         if not isinstance(settings, Mapping):
             raise ApiError("architecture", f"must be a JSON object, got {type(settings).__name__}")
         vocabulary = settings.get("vocabulary", self.vocabulary)
         if vocabulary != self.vocabulary:
             raise ApiError("vocabulary", f"{vocabulary} differs from the tokenizer's vocabulary ({self.vocabulary})")
-        return architecture_from_json({**settings, "vocabulary": vocabulary})
+        architecture = architecture_from_json({**settings, "vocabulary": vocabulary})
+        if self.parent is not None:
+            _require_parents(architecture, self.parent)
+        return architecture
 
     @property
     def window(self) -> int:
@@ -160,12 +223,18 @@ class TrainingConfig:
         return self.context or self.architecture.context
 
     def to_json(self) -> dict[str, Any]:
-        document = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return document | {"architecture": architecture_settings(self.architecture)}
+        document = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        unsaid = {"init_from"} if self.init_from is None else set()
+        unsaid |= {"schedule_steps"} if self.schedule_steps == self.steps else set()
+        return {k: v for k, v in document.items() if k not in unsaid} | {
+            "architecture": architecture_settings(self.architecture)
+        }
 
     @property
     def preparation_run_sha256(self) -> str:
         preparation = {k: v for k, v in self.to_json().items() if k not in LOCATION_FIELDS}
+        if self.parent is not None:
+            preparation["init_from"] = self.parent.weights_identity()
         return sha256_json(preparation)
 
     def replace(self, **changes: Any) -> TrainingConfig:
@@ -174,6 +243,19 @@ class TrainingConfig:
 
 def default_warmup_steps(steps: int) -> int:
     return min(WARMUP_STEPS, steps // 10)
+
+
+def _require_parents(architecture: Architecture, parent: ParentModel) -> None:
+    """Refuse an architecture other than the parent's, naming the first field that differs (the compute
+    precision aside: the weights and their Adam moments stay float32 either way)."""
+    theirs, ours = parent.architecture.to_json(), architecture.to_json()
+    for name in ("position", *theirs, *ours):  # the family first: it decides the other fields' defaults
+        if name != "precision" and theirs.get(name) != ours.get(name):
+            raise ApiError(
+                name,
+                f"{ours.get(name)!r} differs from {theirs.get(name)!r} of {parent.given}: a run --init-from keeps "
+                f"its parent's architecture, so leave {name} out",
+            )
 
 
 def architecture_settings(architecture: Architecture) -> dict[str, Any]:
@@ -192,7 +274,7 @@ def from_json(document: Any) -> TrainingConfig:
     """A TrainingConfig from a JSON object; unknown keys are rejected by name."""
     if not isinstance(document, Mapping):
         raise ApiError("config", f"must be a JSON object, got {type(document).__name__}")
-    known = {f.name for f in dataclasses.fields(TrainingConfig)}
+    known = {f.name for f in dataclasses.fields(TrainingConfig) if f.init}
     unknown = sorted(set(document) - known)
     if unknown:
         raise ApiError("config", f"unknown keys: {', '.join(unknown)}")

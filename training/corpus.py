@@ -3,6 +3,7 @@
 Two sources: the built-in conversations (byte tokens, loss on assistant tokens
 only) and a UTF-8 text file split by position into train and development
 (byte tokens or BPE merges learned from the training part, loss on every token).
+A fine-tuning run encodes either with its parent's tokenizer instead.
 Every check on the input happens here, before a run writes anything.
 """
 
@@ -77,7 +78,17 @@ def _rows(tokenizer: Tokenizer, conversations, width: int) -> tuple[TokenRows, i
     return rows, counted_bytes
 
 
-def conversations(config: TrainingConfig) -> PreparedCorpus:
+def conversations(config: TrainingConfig, tokenizer: Tokenizer | None = None) -> PreparedCorpus:
+    """The built-in conversations, framed by `tokenizer` (default: the byte tokenizer)."""
+    tokenizer = Tokenizer.bytes_only() if tokenizer is None else tokenizer
+    try:
+        tokenizer.role_id("user")
+    except ApiError:
+        raise ApiError(
+            "init_from",
+            f"the tokenizer of {config.init_from} has no role ids to frame the built-in conversations with; "
+            "train it on a text file (--data FILE)",
+        ) from None
     width = config.window + 1
     corpus = conversation_corpus.generate(
         config.seed, config.train_conversations, config.development_conversations, max_tokens=width
@@ -85,7 +96,6 @@ def conversations(config: TrainingConfig) -> PreparedCorpus:
     longest = max(c.byte_length() for c in corpus.train + corpus.development)
     if longest > width:
         raise ApiError("context", f"{config.window} tokens cannot hold a built-in conversation (needs {longest - 1})")
-    tokenizer = Tokenizer.bytes_only()
     train, _ = _rows(tokenizer, corpus.train, width)
     return held_out_conversations(tokenizer, corpus.development, width, train, corpus.data_sha256)
 
@@ -113,18 +123,26 @@ def read_text(path: str) -> tuple[bytes, str]:
         raise ApiError("data", f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
-def text(config: TrainingConfig, path: str) -> PreparedCorpus:
+def text(config: TrainingConfig, path: str, tokenizer: Tokenizer | None = None) -> PreparedCorpus:
+    """The text file at `path`, encoded by `tokenizer` (a parent's) or by the one the config names."""
     data, content = read_text(path)
     train_text, development_text = split_text(content, config.development_fraction)
-    if config.tokenizer == "bpe":
-        tokenizer = Tokenizer.train([train_text], config.vocab_size)
-        if tokenizer.vocab_size != config.vocab_size:
-            raise ApiError("vocab_size", f"{path} supports only {tokenizer.vocab_size} tokens, not {config.vocab_size}")
-    else:
-        tokenizer = Tokenizer.bytes_only()
+    if tokenizer is None:
+        tokenizer = _own_tokenizer(config, train_text, path)
     train_ids = _ids(tokenizer, train_text, config.window, "train", path)
     return held_out_text(tokenizer, development_text, config.window, path, hashlib.sha256(data).hexdigest(),
                          TokenStream(train_ids, config.window))  # fmt: skip
+
+
+def _own_tokenizer(config: TrainingConfig, train_text: str, path: str) -> Tokenizer:
+    """The byte tokenizer, or BPE merges learned from the training part."""
+    if config.tokenizer != "bpe":
+        return Tokenizer.bytes_only()
+    assert config.vocab_size is not None, "TrainingConfig.__post_init__ sets vocab_size"
+    tokenizer = Tokenizer.train([train_text], config.vocab_size)
+    if tokenizer.vocab_size != config.vocab_size:
+        raise ApiError("vocab_size", f"{path} supports only {tokenizer.vocab_size} tokens, not {config.vocab_size}")
+    return tokenizer
 
 
 def split_text(content: str, development_fraction: float) -> tuple[str, str]:
@@ -149,5 +167,6 @@ def held_out_text(tokenizer, development_text, window, path, data_sha256, train=
     return PreparedCorpus("text", data_sha256, tokenizer, train, development, counted_bytes, ())
 
 
-def prepare(config: TrainingConfig) -> PreparedCorpus:
-    return conversations(config) if config.data is None else text(config, config.data)
+def prepare(config: TrainingConfig, tokenizer: Tokenizer | None = None) -> PreparedCorpus:
+    """The config's corpus; `tokenizer` is the parent's of a fine-tuning run (None: the config's own)."""
+    return conversations(config, tokenizer) if config.data is None else text(config, config.data, tokenizer)

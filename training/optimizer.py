@@ -33,11 +33,14 @@ def schedule(learning_rate: float, warmup_steps: int, total_steps: int, final_fr
 
 
 def adamw(config) -> optax.GradientTransformation:
-    """The optimizer of a TrainingConfig."""
+    """The optimizer of a TrainingConfig; its schedule spans `schedule_steps` and holds its final rate after
+    them (optax's cosine decay stays at its end value past `decay_steps`)."""
     return optax.chain(
         optax.clip_by_global_norm(config.clip_norm),
         optax.adamw(
-            schedule(config.learning_rate, config.warmup_steps, config.steps, config.final_learning_rate_fraction),
+            schedule(
+                config.learning_rate, config.warmup_steps, config.schedule_steps, config.final_learning_rate_fraction
+            ),
             b1=config.beta1,
             b2=config.beta2,
             weight_decay=config.weight_decay,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ from training import metrics, optimizer, sharding
 from training.batches import TokenRows, TokenStream
 from training.config import TrainingConfig, from_json
 from training.evaluation import DEVELOPMENT_BATCH, development_loss
-from training.provenance import TrainingProvenance, source_sha256
+from training.parent import load_parent
+from training.provenance import TrainingProvenance, learning_rate_schedule, source_sha256
+from training.resume import Extension, check_resume
 from training.run_lock import LOCK
 from training.step import (
     TrainState,
@@ -86,19 +89,20 @@ class TrainingResult:
     devices: int
 
 
-def _check_run_directory(run: RunDirectory, config: TrainingConfig, resume: bool) -> None:
+def _check_run_directory(run: RunDirectory, config: TrainingConfig, resume: bool) -> tuple[int, Extension | None]:
+    """(the steps done, the extension) of a resume of `run` with `config`, or (0, None) for a new run."""
     has_checkpoints = run.checkpoints.is_dir() and any(run.checkpoints.iterdir())
     if resume:
         if not has_checkpoints:
             raise ApiError("resume", f"{run.root} holds no checkpoint to resume from")
-        recorded = _recorded_config(run, "resume")
-        if recorded.preparation_run_sha256 != config.preparation_run_sha256:
-            raise ApiError("resume", f"the configuration differs from the one {run.root} was started with")
-    elif has_checkpoints or run.model.exists():
+        done = max((int(path.name) for path in run.checkpoints.iterdir() if path.name.isdigit()), default=0)
+        return done, check_resume(recorded_config(run, "resume"), config, run.root, done)
+    if has_checkpoints or run.model.exists():
         raise ApiError("out", f"{run.root} already holds a run; pass --resume or choose another directory")
+    return 0, None
 
 
-def _recorded_config(run: RunDirectory, field: str) -> TrainingConfig:
+def recorded_config(run: RunDirectory, field: str) -> TrainingConfig:
     """The TrainingConfig of run.json (its kernel plan is made from the config's fields again, not read)."""
     document = read_json(run.config, field)
     if isinstance(document, dict):
@@ -114,7 +118,7 @@ def _check_only_a_run(run: RunDirectory) -> None:
     if not entries:
         return
     try:
-        _recorded_config(run, "out")
+        recorded_config(run, "out")
     except ApiError:
         raise ApiError(
             "out", f"{run.root} is not empty and holds no earlier run's run.json; choose another directory"
@@ -184,12 +188,16 @@ class StartedRun:
     data: TokenRows | TokenStream
 
 
-def start_run(config: TrainingConfig, corpus: corpora.PreparedCorpus, mesh) -> StartedRun:
-    """The initial state and the jitted steps of `config` on `mesh` (the config's checks passed)."""
+def start_run(
+    config: TrainingConfig, corpus: corpora.PreparedCorpus, mesh, weights: ModelWeights | None = None
+) -> StartedRun:
+    """The initial state and the jitted steps of `config` on `mesh` (the config's checks passed); the state
+    holds `weights` (a parent's) or, without them, the weights initialized from the config's seed."""
     optimizer_ = optimizer.adamw(config)
     key = jax.random.key(config.seed)
     batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-    weights, _ = initialize(config.architecture, config.seed)
+    if weights is None:
+        weights, _ = initialize(config.architecture, config.seed)
     state = start(weights, optimizer_)
     state_sharding = sharding.state_shardings(state, mesh)
     train_step = make_train_step(
@@ -225,18 +233,28 @@ def train(
     sharding.check_batch_size(config.batch_size, mesh)
     kernels = training_kernels(config.products, config.attention)
     check_training_kernels(kernels, sharding.batch_sharding(mesh))
-    corpus = corpora.prepare(config)
     run = RunDirectory(Path(config.out))
-    _check_run_directory(run, config, resume)
+    done, extension = _check_run_directory(run, config, resume)
+    parent = None if config.parent is None else load_parent(config.parent)
+    corpus = corpora.prepare(config, None if parent is None else parent.tokenizer())
     if main and not resume:  # process 0 holds the lock: no other process has written here yet
         _check_only_a_run(run)
+    say = print if progress and main else _silent
+    if parent is not None and not resume:
+        say(f"starting from {config.init_from} ({parent.path}): {parent.parameters:,} parameters, "
+            f"checkpoint {parent.checkpoint_sha256[:12]}, tokenizer {str(parent.tokenizer_sha256)[:12]}",
+            file=sys.stderr)  # fmt: skip
+    if resume:
+        say(f"resuming {run.root} at step {done} of {config.steps} as {run.config} records it", file=sys.stderr)
+    if extension is not None:
+        say(extension.describe(run.root), file=sys.stderr)
 
     if main:
         run.root.mkdir(parents=True, exist_ok=True)
         _sweep_staging(run)
         # The kernel plan beside the config that makes it: what the train step computes by kernels.
         _write_json(run.config, config.to_json() | {RUN_KERNELS: kernels.to_json()})
-    started = start_run(config, corpus, mesh)
+    started = start_run(config, corpus, mesh, None if parent is None else parent.weights)
     development_batch = DEVELOPMENT_BATCH - DEVELOPMENT_BATCH % mesh.size
 
     def evaluate(weights) -> tuple[float, float]:
@@ -253,6 +271,8 @@ def train(
             state = started.state
             if main and run.metrics.exists():
                 run.metrics.unlink()
+            if parent is not None:
+                _record_parent(run, evaluate(state.weights), main=main, say=say)
         state, best = _steps(config, run, manager, started, state, best, evaluate, main=main, progress=progress)
     finally:
         manager.close()  # waits for orbax's threads: exiting under them logs tracebacks
@@ -271,11 +291,25 @@ def train(
         data_sha256=corpus.data_sha256,
         source_sha256=source_sha256(),
         preparation_run_sha256=config.preparation_run_sha256,
+        init_from=None if config.parent is None else config.parent.identity(),
+        learning_rate_schedule=learning_rate_schedule(config),
     )
     weights = sharding.to_host(selected)
     if main:
         metrics.plot(run.metrics, run.loss_curve)
     return TrainingResult(weights, provenance, corpus, run, mesh.size)
+
+
+def _silent(*_: object, **__: object) -> None:
+    """In place of print where progress is off (--quiet) or on a process other than the first."""
+
+
+def _record_parent(run: RunDirectory, losses: tuple[float, float], *, main: bool, say: Callable) -> None:
+    """The parent's development loss on this run's data, as step 0: where the run's curve starts from."""
+    loss, bits = losses
+    say(f"the parent's development loss on this data: {loss:.4f} nats/token, {bits:.4f} bits/byte", file=sys.stderr)
+    if main:
+        metrics.append(run.metrics, {"step": 0, "development_loss": loss, "development_bits_per_byte": bits})
 
 
 def _restored(
@@ -344,7 +378,7 @@ def _rates(config: TrainingConfig, step: int, tokens_per_second: float) -> dict[
     last logged step, and the CPU seconds used."""
     assert config.warmup_steps is not None, "TrainingConfig.__post_init__ sets warmup_steps"
     return {
-        "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.steps,
+        "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.schedule_steps,
                                                   config.final_learning_rate_fraction)(step - 1)),
         "tokens_per_second": tokens_per_second,
         # CPU seconds this process has used: on a shared machine, a fairer cost than wall time.
