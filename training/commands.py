@@ -17,7 +17,7 @@ from jgpt.model.architecture import PRECISION_NAMES
 # Command-line flag -> TrainingConfig field, for the fields a user commonly overrides.
 OVERRIDES = {
     "data": str, "init_from": str, "out": str, "tokenizer": str, "vocab_size": int, "seed": int, "steps": int,
-    "batch_size": int, "learning_rate": float, "warmup_steps": int, "context": int, "selection": str,
+    "batch_size": int, "learning_rate": float, "warmup_steps": int, "schedule_steps": int, "context": int, "selection": str,
     "log_every": int, "eval_every": int, "checkpoint_every": int, "train_conversations": int,
     "products": str, "attention": str,
 }  # fmt: skip
@@ -48,6 +48,11 @@ HELP = {
     "batch_size": ("N", "sequences per step"),
     "learning_rate": ("LR", "peak learning rate of the warm-up + cosine schedule"),
     "warmup_steps": ("N", "linear warm-up steps (default: min({WARMUP_STEPS}, steps // 10))"),
+    "schedule_steps": (
+        "N",
+        "steps the learning-rate schedule spans; the steps after it hold its final rate (default: steps, or what"
+        " the run recorded when --resume extends it)",
+    ),
     "context": ("N", "training window in tokens (default: the architecture's context)"),
     "selection": (None, "which checkpoint becomes model/: the best development loss or the last"),
     "log_every": ("N", "steps between metrics.jsonl lines"),
