@@ -276,6 +276,9 @@ SLOW = {
     "test_training_corpus.py": (
         "test_a_batch_is_a_function_of_the_step_and_stream_windows_are_contiguous",  # 3
     ),
+    "test_training_finetune.py": (
+        "test_the_built_in_conversations_need_a_tokenizer_with_role_ids",  # 30: a Hugging Face model imported
+    ),
     "test_training_optimizer.py": (
         "test_decay_applies_to_matrices_only_not_biases_norms_or_embeddings",  # 5
         "test_one_run_of_updates_matches_the_reference",  # 7
@@ -317,6 +320,7 @@ SLOW_FIXTURES = {  # the seconds its first user waited for it
     "test_report_injection.py": ("lab_run",),
     "test_reuse_rule.py": ("workload",),  # 17: a workload recorded by the shipped model
     "test_speculative_lab.py": ("sweep",),  # 79: the speculative lab's sweep
+    "test_training_finetune.py": ("fine_tuned", "finished"),  # 60, 25: fine-tuning runs, a run to extend
     "test_training_run.py": ("uninterrupted",),  # 35: a training run
 }
 

@@ -151,8 +151,14 @@ def test_provenance_is_complete_and_its_data_hash_reproduces_from_the_generator(
     out, summary = uninterrupted
     provenance = load_artifact(out / "model").provenance
     assert set(provenance) == {"type", "kind", "seed", "step", "selection", "development_loss", "data_sha256",
-                               "source_sha256", "preparation_run_sha256"}  # fmt: skip
-    assert all(value not in (None, "", {}) for value in provenance.values())
+                               "source_sha256", "preparation_run_sha256", "init_from",
+                               "learning_rate_schedule"}  # fmt: skip
+    assert provenance["init_from"] is None  # initialized weights, no parent
+    assert all(value not in (None, "", {}) for name, value in provenance.items() if name != "init_from")
+    assert provenance["learning_rate_schedule"] == {
+        "warmup_steps": TINY["warmup_steps"], "schedule_steps": TINY["steps"], "steps": TINY["steps"],
+        "peak_learning_rate": 3e-3, "final_learning_rate": 3e-3 * 0.05, "held_after_step": None,
+    }  # fmt: skip
     assert (provenance["kind"], provenance["seed"], provenance["step"]) == ("conversations", 5, TINY["steps"])
     corpus = conversation_corpus.generate(5, TINY["train_conversations"], TINY["development_conversations"], 101)
     assert provenance["data_sha256"] == corpus.data_sha256

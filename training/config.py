@@ -118,7 +118,9 @@ class TrainingConfig:
             raise ApiError("out", f"must be a directory path (a non-empty string), got {self.out!r}")
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
             raise ApiError("data", f"must be a text file path or null, got {self.data!r}")
-        self._resolve_tokenizer()
+        tokenizer, vocab_size = self._tokenizer_and_vocabulary()
+        object.__setattr__(self, "tokenizer", tokenizer)
+        object.__setattr__(self, "vocab_size", vocab_size)
         if self.tokenizer == "bpe" and self.data is None:
             raise ApiError("tokenizer", "bpe needs --data: the built-in conversations use byte tokens")
         ints = ("vocab_size", "train_conversations", "development_conversations", "steps", "batch_size",
@@ -126,16 +128,16 @@ class TrainingConfig:
         for name in ints:
             integer(getattr(self, name), name, minimum=1)
         integer(self.seed, "seed")
-        bounded(self.vocab_size, "vocab_size", 1, VOCABULARY_LIMIT)
+        bounded(vocab_size, "vocab_size", 1, VOCABULARY_LIMIT)
         for name in ("train_conversations", "development_conversations"):
             bounded(getattr(self, name), name, 1, CONVERSATION_LIMIT)
         bounded(self.batch_size, "batch_size", 1, BATCH_LIMIT)
-        if self.schedule_steps is None:
-            object.__setattr__(self, "schedule_steps", self.steps)
-        integer(self.schedule_steps, "schedule_steps", minimum=1)
+        schedule_steps = integer(self.steps if self.schedule_steps is None else self.schedule_steps,
+                                 "schedule_steps", minimum=1)  # fmt: skip
+        object.__setattr__(self, "schedule_steps", schedule_steps)
         if self.warmup_steps is None:
-            object.__setattr__(self, "warmup_steps", default_warmup_steps(self.schedule_steps))
-        integer(self.warmup_steps, "warmup_steps", 0, self.schedule_steps - 1)
+            object.__setattr__(self, "warmup_steps", default_warmup_steps(schedule_steps))
+        integer(self.warmup_steps, "warmup_steps", 0, schedule_steps - 1)
         for name in ("learning_rate", "clip_norm"):
             _POSITIVE.read(getattr(self, name), name)
         for name in ("final_learning_rate_fraction", "weight_decay", "beta1", "beta2"):
@@ -171,15 +173,14 @@ class TrainingConfig:
         assert self.vocab_size is not None, "TrainingConfig.__post_init__ sets vocab_size"
         return BYTE_VOCABULARY if self.tokenizer == "bytes" else self.vocab_size
 
-    def _resolve_tokenizer(self) -> None:
-        """The tokenizer and vocabulary: the parent's with init_from (which reads the parent's manifest),
-        refusing another; otherwise the defaults where none is given."""
+    def _tokenizer_and_vocabulary(self) -> tuple[Any, Any]:
+        """The tokenizer and vocabulary size (checked later): the parent's with init_from, whose manifest this
+        reads (setting `parent`), refusing others; otherwise the defaults where none is given."""
         if self.init_from is None:
             if self.tokenizer == "parent":
                 raise ApiError("tokenizer", "parent is the tokenizer of --init-from MODEL, and none is given")
-            object.__setattr__(self, "tokenizer", DEFAULT_TOKENIZER if self.tokenizer is None else self.tokenizer)
-            object.__setattr__(self, "vocab_size", DEFAULT_VOCAB_SIZE if self.vocab_size is None else self.vocab_size)
-            return
+            return (DEFAULT_TOKENIZER if self.tokenizer is None else self.tokenizer,
+                    DEFAULT_VOCAB_SIZE if self.vocab_size is None else self.vocab_size)  # fmt: skip
         parent = declared_parent(string(self.init_from, "init_from"))
         object.__setattr__(self, "parent", parent)
         if self.tokenizer not in (None, "parent"):
@@ -195,8 +196,7 @@ class TrainingConfig:
                 f"{self.vocab_size} differs from the vocabulary of {self.init_from} ({vocabulary}), which a run "
                 "--init-from keeps; leave out --vocab-size",
             )
-        object.__setattr__(self, "tokenizer", "parent")
-        object.__setattr__(self, "vocab_size", vocabulary)
+        return "parent", vocabulary
 
     def _read_architecture(self) -> Architecture:
         """The Architecture of the settings given (or the one given), its vocabulary the tokenizer's; with

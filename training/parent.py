@@ -51,7 +51,7 @@ def declared_parent(given: str) -> ParentModel:
     if not isinstance(manifest, dict) or not all(isinstance(manifest.get(name), str) for name in IDENTITIES[:2]):
         raise ApiError(FIELD, f"{path / 'manifest.json'} is not a jgpt model manifest")
     try:
-        architecture = architecture_from_json(manifest.get("architecture"))
+        architecture = architecture_from_json(manifest.get("architecture", {}))
     except ApiError as error:
         raise ApiError(FIELD, f"the architecture in {path / 'manifest.json'} is not one jgpt trains: {error}") from None
     tokenizer = manifest.get("tokenizer_sha256")

@@ -10,7 +10,7 @@ run was started for) and the steps after it run at its final rate. Why this rule
 stretched over the new total:
 
 * the steps already taken ran under the recorded schedule; stretching it would send the rate back up
-  at the resume (a 3000-step run extended to 6000 would jump from 5% of the peak to about 55%),
+  at the resume (a 3000-step run extended to 6000 would jump from 5% of the peak to about 54%),
   undoing the annealing its finished model was selected at, so more steps could first make it worse;
 * the extended run is a function of its configuration alone, as every run is: a run extended in one
   go, one extended and resumed again after an interruption, and one configured from the start with

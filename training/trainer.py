@@ -358,7 +358,7 @@ def _steps(
             record |= {k: float(v) for k, v in step_metrics.items()}
             record |= _rates(config, step, tokens_per_step * (step - clock_step) / elapsed)
             clock, clock_step = time.perf_counter(), step
-            bar.set_postfix(loss=f"{record['loss']:.4f}", tokens_per_s=f"{record['tokens_per_second']:,.0f}")
+            bar.set_postfix(loss=f"{record['loss']:.4g}", tokens_per_s=f"{record['tokens_per_second']:,.0f}")
         if step % config.eval_every == 0 or step == config.steps:
             loss, bits = evaluate(state.weights)
             record |= {"development_loss": loss, "development_bits_per_byte": bits}
@@ -376,7 +376,7 @@ def _steps(
 def _rates(config: TrainingConfig, step: int, tokens_per_second: float) -> dict[str, float]:
     """A logged step's rates beside its metrics: the learning rate it ran at, the tokens per second since the
     last logged step, and the CPU seconds used."""
-    assert config.warmup_steps is not None, "TrainingConfig.__post_init__ sets warmup_steps"
+    assert config.warmup_steps is not None and config.schedule_steps is not None, "__post_init__ sets them"
     return {
         "learning_rate": float(optimizer.schedule(config.learning_rate, config.warmup_steps, config.schedule_steps,
                                                   config.final_learning_rate_fraction)(step - 1)),
