@@ -33,13 +33,14 @@ class Extension:
 
     from_steps: int
     to_steps: int
+    schedule_steps: int
     held_learning_rate: float
 
     def describe(self, root: Path) -> str:
         return (
             f"extending {root} from {self.from_steps} to {self.to_steps} steps: the learning-rate schedule keeps "
-            f"its span, so steps {self.from_steps + 1}-{self.to_steps} hold its final rate "
-            f"{self.held_learning_rate:.6g} (recorded as learning_rate_schedule in the model's provenance)"
+            f"its span of {self.schedule_steps} steps, so steps {self.schedule_steps + 1}-{self.to_steps} hold its "
+            f"final rate {self.held_learning_rate:.6g} (recorded as learning_rate_schedule in the model's provenance)"
         )
 
 
@@ -63,7 +64,9 @@ def check_resume(recorded: TrainingConfig, config: TrainingConfig, root: Path, d
     _require_same(expected, config, root)
     if config.steps == recorded.steps:
         return None
-    return Extension(recorded.steps, config.steps, recorded.learning_rate * recorded.final_learning_rate_fraction)
+    assert recorded.schedule_steps is not None, "TrainingConfig.__post_init__ sets schedule_steps"
+    held = recorded.learning_rate * recorded.final_learning_rate_fraction
+    return Extension(recorded.steps, config.steps, recorded.schedule_steps, held)
 
 
 def _require_same(recorded: TrainingConfig, config: TrainingConfig, root: Path) -> None:

@@ -245,7 +245,7 @@ def train(
             f"checkpoint {parent.checkpoint_sha256[:12]}, tokenizer {str(parent.tokenizer_sha256)[:12]}",
             file=sys.stderr)  # fmt: skip
     if resume:
-        say(f"resuming {run.root} at step {done} of {config.steps} as {run.config} records it", file=sys.stderr)
+        say(f"resuming {run.root} at step {done} with the configuration of {run.config}", file=sys.stderr)
     if extension is not None:
         say(extension.describe(run.root), file=sys.stderr)
 
@@ -307,7 +307,7 @@ def _silent(*_: object, **__: object) -> None:
 def _record_parent(run: RunDirectory, losses: tuple[float, float], *, main: bool, say: Callable) -> None:
     """The parent's development loss on this run's data, as step 0: where the run's curve starts from."""
     loss, bits = losses
-    say(f"the parent's development loss on this data: {loss:.4f} nats/token, {bits:.4f} bits/byte", file=sys.stderr)
+    say(f"the parent's development loss on this data: {loss:.6g} nats/token, {bits:.6g} bits/byte", file=sys.stderr)
     if main:
         metrics.append(run.metrics, {"step": 0, "development_loss": loss, "development_bits_per_byte": bits})
 
