@@ -28,7 +28,7 @@ HELP = {
     "data": ("FILE.txt", "UTF-8 text file to train on (default: the built-in multi-turn conversations)"),
     "init_from": (
         "MODEL",
-        "fine-tune: start from this catalog id or artifact directory (e.g. chat, or an `jgpt import-hf` output):"
+        "fine-tune: start from this catalog id or artifact directory (e.g. chat, or a `jgpt import-hf` output):"
         " its weights, tokenizer and architecture (which the architecture flags may not change; --precision may),"
         " with this run's data and recipe; its provenance names the parent (default: initialized weights)",
     ),
@@ -39,7 +39,7 @@ HELP = {
         " (default: bytes, or parent with --init-from)",
     ),
     "vocab_size": ("N", "vocabulary of a bpe tokenizer (default: 512, or the parent's with --init-from)"),
-    "seed": ("N", "seed of the initialization, the batches and the built-in conversations"),
+    "seed": ("N", "seed of the initialization (none with --init-from), the batches and the built-in conversations"),
     "steps": (
         "N",
         "optimizer steps; with --resume, more than the run was started for extends it (the learning-rate"
@@ -78,6 +78,14 @@ HELP = {
     "width": ("N", "channels of the residual stream"),
     "ffn": ("N", "hidden units of each feed-forward block"),
 }
+EXAMPLES = """\
+examples:
+  jgpt train --out runs/chat                       the shipped model's recipe, from initialized weights
+  jgpt train --init-from chat --data notes.txt --learning-rate 3e-4 --steps 300 --out runs/notes
+                                                   fine-tune the shipped model on a text file
+  jgpt train --out runs/notes --resume             continue an interrupted run as its run.json records it
+  jgpt train --out runs/notes --resume --steps 600 extend a run: steps past its 300 hold the final rate
+"""
 CHOICES = {
     "tokenizer": "TOKENIZERS",
     "selection": "SELECTIONS",
@@ -96,11 +104,9 @@ class _Parser(ArgumentParser):
 def _train_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog,
-        description="Train a model, from initialized weights or from another model's (--init-from); writes "
+        description="Train a model, from initialized weights or from another model's (--init-from); writes\n"
         "checkpoints, metrics.jsonl, loss.png and model/ under --out.",
-        epilog="Fine-tune: jgpt train --init-from chat --data notes.txt --steps 200 --learning-rate 3e-4 --out "
-        "runs/notes.  Continue an interrupted run: jgpt train --out runs/notes --resume (its run.json holds the "
-        "rest).  Extend a run: jgpt train --out runs/notes --resume --steps 400.",
+        epilog=EXAMPLES,
     )
     parser.add_argument(
         "--config", metavar="FILE.json", help="JSON file of TrainingConfig fields (unknown keys are an error)"

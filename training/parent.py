@@ -47,6 +47,8 @@ def declared_parent(given: str) -> ParentModel:
         path = resolve_model(given).absolute()
     except ApiError as error:
         raise ApiError(FIELD, f"{given!r} is neither a model artifact directory nor a catalog id: {error}") from None
+    except (OSError, ValueError) as error:  # a name the system cannot look up: too long, a NUL byte
+        raise ApiError(FIELD, f"{given!r} cannot be read as a model artifact directory: {error}") from None
     manifest = read_json(path / "manifest.json", FIELD, allow_non_finite=True)
     if not isinstance(manifest, dict) or not all(isinstance(manifest.get(name), str) for name in IDENTITIES[:2]):
         raise ApiError(FIELD, f"{path / 'manifest.json'} is not a jgpt model manifest")
