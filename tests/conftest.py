@@ -277,7 +277,8 @@ SLOW = {
         "test_a_batch_is_a_function_of_the_step_and_stream_windows_are_contiguous",  # 3
     ),
     "test_training_finetune.py": (
-        "test_the_built_in_conversations_need_a_tokenizer_with_role_ids",  # 30: a Hugging Face model imported
+        "test_an_imported_gpt2_fine_tunes_on_a_text_but_not_on_the_conversations",  # 60: imports, then trains
+        "test_the_shipped_model_fine_tunes_on_a_text_from_its_own_loss",  # 40: a 1.1M-parameter train step
     ),
     "test_training_optimizer.py": (
         "test_decay_applies_to_matrices_only_not_biases_norms_or_embeddings",  # 5

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from jgpt.artifacts.artifact import load_artifact, save_artifact
+from jgpt.artifacts.catalog import load_model
 from jgpt.cli.main import main as jgpt
 from jgpt.foundation.errors import ApiError
 from jgpt.model.architecture import LlamaArchitecture, ModelArchitecture
@@ -93,7 +94,7 @@ def parents_loss_on_the_first_batch(out: Path) -> float:
     from training.trainer import DATA_STREAM, RunDirectory, recorded_config
 
     config = recorded_config(RunDirectory(out), "test")
-    parent = load_artifact(config.init_from)
+    parent = load_model(config.init_from)
     corpus = prepare(config, parent.tokenizer())
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), DATA_STREAM), 0)
     batch = corpus.train.sample(key, config.batch_size)
@@ -223,12 +224,40 @@ def test_a_fine_tuning_config_takes_the_parents_architecture_and_names_it_by_ide
     assert refused.value.field == "tokenizer"
 
 
-def test_the_built_in_conversations_need_a_tokenizer_with_role_ids(tmp_path, capsys):
+def fine_tune(parent: str, out: Path, text_file: Path, capsys) -> dict:
+    """The summary of a short fine-tuning run of `parent` on `text_file`, in this process."""
+    flags = ["--steps", "3", "--batch-size", "4", "--log-every", "1", "--eval-every", "3", "--checkpoint-every", "3"]
+    assert jgpt(["train", "--init-from", parent, "--data", str(text_file), "--out", str(out), "--quiet", *flags]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_an_imported_gpt2_fine_tunes_on_a_text_but_not_on_the_conversations(tmp_path, text_file, capsys):
+    """A Hugging Face tokenizer trains on text and goes with the child unchanged; it has no role ids, so the
+    built-in conversations are refused naming init_from, before anything is written."""
     from tests.hf_models import save_model
 
     save_model("gpt2", tmp_path / "hf")
     assert jgpt(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "gpt2")]) == 0
     capsys.readouterr()
-    out = tmp_path / "run"
+    summary = fine_tune(str(tmp_path / "gpt2"), tmp_path / "run", text_file, capsys)
+    parent = load_artifact(tmp_path / "gpt2")
+    assert summary["provenance"]["init_from"]["checkpoint_sha256"] == parent.checkpoint_sha256
+    assert losses(tmp_path / "run")[1] == pytest.approx(parents_loss_on_the_first_batch(tmp_path / "run"), rel=1e-5)
+    child = load_artifact(tmp_path / "run" / "model")
+    assert child.tokenizer_sha256 == parent.tokenizer_sha256
+    assert (tmp_path / "run/model/tokenizer_config.json").read_bytes() == (
+        tmp_path / "gpt2/tokenizer_config.json"
+    ).read_bytes()
+    out = tmp_path / "conversations"
     assert jgpt(["train", "--init-from", str(tmp_path / "gpt2"), "--out", str(out), "--quiet"]) == 2
     assert "init_from: the tokenizer of" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_shipped_model_fine_tunes_on_a_text_from_its_own_loss(tmp_path, text_file, capsys):
+    summary = fine_tune("chat", tmp_path / "run", text_file, capsys)
+    assert summary["provenance"]["init_from"]["model"] == "chat"
+    assert (
+        summary["provenance"]["init_from"]["checkpoint_sha256"]
+        == load_artifact(Path(summary["provenance"]["init_from"]["path"])).checkpoint_sha256
+    )
+    assert losses(tmp_path / "run")[1] == pytest.approx(parents_loss_on_the_first_batch(tmp_path / "run"), rel=1e-5)
