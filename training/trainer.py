@@ -239,15 +239,14 @@ def train(
     corpus = corpora.prepare(config, None if parent is None else parent.tokenizer())
     if main and not resume:  # process 0 holds the lock: no other process has written here yet
         _check_only_a_run(run)
-    say = print if progress and main else _silent
-    if parent is not None and not resume:
-        say(f"starting from {config.init_from} ({parent.path}): {parent.parameters:,} parameters, "
-            f"checkpoint {parent.checkpoint_sha256[:12]}, tokenizer {str(parent.tokenizer_sha256)[:12]}",
-            file=sys.stderr)  # fmt: skip
+    say = _say if progress and main else _silent
     if resume:
-        say(f"resuming {run.root} at step {done} with the configuration of {run.config}", file=sys.stderr)
-    if extension is not None:
-        say(extension.describe(run.root), file=sys.stderr)
+        say(f"resuming {run.root} at step {done} with the configuration of {run.config}")
+        if extension is not None:
+            say(extension.describe(run.root))
+    elif parent is not None:
+        say(f"starting from {config.init_from} ({parent.path}): {parent.parameters:,} parameters, "
+            f"checkpoint {parent.checkpoint_sha256[:12]}, tokenizer {str(parent.tokenizer_sha256)[:12]}")  # fmt: skip
 
     if main:
         run.root.mkdir(parents=True, exist_ok=True)
@@ -300,14 +299,19 @@ def train(
     return TrainingResult(weights, provenance, corpus, run, mesh.size)
 
 
-def _silent(*_: object, **__: object) -> None:
-    """In place of print where progress is off (--quiet) or on a process other than the first."""
+def _say(line: str) -> None:
+    """One line for the person at the terminal, beside the progress bar (stdout holds the summary)."""
+    print(line, file=sys.stderr)
 
 
-def _record_parent(run: RunDirectory, losses: tuple[float, float], *, main: bool, say: Callable) -> None:
+def _silent(line: str) -> None:
+    """In place of `_say` where progress is off (--quiet) or on a process other than the first."""
+
+
+def _record_parent(run: RunDirectory, losses: tuple[float, float], *, main: bool, say: Callable[[str], None]) -> None:
     """The parent's development loss on this run's data, as step 0: where the run's curve starts from."""
     loss, bits = losses
-    say(f"the parent's development loss on this data: {loss:.6g} nats/token, {bits:.6g} bits/byte", file=sys.stderr)
+    say(f"the parent's development loss on this data: {loss:.6g} nats/token, {bits:.6g} bits/byte")
     if main:
         metrics.append(run.metrics, {"step": 0, "development_loss": loss, "development_bits_per_byte": bits})
 
