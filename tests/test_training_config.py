@@ -25,6 +25,10 @@ def test_the_architecture_is_a_frozen_architecture_with_the_tokenizers_vocabular
 @pytest.mark.parametrize("settings", [
     GPT, {**GPT, "precision": "bfloat16"}, {**GPT, "activation": "gelu_tanh"},
     {**GPT, "position": "rope"}, {**GPT, "position": "rope", "kv_heads": 2, "rope_theta": 500000.0},
+    # an imported Mistral's window and Qwen2's biases (an --init-from parent's), Llama 3.1's scaling
+    {**GPT, "position": "rope", "kv_heads": 2, "sliding_window": 16, "attention_bias": True},
+    {**GPT, "position": "rope", "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                 "original_context": 32}},
 ])  # fmt: skip
 def test_settings_read_back_to_the_same_architecture_and_spell_only_what_differs(settings):
     config = from_json({"architecture": settings})

@@ -267,7 +267,7 @@ def architecture_settings(architecture: Architecture) -> dict[str, Any]:
     minimal = {name: written[name] for name in required} | {"position": written["position"]}
     base = architecture_from_json(minimal).to_json()
     stated = set(required) | ({"position"} if written["position"] != "learned" else set())
-    return {k: v for k, v in written.items() if k != "vocabulary" and (k in stated or v != base[k])}
+    return {k: v for k, v in written.items() if k != "vocabulary" and (k in stated or v != base.get(k))}
 
 
 def from_json(document: Any) -> TrainingConfig:
