@@ -460,19 +460,26 @@ class _TextStream:
         self.tokenizer, self.turn_end_id = tokenizer, turn_end_id
         self.ids: list[int] = []
         self.decoder = tokenizer.incremental_decoder()  # each id's text once, not the whole text again per id
+        self.decoded = 0  # ids given to the decoder
         self.shown = terminal_text if _is_terminal(sys.stdout) else str
 
     def select(self, row: int, token_id: int) -> None:
         if token_id == self.turn_end_id:
             return
         self.ids.append(token_id)
-        sys.stdout.write(self.shown(self.decoder.add([token_id])))
+        sys.stdout.write(self.shown(self._added()))
         sys.stdout.flush()
+
+    def _added(self) -> str:
+        """The text of the ids the decoder has not had yet."""
+        text = self.decoder.add(self.ids[self.decoded :])
+        self.decoded = len(self.ids)
+        return text
 
     def finish(self, response) -> None:
         decoded = self.tokenizer.decode(self.ids)  # for its note on malformed bytes
         outcome = response.outcome
-        print(self.shown(self.decoder.finish()))
+        print(self.shown(self._added() + self.decoder.finish()))
         note = f"; {decoded.note}" if decoded.note else ""
         print(
             f"[{outcome.stop_reason}: {outcome.selected_tokens} selected, {outcome.published_tokens} published{note}]",

@@ -403,11 +403,12 @@ def _report(command: str, argv: list[str]) -> int:
             f"{args.record} is a streamed kvsim record; the report reads a whole one "
             "(`jgpt kvsim run INPUT.json --out RECORD.json`)",
         )
-    if is_kvsim_record(read_json(args.record, "record")):
-        print(write_run_report(args.record, output_file(args.out, "--out", [args.record])))
-        return 0
-    # The record and the JSON files beside it are what the report reads.
+    # --out before any reading, so a bad one is named whatever the record holds; a lab's report reads the record
+    # and the JSON files beside it, none of which --out may be.
     output_file(args.out, "--out", [args.record, *args.record.parent.glob("*.json")])
+    if is_kvsim_record(read_json(args.record, "record")):
+        print(write_run_report(args.record, args.out))
+        return 0
     from experiments.html_report import write_report
 
     print(write_report(args.record, args.out))
