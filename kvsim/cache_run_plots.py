@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jgpt.foundation.units import byte_size, duration_us
+
 # Requests the timeline draws unless told otherwise: every request of a run kvsim holds in memory
 # (`kvsim synthesize` makes at most 100,000); drawing that many takes some seconds a hundred thousand.
 TIMELINE_LIMIT = 100_000
@@ -123,7 +125,9 @@ def _occupancy(plt, kept: _Kept) -> tuple[Any, str]:
         if kept.merged > 1
         else ""
     )
-    axis.set(xlabel="virtual time (us)", ylabel="KV bytes", title=f"KV occupancy ({note})")
+    axis.set(xlabel="virtual time", ylabel="KV bytes", title=f"KV occupancy ({note})")
+    _in_units(axis.xaxis, duration_us)
+    _in_units(axis.yaxis, byte_size)
     axis.title.set_fontsize("small")
     axis.legend(loc="upper right", fontsize="small")
     return figure, note
@@ -162,11 +166,12 @@ def _timeline(plt, kept: _Kept) -> tuple[Any, str]:
             "--requests all to draw every one"
         )
     axis.set(
-        xlabel="virtual time (us)",
+        xlabel="virtual time",
         ylabel="request (by arrival)",
         title=f"queued (grey), to first token (orange), decoding (blue; red if not completed)\n{note}",
     )
     axis.title.set_fontsize("small")
+    _in_units(axis.xaxis, duration_us)
     return figure, note
 
 
@@ -187,7 +192,8 @@ def _latency_cdf(plt, kept: _Kept) -> tuple[Any, str]:
     note = f"every admitted request, {kept.admitted:,} of {kept.requests:,}" + (
         f" ({unmeasured:,} rejected or cancelled while waiting have no latency)" if unmeasured else ""
     )
-    axis.set(xlabel="latency (virtual us)", ylabel="fraction of requests", title=f"latency CDF\n{note}")
+    axis.set(xlabel="latency (virtual time)", ylabel="fraction of requests", title=f"latency CDF\n{note}")
+    _in_units(axis.xaxis, duration_us)
     axis.title.set_fontsize("small")
     if any(kept.latencies.values()):
         axis.legend()
@@ -206,3 +212,10 @@ def _save(figure, path: Path, plt, note: str) -> Plot:
     finally:
         plt.close(figure)
     return Plot(path, note)
+
+
+def _in_units(axis, text) -> None:
+    """Tick labels in human units (3.5 ms, 1.2 GiB) rather than raw microseconds or bytes."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda value, _: text(value)))
