@@ -41,7 +41,7 @@ from kvsim.cache_run import (
 from kvsim.cache_run_plots import TIMELINE_LIMIT
 from kvsim.compute_service import SPREAD_REPEATS
 from kvsim.inputs import compose_input, load_input
-from kvsim.model_config import read_model_config
+from kvsim.model_config import config_file, read_model_config
 from kvsim.perfetto import trace_chunks
 from kvsim.record_lines import StreamedRun, is_streamed, pulled, streamed_view, whole_view, write_lines
 from kvsim.record_view import check_viewable
@@ -396,10 +396,10 @@ def _perfetto(args: argparse.Namespace) -> int:
 
 
 def _import_trace(args: argparse.Namespace) -> int:
+    output_file(args.out, "--out", [args.trace, *_model_files(args)])
     model = _model(args)
     if args.block_tokens > model.context:
         raise ApiError("--block-tokens", f"must be in [1, the context {model.context}], got {args.block_tokens}")
-    output_file(args.out, "--out", [args.trace])
     text = read_bytes(args.trace, "TRACE").decode("utf-8", errors="replace")
     trace = traces.read_trace(args.format, text, args.block_tokens, model.context)
     if not trace.items:
@@ -410,15 +410,20 @@ def _import_trace(args: argparse.Namespace) -> int:
 
 
 def _synthesize(args: argparse.Namespace) -> int:
+    output_file(args.out, "--out", _model_files(args))  # before the model config or any trace is read
     model = _model(args)
-    output_file(args.out, "--out")  # before any trace is read
     mix, traces_read = workload_shape.mix(args, model.context)
-    output_file(args.out, "--out", traces_read)
+    output_file(args.out, "--out", [*_model_files(args), *traces_read])
     made = synthesize(args.requests, args.seed, mix)
     source = workload_shape.command_line(args)
     _write_computations(args.out, analytic.analytic_computations(model, made.items, source), "--requests")
     print(shape_summary(made, mix, args.rate))
     return 0
+
+
+def _model_files(args: argparse.Namespace) -> list[Path]:
+    """The file --model-config reads, if given: an input --out must not be."""
+    return [] if args.model_config is None else [config_file(args.model_config)]
 
 
 def _model(args: argparse.Namespace) -> analytic.AnalyticModel:

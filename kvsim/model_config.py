@@ -36,14 +36,21 @@ _ROPE_ONLY = ("kv_heads", "attention_bias", "sliding_window", "rope_theta", "rop
 Field = Callable[[str], str]  # a member's name as an error names it
 
 
+def config_file(path: Path, option: str = "--model-config") -> Path:
+    """The file `read_model_config` reads for `path`: the path itself, or a directory's manifest.json or
+    config.json (so a command can keep its output off it)."""
+    if not path.is_dir():
+        return path
+    for name in ("manifest.json", "config.json"):
+        if (path / name).is_file():
+            return path / name
+    raise ApiError(option, f"{path} holds neither a jgpt manifest.json nor a Hugging Face config.json")
+
+
 def read_model_config(path: Path, option: str = "--model-config") -> AnalyticModel:
     """The analytic model of the architecture at `path` (an artifact directory, a jgpt architecture JSON,
     a Hugging Face config.json or a directory holding one)."""
-    if path.is_dir():
-        for name in ("manifest.json", "config.json"):
-            if (path / name).is_file():
-                return read_model_config(path / name, option)
-        raise ApiError(option, f"{path} holds neither a jgpt manifest.json nor a Hugging Face config.json")
+    path = config_file(path, option)
     document = read_json(path, option)
     if not isinstance(document, dict):
         raise ApiError(option, f"{path} must hold a JSON object, got {kind(document)}")

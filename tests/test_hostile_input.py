@@ -83,6 +83,15 @@ RECORD_BYTES = _record()
 RECORD = json.loads(RECORD_BYTES)
 
 
+# A small grouped-query Llama's Hugging Face config.json, as `--model-config` reads one.
+HF_CONFIG = {
+    "model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "torch_dtype": "bfloat16",
+}  # fmt: skip
+# A built-in lab as a file of one's own (`jgpt lab show PATH.json`).
+LAB_FILE = json.loads((Path(__file__).parents[1] / "experiments/labs/host-tier-vs-recompute.json").read_text())
+
+
 @dataclass(frozen=True)
 class Reader:
     """An entry point that reads one JSON file: how to call it, the field it names, a valid document."""
@@ -146,6 +155,12 @@ READERS = {
     ),
     "catalog": Reader(lambda i, o: ["catalog", "--catalog", i], "catalog", CATALOG, reads_non_finite=True),
     "lab replay": Reader(lambda i, o: ["lab", "replay", i], "record", {"lab": "x", "arms": []}, accepted=()),
+    "kvsim synthesize --model-config": Reader(
+        lambda i, o: ["kvsim", "synthesize", "--requests", "4", "--model-config", i, "--out", o],
+        "--model-config",
+        HF_CONFIG,
+    ),
+    "lab show PATH": Reader(lambda i, o: ["lab", "show", i], "lab", LAB_FILE),
 }
 
 
@@ -163,6 +178,15 @@ def _prepare(tmp_path: Path, data: bytes) -> tuple[Path, Path]:
 def _documents(reader: Reader) -> st.SearchStrategy[bytes]:
     mutated = mutated_json(reader.document, reader.where, reader.wrong_type)
     return mutated if reader.wrong_type else st.one_of(hostile_json(), mutated)
+
+
+def test_synthesize_will_not_write_over_its_model_config(tmp_path):
+    """--out naming the file --model-config reads (given as it or as its directory) is refused, nothing written."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(HF_CONFIG))
+    for named in (config, tmp_path):
+        argv = ["kvsim", "synthesize", "--requests", "4", "--model-config", named, "--out", config]
+        assert_refused(argv, inputs=[config], watch=[tmp_path], field="--out")
 
 
 @pytest.mark.parametrize("name", READERS)
